@@ -1,0 +1,25 @@
+"""torch_tpu: a PyTorch backend that gives PyTorch a real `tpu` device.
+
+ATen ops on `tpu` tensors run as cached XLA executables through JAX's PJRT
+runtime: on a Cloud TPU when present, otherwise on the GPU or the host CPU.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .runtime import platform as _platform  # noqa: F401  (configures JAX first)
+from .device import registration as _registration
+
+_registration.register()
+
+from . import ops as _ops  # noqa: E402
+
+_ops.install()
+
+from .device import module as tpu  # noqa: E402,F401
+
+
+def _autoload():
+    """Entry point for PyTorch's device-backend autoload (`torch.backends`)."""
+    # Importing the package did the work.

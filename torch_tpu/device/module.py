@@ -1,0 +1,259 @@
+"""`torch.tpu`: the device module, named like `torch.cuda`.
+
+Registered with `torch._register_device_module("tpu", ...)`, so after
+`import torch_tpu` (or plain `import torch`, through the backend entry point)
+`torch.tpu.device_count()`, `torch.tpu.manual_seed(0)` and friends work, and
+`torch.accelerator` finds the device through the same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import jax
+import torch
+
+from ..runtime import platform
+from . import memory as _memory
+from . import random as _random
+
+_tls = threading.local()
+
+
+def _index(device=None) -> int:
+    """The device index named by `device` (int, str, torch.device or None)."""
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device) if not isinstance(device, torch.device) else device
+        if d.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {d}")
+        idx = d.index if d.index is not None else current_device()
+    if idx < 0 or idx >= device_count():
+        raise RuntimeError(
+            f"Invalid device index tpu:{idx}: {device_count()} tpu device(s) available")
+    return idx
+
+
+# -- availability ----------------------------------------------------------
+
+
+def is_available() -> bool:
+    try:
+        return device_count() > 0
+    except Exception:
+        return False
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def init() -> None:
+    platform.devices()
+
+
+def device_count() -> int:
+    return platform.device_count()
+
+
+def current_device() -> int:
+    return getattr(_tls, "index", 0)
+
+
+def set_device(device) -> None:
+    idx = _index(device)
+    _tls.index = idx
+
+
+class device:
+    """Context manager that changes the current tpu device, like torch.cuda.device."""
+
+    def __init__(self, device):
+        self.idx = _index(device) if device is not None else None
+        self.prev = None
+
+    def __enter__(self):
+        self.prev = current_device()
+        if self.idx is not None:
+            set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        set_device(self.prev)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of `obj` (a tensor) current."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else None)
+
+
+def synchronize(device=None) -> None:
+    """Wait for every op dispatched to `device` (all devices if None) to finish."""
+    from ..debug import metrics
+
+    metrics.count("synchronize")
+    jax.effects_barrier()
+    devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
+    for a in jax.live_arrays():
+        try:
+            if a.devices() & set(devs):
+                a.block_until_ready()
+        except Exception:  # deleted or donated arrays
+            continue
+    _memory.sample()
+
+
+# -- properties ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    platform: str
+    device_kind: str
+    index: int
+    total_memory: int
+    jax_device: str
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name={self.name!r}, platform={self.platform!r}, "
+                f"device_kind={self.device_kind!r}, total_memory={self.total_memory // 2**20}MB)")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    idx = _index(device)
+    d = platform.jax_device(idx)
+    stats = _memory.raw_stats(idx)
+    total = int(stats.get("bytes_limit", 0)) if stats else 0
+    if not total:
+        import os
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return _DeviceProperties(get_device_name(idx), platform.platform(), d.device_kind, idx,
+                             total, repr(d))
+
+
+def get_device_name(device=None) -> str:
+    d = platform.jax_device(_index(device))
+    return f"{d.device_kind} ({platform.platform()})"
+
+
+def get_device_capability(device=None):
+    return (0, 0)
+
+
+# -- RNG -------------------------------------------------------------------
+
+
+def manual_seed(seed: int) -> None:
+    _random.manual_seed(seed, current_device())
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        _random.manual_seed(seed, i)
+
+
+def seed() -> None:
+    _random.seed(current_device())
+
+
+def seed_all() -> None:
+    s = _random.seed(0)
+    for i in range(1, device_count()):
+        _random.manual_seed(s, i)
+
+
+def initial_seed() -> int:
+    return _random.initial_seed(current_device())
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    return _random.get_state(_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _random.set_state(new_state, _index(device))
+
+
+def get_rng_state_all():
+    return [_random.get_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, s in enumerate(new_states):
+        _random.set_state(s, i)
+
+
+# -- memory ----------------------------------------------------------------
+
+
+def memory_allocated(device=None) -> int:
+    return _memory.allocated(_index(device))
+
+
+def max_memory_allocated(device=None) -> int:
+    return _memory.peak(_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _memory.reset_peak(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    return _memory.stats(_index(device))
+
+
+def empty_cache() -> None:
+    _memory.empty_cache()
+
+
+def memory_reserved(device=None) -> int:
+    return _memory.reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    return _memory.peak(_index(device))
+
+
+# -- streams (PJRT orders work per device; one stream each) ----------------
+
+
+class Stream:
+    """The single in-order stream of a tpu device (PJRT keeps one per device)."""
+
+    def __init__(self, device=None, priority=0):
+        self.device = torch.device("tpu", _index(device))
+
+    def synchronize(self):
+        synchronize(self.device)
+
+    def wait_stream(self, stream):
+        pass
+
+    def query(self):
+        return True
+
+
+def current_stream(device=None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device=None) -> Stream:
+    return Stream(device)
+
+
+@contextlib.contextmanager
+def stream(s):
+    yield s

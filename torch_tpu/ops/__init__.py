@@ -1,0 +1,71 @@
+"""ATen kernels for the `tpu` device.
+
+`registry.LOWERINGS` is the lowering table, filled by the family modules
+imported below; `core.KERNELS` holds the storage-level kernels. `install()`
+registers both with the dispatcher for PrivateUse1 and puts the fallback
+(decompositions, then the CPU) behind every other op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import registry  # noqa: F401  (the table, filled by the imports below)
+from . import core, fallback
+from . import elementwise, reductions, shape, nn, linalg, indexing, random, factories  # noqa: F401
+
+_libs = []
+
+
+def install() -> None:
+    """Register every kernel and the fallback for PrivateUse1 (once)."""
+    if _libs:
+        return
+    from ..runtime import executor
+
+    lib = torch.library.Library("aten", "IMPL")
+    _libs.append(lib)
+    registered = set()
+    for op, fn in core.KERNELS.items():
+        lib.impl(op, fn, "PrivateUse1")
+        registered.add(op)
+    for op in list(registry.LOWERINGS):
+        if op in registered:
+            continue
+        runner = executor.runner_for(op)
+        lib.impl(op, runner.__call__, "PrivateUse1")
+        registered.add(op)
+        # The in-place and out= forms run through the same lowering.
+        for variant in _variants(op):
+            if variant not in registered and variant not in registry.LOWERINGS:
+                r = executor.runner_for(variant)
+                if r is not None:
+                    lib.impl(variant, r.__call__, "PrivateUse1")
+                    registered.add(variant)
+    fb = torch.library.Library("_", "IMPL")
+    _libs.append(fb)
+    fb.fallback(fallback.handle, "PrivateUse1")
+
+
+def _variants(op):
+    """In-place and out= overloads whose functional overload is `op`."""
+    schema = op._schema
+    ns_name, base = schema.name.split("::")
+    ns = getattr(torch.ops, ns_name)
+    found = []
+    for name in (base + "_", base):
+        packet = getattr(ns, name, None)
+        if packet is None:
+            continue
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if cand is op:
+                continue
+            try:
+                from ..runtime.executor import functional_of
+
+                if functional_of(cand) is op:
+                    found.append(cand)
+            except Exception:
+                continue
+    return found

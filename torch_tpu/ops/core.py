@@ -1,0 +1,338 @@
+"""Storage-level kernels: creation, copies, views, set_/resize_, item.
+
+These are not lowerings to JAX functions; they manage which storage and
+layout a tensor has. View ops reuse PyTorch's own CPU view kernels, which only
+compute metadata: our storages have real sizes, so the CPU kernels produce
+exactly the sizes, strides and offsets CPU tensors would get, and the result
+shares the storage (and with it the device value) of its base.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..debug import metrics
+from ..runtime import executor, platform
+from ..runtime import storage as st
+
+aten = torch.ops.aten
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+KERNELS: dict = {}
+
+
+def kernel(*ops):
+    """Register `fn` as the PrivateUse1 kernel of each op (no lowering)."""
+
+    def deco(fn):
+        for op in ops:
+            KERNELS[op] = fn
+        return fn
+
+    return deco
+
+
+def _device_index(device) -> int:
+    from ..device import module
+
+    if device is None:
+        return module.current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, int):
+        return device
+    idx = device.index if device.index is not None else module.current_device()
+    platform.jax_device(idx)  # raises for a bad index
+    return idx
+
+
+_zeros_cache: dict = {}
+
+
+def _zeros(shape, dtype: torch.dtype, index: int):
+    key = (shape, dtype, index)
+    fn = _zeros_cache.get(key)
+    if fn is None:
+        jd = st.jax_dtype(dtype)
+        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
+        fn = _zeros_cache[key] = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding)
+    return fn()
+
+
+def new_tensor(shape, dtype, index, stride=None):
+    """A tpu tensor of zeros (what `empty` gives: memory is never garbage)."""
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
+    if stride is None:
+        t = st.empty_tensor(shape, dtype, index)
+        st.attach(t, _zeros(shape, dtype, index))
+        return t
+    stride = tuple(int(s) for s in stride)
+    n = 1 + sum((s - 1) * d for s, d in zip(shape, stride)) if all(shape) else 0
+    t = st.empty_tensor(shape, dtype, index, nbytes=n * dtype.itemsize, stride=stride)
+    st.attach(t, _zeros((n,), dtype, index))
+    return t
+
+
+@kernel(aten.empty.memory_format)
+def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+          memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    st.jax_dtype(dtype)
+    return new_tensor(size, dtype, _device_index(device))
+
+
+@kernel(aten.empty_strided.default)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = dtype or torch.get_default_dtype()
+    st.jax_dtype(dtype)
+    return new_tensor(size, dtype, _device_index(device), stride)
+
+
+# -- copies ------------------------------------------------------------------
+
+_copy_cache: dict = {}
+
+
+def assign(dst: torch.Tensor, value) -> None:
+    """Write jax array `value` (broadcastable to dst) into tpu tensor `dst`."""
+    data = st.data_of(dst)
+    layout = st.layout_of(dst, data)
+    base = data.array
+    shape = tuple(dst.shape)
+    key = (base.shape, base.dtype, layout, value.shape, value.dtype, shape, dst.dtype)
+    fn = _copy_cache.get(key)
+    if fn is None:
+        want = st.TORCH_TO_JAX[dst.dtype]
+
+        def write(base, v):
+            v = jnp.broadcast_to(_convert(v, want), shape)
+            if layout is None:
+                return v
+            return st.strided_write(base, layout, v)
+
+        fn = _copy_cache[key] = executor._compile("copy_", key, write, (base, value))
+    data.array = fn(base, value)
+
+
+def _convert(v, want):
+    if v.dtype == want:
+        return v
+    if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(
+            want, jnp.complexfloating):
+        v = jnp.real(v)
+    if want == jnp.bool_:
+        return v != 0
+    return v.astype(want)
+
+
+@kernel(aten.copy_.default)
+def copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu":
+        if src.device.type == "tpu":
+            value = executor.value(src)
+            if src.device.index != self.device.index:
+                value = jax.device_put(value, platform.jax_device(self.device.index))
+                metrics.transfer("device_to_device", value.nbytes)
+        else:
+            if src.dim() == 0 and not src.is_meta:
+                value = np.asarray(src.item(), dtype=st.TORCH_TO_JAX[src.dtype])
+                value = jax.device_put(value, platform.jax_device(self.device.index))
+            else:
+                value = st.from_host(src, self.device.index)
+            metrics.transfer("host_to_device", value.nbytes)
+        if src.is_conj():
+            value = jnp.conj(value)
+        torch._check(
+            _broadcastable(tuple(src.shape), tuple(self.shape)),
+            lambda: f"copy_: the source of shape {tuple(src.shape)} cannot be broadcast "
+                    f"to the destination's {tuple(self.shape)}")
+        assign(self, value)
+        return self
+    # tpu -> cpu (or another host device)
+    host = st.to_host(src)
+    metrics.transfer("device_to_host", host.nbytes)
+    cpu = st.host_tensor(host, src.dtype)
+    with torch.no_grad():
+        self.copy_(cpu)
+    return self
+
+
+def _broadcastable(src, dst) -> bool:
+    if len(src) > len(dst):
+        return False
+    for a, b in zip(reversed(src), reversed(dst)):
+        if a != b and a != 1:
+            return False
+    return True
+
+
+@kernel(aten._copy_from.default)
+def _copy_from(self, dst, non_blocking=False):
+    return copy_(dst, self, non_blocking)
+
+
+@kernel(aten._copy_from_and_resize.default)
+def _copy_from_and_resize(self, dst):
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+@kernel(aten._to_copy.default)
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+             non_blocking=False, memory_format=None):
+    dtype = dtype or self.dtype
+    target = torch.device(device) if device is not None else self.device
+    if target.type == "tpu":
+        out = new_tensor_like_value(self, dtype, _device_index(target))
+        return out
+    out = torch.empty(tuple(self.shape), dtype=dtype, device=target)
+    copy_(out, self)
+    return out
+
+
+def new_tensor_like_value(src, dtype, index):
+    """A fresh tpu tensor on tpu:index holding src (tpu or cpu) as `dtype`."""
+    want = st.jax_dtype(dtype)
+    if src.device.type == "tpu":
+        value = executor.value(src)
+        if src.is_conj():
+            value = jnp.conj(value)
+        if src.device.index != index:
+            value = jax.device_put(value, platform.jax_device(index))
+            metrics.transfer("device_to_device", value.nbytes)
+    else:
+        value = st.from_host(src, index)
+        metrics.transfer("host_to_device", value.nbytes)
+    if value.dtype != want:
+        value = _cast(value, want)
+    return st.wrap(value, index, dtype)
+
+
+_cast_cache: dict = {}
+
+
+def _cast(value, want):
+    key = (value.shape, value.dtype, want)
+    fn = _cast_cache.get(key)
+    if fn is None:
+        fn = _cast_cache[key] = executor._compile("convert", key, lambda v: _convert(v, want),
+                                                  (value,))
+    return fn(value)
+
+
+@kernel(aten._local_scalar_dense.default)
+def _local_scalar_dense(self):
+    metrics.count("item")
+    return st.to_host(self).reshape(()).item()
+
+
+# -- views: PyTorch's CPU kernels compute the metadata -------------------------
+
+_VIEW_OPS = (
+    aten.as_strided.default,
+    aten.view.default,
+    aten._reshape_alias.default,
+    aten.unfold.default,
+    aten.view_as_real.default,
+    aten.view_as_complex.default,
+    aten.view.dtype,
+    aten._unsafe_view.default,
+    aten.alias.default,
+    aten._conj.default,
+    aten._neg_view.default,
+    aten.real.default,
+    aten.imag.default,
+)
+
+
+def _view_kernel(op):
+    handle = op._handle
+
+    def view(*args, **kwargs):
+        return handle.redispatch_boxed(_CPU, *args, **kwargs)
+
+    view.__name__ = op.__name__
+    return view
+
+
+for _op in _VIEW_OPS:
+    KERNELS[_op] = _view_kernel(_op)
+
+
+@kernel(aten.set_.source_Storage_storage_offset)
+def set_storage_offset(self, source, storage_offset, size, stride=()):
+    if not hasattr(source, "_tpu") and source.nbytes() > 0:
+        raise RuntimeError("set_: the storage has no tpu data (expected a tpu storage)")
+    return aten.set_.source_Storage_storage_offset._handle.redispatch_boxed(
+        _CPU, self, source, storage_offset, size, stride)
+
+
+@kernel(aten.set_.source_Storage)
+def set_storage(self, source):
+    n = source.nbytes() // self.dtype.itemsize
+    return set_storage_offset(self, source, 0, (n,), (1,))
+
+
+@kernel(aten.set_.source_Tensor)
+def set_tensor(self, source):
+    return set_storage_offset(self, source.untyped_storage(), source.storage_offset(),
+                              tuple(source.shape), tuple(source.stride()))
+
+
+@kernel(aten.set_.default)
+def set_empty(self):
+    fresh = new_tensor((0,), self.dtype, self.device.index)
+    return set_tensor(self, fresh)
+
+
+@kernel(aten.resize_.default)
+def resize_(self, size, memory_format=None):
+    size = tuple(int(s) for s in size)
+    need = math.prod(size) + self.storage_offset()
+    stor = self.untyped_storage()
+    if need * self.dtype.itemsize > stor.nbytes():
+        # Grow: a new storage whose prefix keeps the old contents, as on CPU.
+        data = st.data_of(self)
+        old = data.array.reshape(-1)
+        if st.JAX_TO_TORCH.get(old.dtype) != self.dtype:
+            old = executor.value(self).reshape(-1)
+            offset = 0
+        else:
+            offset = 0
+        grown = jnp.zeros((need,), old.dtype).at[: old.shape[0]].set(old[: need])
+        fresh = st.empty_tensor((need,), self.dtype, self.device.index)
+        st.attach(fresh, jax.device_put(grown, platform.jax_device(self.device.index)))
+        del offset
+        set_storage_offset(self, fresh.untyped_storage(), self.storage_offset(), size,
+                           st.contiguous_strides(size))
+        return self
+    return set_storage_offset(self, stor, self.storage_offset(), size,
+                              st.contiguous_strides(size))
+
+
+@kernel(aten.is_pinned.default)
+def is_pinned(self, device=None):
+    return False
+
+
+@kernel(aten.is_set_to.default)
+def is_set_to(self, tensor):
+    return (self.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+            and self.storage_offset() == tensor.storage_offset()
+            and tuple(self.shape) == tuple(tensor.shape)
+            and tuple(self.stride()) == tuple(tensor.stride()))
+
+
+@kernel(aten.equal.default)
+def equal(self, other):
+    if tuple(self.shape) != tuple(other.shape):
+        return False
+    return bool(torch.eq(self, other).all().item())

@@ -1,0 +1,118 @@
+"""What runs an op that has no kernel of its own on `tpu`.
+
+In order: a lowering reached indirectly (in-place/out= forms of a lowered
+op), PyTorch's own decomposition (`torch._decomp`) into ops we do lower, and
+last the CPU: inputs copied to the host, the op run there, results copied
+back, with one warning per op and a counter. `TORCH_TPU_CPU_FALLBACK=0`
+turns the CPU step into a `NotImplementedError` naming the op.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+from torch.utils import _pytree as pytree
+
+from ..debug import metrics
+from ..runtime import executor
+
+_warned: set = set()
+# Ops whose decomposition is wrong or slower than the CPU for eager use.
+_NO_DECOMP: set = set()
+
+
+def cpu_fallback_enabled() -> bool:
+    return os.environ.get("TORCH_TPU_CPU_FALLBACK", "1") not in ("0", "false", "False")
+
+
+def handle(op, *args, **kwargs):
+    """The boxed PrivateUse1 fallback: every op without a registered kernel."""
+    runner = executor.runner_for(op)
+    if runner is not None:
+        return runner(*args, **kwargs)
+    decomp = decomposition_table.get(op)
+    if decomp is not None and op not in _NO_DECOMP and op not in _active.ops:
+        metrics.count(f"decomposed.{op}")
+        # A decomposition may call back into `op` (in-place <-> functional
+        # pairs); the inner call then goes to the CPU instead of recursing.
+        _active.ops.add(op)
+        try:
+            return decomp(*args, **kwargs)
+        finally:
+            _active.ops.discard(op)
+    return cpu_fallback(op, *args, **kwargs)
+
+
+class _Active(threading.local):
+    def __init__(self):
+        self.ops = set()
+
+
+_active = _Active()
+
+
+def cpu_fallback(op, *args, **kwargs):
+    name = str(op)
+    if not cpu_fallback_enabled():
+        raise NotImplementedError(
+            f"The operator '{name}' is not implemented for the tpu device, and the "
+            "CPU fallback is disabled (TORCH_TPU_CPU_FALLBACK=0).")
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"The operator '{name}' has no tpu lowering: it runs on the CPU (inputs "
+            "copied to the host and results back), which is slow. See "
+            "torch_tpu.debug.fallback_report().", stacklevel=3)
+    metrics.fallback(name)
+    from . import core
+
+    device = None
+    cpu_of = {}
+
+    def to_cpu(x):
+        nonlocal device
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            device = device or x.device
+            c = torch.empty(tuple(x.shape), dtype=x.dtype)
+            core.copy_(c, x)
+            cpu_of[id(c)] = x
+            return c
+        if isinstance(x, torch.device) and x.type == "tpu":
+            device = device or x
+            return torch.device("cpu")
+        return x
+
+    cargs, ckwargs = pytree.tree_map(to_cpu, (args, kwargs))
+    out = op(*cargs, **ckwargs)
+    # Mutated arguments: copy the CPU result back into the tpu tensor.
+    schema = op._schema
+    flat_args = _bind(schema, cargs, ckwargs)
+    for a, v in zip(schema.arguments, flat_args):
+        if a.alias_info and a.alias_info.is_write:
+            for c in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(c, torch.Tensor) and id(c) in cpu_of:
+                    orig = cpu_of[id(c)]
+                    if tuple(orig.shape) != tuple(c.shape):
+                        orig.resize_(c.shape)
+                    core.copy_(orig, c)
+    device = device or torch.device("tpu", 0)
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in cpu_of:
+                return cpu_of[id(x)]
+            return core.new_tensor_like_value(x, x.dtype, device.index or 0)
+        return x
+
+    return pytree.tree_map(back, out)
+
+
+def _bind(schema, args, kwargs):
+    vals = list(args)
+    for a in schema.arguments[len(vals):]:
+        vals.append(kwargs.get(a.name, None))
+    return vals

@@ -1,0 +1,4 @@
+"""placeholder"""
+import torch
+from .registry import lower
+aten = torch.ops.aten

@@ -1,0 +1,59 @@
+"""The one way to make a PrivateUse1 tensor on a device other than index 0.
+
+PyTorch's Python backend API creates tensors on `tpu:0` only, and refuses to
+move a tensor to a storage of another device. DLPack's "extension device"
+(kDLExtDev) maps to PrivateUse1 with the producer's device index, so an empty
+DLPack tensor yields the first tensor on `tpu:i`; every other tensor on that
+device aliases it (see storage._seed) and then gets its own storage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_KDL_EXT_DEV = 12
+_KDL_FLOAT = 2
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+# The structs must outlive the tensors made from them; there is one per device.
+_keep: list = []
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def empty_on_device(index: int) -> torch.Tensor:
+    """An empty float32 PrivateUse1 tensor on device `index`."""
+    shape = (ctypes.c_int64 * 1)(0)
+    managed = _DLManagedTensor()
+    managed.dl_tensor = _DLTensor(None, _DLDevice(_KDL_EXT_DEV, index), 1,
+                                  _DLDataType(_KDL_FLOAT, 32, 1), shape, None, 0)
+    managed.deleter = None
+    _keep.append((managed, shape))
+    capsule = _capsule_new(ctypes.addressof(managed), b"dltensor", None)
+    t = torch.utils.dlpack.from_dlpack(capsule)
+    if t.device != torch.device(torch._C._get_privateuse1_backend_name(), index):
+        raise RuntimeError(f"could not create a tensor on tpu:{index} (got {t.device})")
+    return t

@@ -1,0 +1,559 @@
+"""The executor: every eager op runs as one cached, compiled XLA executable.
+
+For an op call it builds a key from the op, each tensor's storage
+(device, array shape and dtype), each tensor's view layout, the static
+arguments, and the Python types of `Scalar` arguments (their values are
+runtime inputs, so a learning-rate schedule does not recompile). On a miss it
+
+1. runs the op on `meta` tensors: PyTorch's own shape and dtype rules and
+   argument checks, so bad input raises exactly what PyTorch raises;
+2. traces a program: read the inputs (views resolved with strided_read),
+   apply the lowering, cast to PyTorch's output dtypes, write mutated
+   arguments back into their storages (strided_write);
+3. compiles it with `jax.jit(...).lower(...).compile()`, timing the compile.
+
+On a hit it only calls the compiled executable, which dispatches
+asynchronously: nothing blocks until a value is read on the host.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from ..ops import registry
+from . import storage as st
+
+_T, _OT, _LT, _LOT, _S, _OS, _X, _G = range(8)
+_KIND_OF_TYPE = {
+    "Tensor": _T, "Optional[Tensor]": _OT, "List[Tensor]": _LT,
+    "List[Optional[Tensor]]": _LOT, "Scalar": _S, "Optional[Scalar]": _OS, "number": _S, "Optional[number]": _OS,
+    "Optional[Generator]": _G, "Generator": _G,
+}
+
+
+# --------------------------------------------------------------------------
+# statistics
+
+
+class CacheStats:
+    """In-memory executable cache statistics (see torch_tpu.cache.stats)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        self.requests = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.compile_seconds = 0.0
+        self.per_op = collections.Counter()       # executions per op
+        self.compiles_per_op = collections.Counter()
+
+    def as_dict(self):
+        return {
+            "requests": self.requests,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "entries": len(_CACHE),
+            "capacity": _capacity(),
+            "compile_seconds": self.compile_seconds,
+        }
+
+
+STATS = CacheStats()
+# Observers of compile events: callables (name, key, seconds, compiled).
+COMPILE_LISTENERS: list = []
+
+_CACHE: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _capacity() -> int:
+    return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
+
+
+def clear_cache():
+    _CACHE.clear()
+    _READ_CACHE.clear()
+
+
+def _compile(name: str, key, fn, args):
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - t0
+    STATS.misses += 1
+    STATS.compile_seconds += seconds
+    STATS.compiles_per_op[name] += 1
+    for listener in COMPILE_LISTENERS:
+        listener(name, key, seconds, compiled)
+    return compiled
+
+
+def _cache_get(key):
+    STATS.requests += 1
+    entry = _CACHE.get(key)
+    if entry is not None:
+        STATS.hits += 1
+        _CACHE.move_to_end(key)
+    return entry
+
+
+def _cache_put(key, entry):
+    _CACHE[key] = entry
+    if len(_CACHE) > _capacity():
+        _CACHE.popitem(last=False)
+        STATS.evictions += 1
+
+
+# --------------------------------------------------------------------------
+# reading values
+
+
+_READ_CACHE: dict = {}
+
+
+def value(t: torch.Tensor):
+    """The jax.Array holding tpu tensor `t`'s value in its logical shape."""
+    data = st.data_of(t)
+    layout = st.layout_of(t, data)
+    if layout is None:
+        return data.array
+    arr = data.array
+    key = (arr.shape, arr.dtype, layout, data.index)
+    fn = _READ_CACHE.get(key)
+    if fn is None:
+        fn = _READ_CACHE[key] = _compile("view_read", key,
+                                         lambda a: st.strided_read(a, layout), (arr,))
+    return fn(arr)
+
+
+# --------------------------------------------------------------------------
+# running ops
+
+
+class _Plan:
+    """How to bind and classify one overload's arguments, from its schema."""
+
+    __slots__ = ("op", "name", "args", "kinds", "writes", "out_names", "defaults",
+                 "n_args", "arg_index")
+
+    def __init__(self, op):
+        schema = op._schema
+        self.op = op
+        self.name = str(op)
+        self.args = schema.arguments
+        self.n_args = len(self.args)
+        self.kinds = tuple(_KIND_OF_TYPE.get(str(a.type), _X) for a in self.args)
+        self.writes = tuple(bool(a.alias_info and a.alias_info.is_write) for a in self.args)
+        self.out_names = tuple(a.name for a in self.args if a.is_out)
+        self.defaults = tuple(a.default_value if a.has_default_value() else None
+                              for a in self.args)
+        self.arg_index = {a.name: i for i, a in enumerate(self.args)}
+
+    def bind(self, args, kwargs):
+        vals = list(args)
+        n = len(vals)
+        if n < self.n_args:
+            for i in range(n, self.n_args):
+                name = self.args[i].name
+                vals.append(kwargs[name] if name in kwargs else self.defaults[i])
+        return vals
+
+
+class _Entry:
+    __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn")
+
+    def __init__(self, compiled, out_tree, out_meta, writes):
+        self.compiled = compiled
+        self.out_tree = out_tree
+        self.out_meta = out_meta
+        self.writes = writes
+
+
+def _device_mismatch(op_name, a, b):
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two "
+        f"devices, {a} and {b}! (when checking arguments for {op_name})")
+
+
+class _Signature:
+    """Collects dynamic inputs, storage slots and the cache key of one call."""
+
+    __slots__ = ("dyn", "key", "slots", "slot_data", "device", "plan")
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.dyn = []
+        self.key = [plan.op]
+        self.slots = {}
+        self.slot_data = []
+        self.device = None
+
+    def tensor(self, t):
+        if not isinstance(t, torch.Tensor):
+            # The dispatcher hands wrapped numbers (`x + 2`) to Python as scalars.
+            return self.scalar(t)
+        stor = t.untyped_storage()
+        data = getattr(stor, "_tpu", None)
+        if data is None:
+            if t.device.type == "cpu" and t.dim() == 0:
+                i = len(self.dyn)
+                self.dyn.append(_cpu_scalar(t))
+                self.key.append(("c", t.dtype))
+                return ("c", i)
+            if t.device.type != "cpu" and t.device.type != "meta" and not st.has_data(t):
+                raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
+            raise _device_mismatch(self.plan.name, self._dev_str(), t.device)
+        index = data.index
+        if self.device is None:
+            self.device = index
+        elif index != self.device:
+            raise _device_mismatch(self.plan.name, f"tpu:{self.device}", f"tpu:{index}")
+        slot = self.slots.get(id(data))
+        if slot is None:
+            slot = self.slots[id(data)] = len(self.slot_data)
+            self.slot_data.append(data)
+            arr = data.array
+            self.key.append((arr.shape, arr.dtype))
+        layout = st.layout_of(t, data)
+        self.key.append((slot, layout))
+        return ("t", slot, layout)
+
+    def _dev_str(self):
+        return f"tpu:{self.device}" if self.device is not None else "tpu:0"
+
+    def scalar(self, v):
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v)
+        i = len(self.dyn)
+        self.dyn.append(v)
+        self.key.append(("s", type(v)))
+        return ("s", i)
+
+
+def _cpu_scalar(t):
+    return np.asarray(t.item(), dtype=st.TORCH_TO_JAX[t.dtype])
+
+
+def _classify(plan, vals, sig):
+    """Recipes to rebuild each argument inside the program."""
+    recipes = []
+    for kind, v in zip(plan.kinds, vals):
+        if kind == _T or (kind == _OT and v is not None):
+            recipes.append(sig.tensor(v))
+        elif kind == _LT or kind == _LOT:
+            recipes.append(("l", tuple(None if x is None else sig.tensor(x) for x in v)))
+            sig.key.append(len(v))
+        elif kind == _S or (kind == _OS and v is not None):
+            recipes.append(sig.scalar(v))
+        elif kind == _G:
+            recipes.append(("x", None))
+            sig.key.append(None)
+        else:
+            if isinstance(v, list):
+                v = tuple(v)
+            recipes.append(("x", v))
+            sig.key.append(v if not isinstance(v, torch.device) else str(v))
+    return recipes
+
+
+def _rebuild(recipe, arrays, dyn):
+    tag = recipe[0]
+    if tag == "t":
+        base = arrays[recipe[1]]
+        return base if recipe[2] is None else st.strided_read(base, recipe[2])
+    if tag == "s" or tag == "c":
+        return dyn[recipe[1]]
+    if tag == "l":
+        return [None if r is None else _rebuild(r, arrays, dyn) for r in recipe[1]]
+    return recipe[1]
+
+
+def _meta_value(x, device_index):
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "cpu":
+            return x
+        return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype,
+                                   device="meta")
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_meta_value(y, device_index) for y in x)
+    return x
+
+
+def run_meta(op, args, kwargs):
+    """Run `op` on meta copies of its arguments: PyTorch's checks and shapes."""
+    margs = [_meta_value(a, None) for a in args]
+    mkwargs = {k: _meta_value(v, None) for k, v in kwargs.items()}
+    if "device" in mkwargs and mkwargs["device"] is None and not any(
+            isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs))):
+        mkwargs["device"] = torch.device("meta")
+    return op(*margs, **mkwargs), margs, mkwargs
+
+
+class _Runner:
+    """Runs one ATen overload through its lowering and the executable cache."""
+
+    def __init__(self, op, lowering, functional=None):
+        self.op = op
+        self.plan = _Plan(op)
+        self.lowering = lowering
+        # For in-place/out= overloads: the functional overload whose lowering
+        # computes the values, and which arguments receive them.
+        self.functional = functional
+        fplan = _Plan(functional) if functional is not None else self.plan
+        self.fplan = fplan
+        if functional is None:
+            self.targets = tuple(self.plan.arg_index[n] for n in lowering.mutates)
+        elif self.plan.out_names:
+            self.targets = tuple(self.plan.arg_index[n] for n in self.plan.out_names)
+        else:
+            self.targets = tuple(i for i, w in enumerate(self.plan.writes) if w)
+        self.rng = lowering.random
+
+    def __call__(self, *args, **kwargs):
+        plan = self.plan
+        vals = plan.bind(args, kwargs)
+        sig = _Signature(plan)
+        recipes = _classify(plan, vals, sig)
+        if self.rng:
+            from ..device import random as tpu_random
+
+            sig.dyn.append(tpu_random.next_key(
+                sig.device if sig.device is not None else _factory_device(vals, plan)))
+            sig.key.append("rng")
+        if sig.device is None:
+            sig.device = _factory_device(vals, plan)
+            sig.key.append(sig.device)
+        key = tuple(sig.key)
+        entry = _cache_get(key)
+        if entry is None:
+            entry = self._build(key, vals, args, kwargs, sig, recipes)
+        STATS.per_op[plan.name] += 1
+        arrays = [d.array for d in sig.slot_data]
+        if entry.compiled is None:  # eager (data-dependent) lowering
+            outs, new_bases = entry.eager_fn(arrays, sig.dyn)
+        else:
+            outs, new_bases = entry.compiled(arrays, sig.dyn)
+        for slot, arr in zip(entry.writes, new_bases):
+            sig.slot_data[slot].array = arr
+        return self._wrap(entry, outs, vals, sig.device)
+
+    # -- building ---------------------------------------------------------
+
+    def _build(self, key, vals, args, kwargs, sig, recipes):
+        op = self.op
+        meta_out, margs, mkwargs = run_meta(op, args, kwargs)
+        plan, fplan = self.plan, self.fplan
+        if self.functional is not None:
+            # The functional overload's output metadata (the values to write).
+            meta_named = {a.name: _meta_value(v, None) for a, v in zip(plan.args, vals)}
+            fa, fk = _split_named(fplan, meta_named)
+            fmeta = self.functional(*fa, **fk)
+        else:
+            fmeta = meta_out
+        meta_leaves, out_tree = pytree.tree_flatten(meta_out)
+        n_tensor_out = sum(isinstance(m, torch.Tensor) for m in meta_leaves)
+        lowering, rng, name = self.lowering, self.rng, plan.name
+        is_derived = self.functional is not None
+        # Each written tensor: (argument index, list position or None), its
+        # recipe, and its meta after the op (an out= tensor may be resized).
+        targets = []
+        for i in self.targets:
+            v = vals[i]
+            m = margs[i] if i < len(margs) else mkwargs[plan.args[i].name]
+            if isinstance(v, (list, tuple)):
+                targets.extend((i, j, recipes[i][1][j], m[j]) for j in range(len(v)))
+            else:
+                targets.append((i, None, recipes[i], m))
+        for t in targets:
+            if t[2][0] != "t":
+                raise RuntimeError(f"{name}: cannot write to a CPU tensor argument")
+        out_slots = tuple(dict.fromkeys(t[2][1] for t in targets))
+
+        def program(arrays, dyn):
+            args_v = [_rebuild(r, arrays, dyn) for r in recipes]
+            fargs, fkw = _split_named(fplan, {a.name: v for a, v in zip(plan.args, args_v)})
+            if rng:
+                fkw["rng_key"] = dyn[-1]
+            registry.CONTEXT.meta_out = fmeta
+            try:
+                result = lowering.fn(*fargs, **fkw)
+            finally:
+                registry.CONTEXT.meta_out = None
+            if is_derived:
+                values, outs = jax.tree_util.tree_leaves(result), []
+            else:
+                updates = {}
+                if lowering.mutates:
+                    result, updates = result
+                values = [updates[plan.args[i].name] if j is None
+                          else updates[plan.args[i].name][j] for i, j, _, _ in targets]
+                leaves = jax.tree_util.tree_leaves(result)
+                if len(leaves) != n_tensor_out:
+                    raise RuntimeError(
+                        f"internal error in the lowering of {name}: it returned "
+                        f"{len(leaves)} arrays, PyTorch's op returns {n_tensor_out}")
+                outs = [_conform(x, m, name) for x, m in
+                        zip(leaves, [m for m in meta_leaves if isinstance(m, torch.Tensor)])]
+            bases = list(arrays)
+            for (_, _, r, m), val in zip(targets, values):
+                bases[r[1]] = _write(bases[r[1]], r[2], val, m, name)
+            return outs, [bases[s] for s in out_slots]
+
+        arrays = [d.array for d in sig.slot_data]
+        if lowering.eager:
+            entry = _Entry(None, out_tree, meta_leaves, out_slots)
+            entry.eager_fn = program
+        else:
+            compiled = _compile(name, key, program, (arrays, list(sig.dyn)))
+            entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
+        _cache_put(key, entry)
+        return entry
+
+    # -- results ----------------------------------------------------------
+
+    def _wrap(self, entry, outs, vals, device):
+        if self.functional is not None:
+            # The op returns its written arguments (self, or the out tensors).
+            res = [vals[i] for i in self.targets]
+            if self.plan.out_names and len(res) > 1:
+                return tuple(res)
+            return res[0] if len(res) == 1 else tuple(res)
+        if self.lowering.mutates and not entry.out_meta:
+            return None
+        it = iter(outs)
+        leaves = []
+        for m in entry.out_meta:
+            if isinstance(m, torch.Tensor):
+                leaves.append(st.wrap(next(it), device, m.dtype))
+            else:
+                leaves.append(m)
+        return pytree.tree_unflatten(leaves, entry.out_tree)
+
+
+def _split_named(plan, named):
+    """Positional and keyword-only arguments of `plan`'s op from a name map."""
+    args, kwargs = [], {}
+    for a in plan.args:
+        v = named[a.name] if a.name in named else (
+            a.default_value if a.has_default_value() else None)
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return args, kwargs
+
+
+def _conform(x, meta, name):
+    x = jnp.asarray(x)
+    want = st.TORCH_TO_JAX[meta.dtype]
+    if x.dtype != want:
+        x = x.astype(want)
+    shape = tuple(meta.shape)
+    if x.shape != shape:
+        try:
+            x = jnp.broadcast_to(x, shape)
+        except ValueError:
+            raise RuntimeError(
+                f"internal error in the lowering of {name}: produced shape "
+                f"{x.shape}, PyTorch expects {shape}") from None
+    return x
+
+
+def _write(base, layout, val, meta, name):
+    val = _conform(val, meta, name) if meta is not None else val
+    if layout is None:
+        return val.reshape(base.shape).astype(base.dtype)
+    return st.strided_write(base, layout, val)
+
+
+def _factory_device(vals, plan):
+    i = plan.arg_index.get("device")
+    if i is not None and vals[i] is not None:
+        d = vals[i]
+        if isinstance(d, str):
+            d = torch.device(d)
+        return d.index if d.index is not None else _current()
+    return _current()
+
+
+def _current():
+    from ..device import module
+
+    return module.current_device()
+
+
+# --------------------------------------------------------------------------
+
+
+_RUNNERS: dict = {}
+
+
+def runner_for(op):
+    """The cached runner of `op`, or None when there is no lowering for it."""
+    r = _RUNNERS.get(op)
+    if r is None and op not in _RUNNERS:
+        r = _make_runner(op)
+        _RUNNERS[op] = r
+    return r
+
+
+def _make_runner(op):
+    low = registry.LOWERINGS.get(op)
+    if low is not None:
+        return _Runner(op, low)
+    functional = functional_of(op)
+    if functional is not None and functional in registry.LOWERINGS:
+        return _Runner(op, registry.LOWERINGS[functional], functional)
+    return None
+
+
+def functional_of(op):
+    """The functional overload computing what in-place/out= overload `op` writes."""
+    schema = op._schema
+    if not any(a.alias_info and a.alias_info.is_write for a in schema.arguments):
+        return None
+    base = schema.name.split("::")[1]
+    ns = getattr(torch.ops, schema.name.split("::")[0])
+    out_names = {a.name for a in schema.arguments if a.is_out}
+    if out_names:
+        packet = getattr(ns, base, None)
+        if packet is None:
+            return None
+        want = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if cand is op:
+                continue
+            cs = cand._schema
+            if any(a.alias_info and a.alias_info.is_write for a in cs.arguments):
+                continue
+            if [(a.name, str(a.type)) for a in cs.arguments] == want:
+                return cand
+        return None
+    if base.endswith("_") and not base.startswith("_foreach") or base.startswith("_foreach") and base.endswith("_"):
+        packet = getattr(ns, base[:-1], None)
+        if packet is None:
+            return None
+        ov = schema.overload_name or "default"
+        cand = getattr(packet, ov, None)
+        if cand is None:
+            return None
+        if [str(a.type) for a in cand._schema.arguments] == [
+                str(a.type).replace("(a!)", "") for a in schema.arguments]:
+            return cand
+    return None

@@ -1,0 +1,67 @@
+"""Which JAX/PJRT platform backs the `tpu` device, and its devices.
+
+`TORCH_TPU_PLATFORM=tpu|gpu|cpu` picks one; by default the best present
+(TPU, then GPU, then the host CPU through XLA:CPU). JAX is configured once,
+before any array is created: 64-bit types are enabled so int64/float64 keep
+PyTorch's dtypes exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+_ORDER = ("tpu", "gpu", "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def platform() -> str:
+    """The JAX platform name used for `tpu` devices ('tpu', 'gpu' or 'cpu')."""
+    wanted = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    if wanted:
+        if wanted == "cuda":
+            wanted = "gpu"
+        if wanted not in _ORDER:
+            raise RuntimeError(
+                f"TORCH_TPU_PLATFORM={wanted!r} is not one of tpu, gpu, cpu")
+        try:
+            jax.devices(wanted)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"TORCH_TPU_PLATFORM={wanted!r} but JAX has no such backend: {e}") from None
+        return wanted
+    for name in _ORDER:
+        try:
+            if jax.devices(name):
+                return name
+        except RuntimeError:
+            continue
+    return "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def devices() -> tuple:
+    """The PJRT devices of the chosen platform; `tpu:i` is devices()[i]."""
+    return tuple(jax.local_devices(backend=platform()))
+
+
+def device_count() -> int:
+    return len(devices())
+
+
+def jax_device(index: int):
+    devs = devices()
+    if index < 0 or index >= len(devs):
+        raise RuntimeError(
+            f"Invalid device index tpu:{index}: only {len(devs)} tpu device(s) "
+            f"are available (platform {platform()!r})")
+    return devs[index]
+
+
+def supports_float64() -> bool:
+    """TPUs have no float64; XLA:CPU and GPUs do."""
+    return platform() != "tpu"

@@ -1,0 +1,340 @@
+"""Device tensors and the JAX arrays behind them.
+
+A `tpu` tensor is a plain `torch.Tensor` (a storage-less PrivateUse1
+TensorImpl). Its storage is real as far as PyTorch can see: it has a size in
+bytes, a unique (never dereferenced) address and the tensor's device, so
+sizes, strides, storage offsets, `_base`, `data_ptr()` and PyTorch's own
+metadata-only view kernels all behave as on CPU. The data lives on the
+storage's Python object as a `DeviceData`: one `jax.Array` in the natural
+shape of the tensor that created the storage.
+
+Every tensor sharing the storage (views, `detach()`, autograd's saved
+copies, `.data`) therefore sees the same value, and an in-place op replaces
+`DeviceData.array`, which is how writes reach every alias. A tensor whose
+layout is exactly the array's is "plain" and is read without any work; any
+other layout (a view) is read and written through `strided_read` /
+`strided_write`, which the executor compiles into the op's program.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from . import platform
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle
+_alias = torch.ops.aten.alias.default._handle
+_view_dtype = torch.ops.aten.view.dtype._handle
+_storage_from_ptr = torch._C._construct_storage_from_data_pointer
+
+# --------------------------------------------------------------------------
+# dtypes
+
+TORCH_TO_JAX = {
+    torch.float32: jnp.float32,
+    torch.float64: jnp.float64,
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int8: jnp.int8,
+    torch.int16: jnp.int16,
+    torch.int32: jnp.int32,
+    torch.int64: jnp.int64,
+    torch.uint8: jnp.uint8,
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.uint64: jnp.uint64,
+    torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64,
+    torch.complex128: jnp.complex128,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn,
+    torch.float8_e5m2: jnp.float8_e5m2,
+}
+JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
+
+
+def jax_dtype(dtype: torch.dtype):
+    try:
+        jd = TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported on the tpu device") from None
+    if dtype in (torch.float64, torch.complex128) and not platform.supports_float64():
+        raise TypeError(
+            f"Cannot use dtype {dtype} on a tpu device: the {platform.platform()!r} "
+            "platform has no 64-bit floating point. Use float32 (or complex64) instead.")
+    return jd
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[np.dtype(dtype)]
+
+
+# --------------------------------------------------------------------------
+# device data and tensor creation
+
+
+class DeviceData:
+    """The value of one storage: a jax.Array in the storage's natural shape."""
+
+    __slots__ = ("array", "index", "__weakref__")
+
+    def __init__(self, array, index: int):
+        self.array = array
+        self.index = index
+
+
+# Addresses are virtual: unique per storage so that PyTorch's data_ptr()-based
+# aliasing checks (and users' `a.data_ptr() == b.data_ptr()`) tell storages
+# apart. They are never dereferenced.
+_next_address = itertools.count(1 << 44, 1 << 6)
+_seeds: dict = {}
+
+
+def _seed(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor on tpu:index of `dtype`, the template new tensors alias."""
+    key = (index, dtype)
+    t = _seeds.get(key)
+    if t is None:
+        if index == 0:
+            t = torch._C._acc.create_empty_tensor((0,), dtype)
+        else:
+            from ._dlpack import empty_on_device
+
+            t = _view_dtype.redispatch_boxed(_CPU_KEYS, empty_on_device(index), dtype) \
+                if dtype != torch.float32 else empty_on_device(index)
+        _seeds[key] = t
+    return t
+
+
+_devices: dict = {}
+
+
+def torch_device(index: int) -> torch.device:
+    d = _devices.get(index)
+    if d is None:
+        d = _devices[index] = torch.device("tpu", index)
+    return d
+
+
+def _address_for(nbytes: int) -> int:
+    # Reserve a block of the virtual address space as large as the storage.
+    global _next_address
+    start = next(_next_address)
+    if nbytes > 64:
+        _next_address = itertools.count(start + ((nbytes + 63) // 64) * 64, 64)
+    return start
+
+
+def empty_tensor(shape, dtype: torch.dtype, index: int, nbytes: int | None = None,
+                 stride=None) -> torch.Tensor:
+    """A new tpu tensor with its own storage (no DeviceData attached yet)."""
+    shape = tuple(shape)
+    if stride is None:
+        stride = contiguous_strides(shape)
+    if nbytes is None:
+        nbytes = math.prod(shape) * dtype.itemsize
+    t = _alias.redispatch_boxed(_CPU_KEYS, _seed(index, dtype))
+    st = _storage_from_ptr(_address_for(nbytes), torch_device(index), nbytes)
+    _set_storage.redispatch_boxed(_CPU_KEYS, t, st, 0, shape, tuple(stride))
+    return t
+
+
+def wrap(array, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new tpu tensor whose value is `array` (a jax.Array on tpu:index)."""
+    if dtype is None:
+        dtype = JAX_TO_TORCH[array.dtype]
+    t = empty_tensor(array.shape, dtype, index)
+    t.untyped_storage()._tpu = DeviceData(array, index)
+    return t
+
+
+def attach(t: torch.Tensor, array) -> None:
+    """Give the freshly created tensor `t` (which owns its storage) a value."""
+    t.untyped_storage()._tpu = DeviceData(array, t.device.index)
+
+
+def data_of(t: torch.Tensor) -> DeviceData:
+    try:
+        return t.untyped_storage()._tpu
+    except AttributeError:
+        raise RuntimeError(
+            "tpu tensor has no device data (it was created by a kernel that "
+            "bypassed torch_tpu); please report this with the op that made it") from None
+
+
+def has_data(t: torch.Tensor) -> bool:
+    return hasattr(t.untyped_storage(), "_tpu")
+
+
+def contiguous_strides(shape) -> tuple:
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def layout_of(t: torch.Tensor, data: DeviceData):
+    """None when `t` is exactly its storage's array, else its view layout.
+
+    The layout (dtype, sizes, strides, offset) is what strided_read/write need;
+    it is hashable and part of every executable's cache key.
+    """
+    arr = data.array
+    shape = tuple(t.shape)
+    if (shape == arr.shape and t.dtype == JAX_TO_TORCH.get(arr.dtype)
+            and t.storage_offset() == 0 and t.is_contiguous()):
+        return None
+    return (t.dtype, shape, tuple(t.stride()), t.storage_offset())
+
+
+# --------------------------------------------------------------------------
+# strided access inside programs
+
+
+def _reinterpret(flat, dtype: torch.dtype):
+    """View a 1-D array's bytes as elements of `dtype` (1-D result)."""
+    target = TORCH_TO_JAX[dtype]
+    src = flat.dtype
+    if np.dtype(src) == np.dtype(target):
+        return flat
+    if jnp.issubdtype(src, jnp.complexfloating):
+        parts = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
+        return _reinterpret(parts, dtype)
+    if jnp.issubdtype(target, jnp.complexfloating):
+        real_t = torch.float32 if dtype == torch.complex64 else torch.float64
+        parts = _reinterpret(flat, real_t).reshape(-1, 2)
+        return lax.complex(parts[:, 0], parts[:, 1])
+    if src == jnp.bool_:
+        flat = flat.astype(jnp.uint8)
+        src = jnp.uint8
+    to_bool = target == jnp.bool_
+    if to_bool:
+        target = jnp.uint8
+    si, ti = np.dtype(src).itemsize, np.dtype(target).itemsize
+    if si < ti:
+        flat = flat.reshape(-1, ti // si)
+    out = lax.bitcast_convert_type(flat, target).reshape(-1)
+    return out != 0 if to_bool else out
+
+
+def _flat_index(sizes, strides, offset) -> np.ndarray:
+    idx = np.full(sizes, offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return idx
+
+
+def _structured_plan(sizes, strides):
+    """Order of the dims for a slice/reshape/transpose read, or None."""
+    dims = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
+    order = sorted(dims, key=lambda d: -strides[d])
+    for a, b in zip(order, order[1:]):
+        if strides[b] <= 0 or strides[a] % strides[b] or strides[a] < strides[b] * sizes[b]:
+            return None
+    if order and strides[order[-1]] <= 0:
+        return None
+    return order
+
+
+def strided_read(base, layout):
+    """The value of a view with `layout` of the storage whose array is `base`."""
+    dtype, sizes, strides, offset = layout
+    flat = _reinterpret(base.reshape(-1), dtype)
+    n = math.prod(sizes)
+    if n == 0:
+        return jnp.zeros(sizes, flat.dtype)
+    if strides == contiguous_strides(sizes):
+        return lax.slice(flat, (offset,), (offset + n,)).reshape(sizes)
+    order = _structured_plan(sizes, strides)
+    if order is None:
+        return flat[_flat_index(sizes, strides, offset)]
+    if not order:  # every dim has size 1 or stride 0: one element, broadcast
+        return jnp.broadcast_to(flat[offset], sizes)
+    first = order[0]
+    span = strides[first] * sizes[first]
+    stop = min(offset + span, flat.shape[0])
+    x = lax.slice(flat, (offset,), (stop,))
+    if stop - offset < span:
+        x = jnp.pad(x, (0, span - (stop - offset)))
+    x = x.reshape(sizes[first], strides[first])
+    for b in order[1:]:
+        x = x[..., : sizes[b] * strides[b]]
+        x = x.reshape(x.shape[:-1] + (sizes[b], strides[b]))
+    x = x[..., 0]
+    # x's axes follow `order`; put them in view order, then add the size-1
+    # and stride-0 (broadcast) dims.
+    x = jnp.transpose(x, [order.index(d) for d in sorted(order)])
+    shape_kept = [sizes[d] if d in order else 1 for d in range(len(sizes))]
+    x = x.reshape(shape_kept)
+    return jnp.broadcast_to(x, sizes)
+
+
+def strided_write(base, layout, value):
+    """`base` with the view described by `layout` replaced by `value`."""
+    dtype, sizes, strides, offset = layout
+    n = math.prod(sizes)
+    if n == 0:
+        return base
+    value = jnp.broadcast_to(value.astype(TORCH_TO_JAX[dtype]), sizes)
+    flat = base.reshape(-1)
+    same = np.dtype(flat.dtype) == np.dtype(TORCH_TO_JAX[dtype])
+    work = flat if same else _reinterpret(flat, dtype)
+    if strides == contiguous_strides(sizes):
+        work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
+    else:
+        work = work.at[_flat_index(sizes, strides, offset)].set(value)
+    if not same:
+        work = _reinterpret(work, JAX_TO_TORCH[np.dtype(flat.dtype)])
+    return work.reshape(base.shape)
+
+
+# --------------------------------------------------------------------------
+# host transfers
+
+
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """The value of tpu tensor `t` as a numpy array (blocks until ready)."""
+    from . import executor
+
+    return np.asarray(executor.value(t))
+
+
+def from_host(src: torch.Tensor, index: int):
+    """A jax.Array on tpu:index holding the CPU tensor `src`."""
+    src = src.detach()
+    if src.is_conj():
+        src = src.resolve_conj()
+    if src.is_neg():
+        src = src.resolve_neg()
+    jd = jax_dtype(src.dtype)
+    if src.dtype == torch.bfloat16:
+        host = src.contiguous().view(torch.int16).numpy().view(jnp.bfloat16)
+    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16,
+                       torch.uint32, torch.uint64):
+        host = src.contiguous().view(torch.uint8 if src.dtype.itemsize == 1 else
+                                     {2: torch.int16, 4: torch.int32, 8: torch.int64}[src.dtype.itemsize]
+                                     ).numpy().view(jd)
+    else:
+        host = src.contiguous().numpy()
+    return jax.device_put(host, platform.jax_device(index))
+
+
+def host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor with the contents of numpy `array` (of jax dtype for `dtype`)."""
+    array = np.ascontiguousarray(array).reshape(np.shape(array))
+    if dtype == torch.bfloat16 or dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
+                                           torch.uint16, torch.uint32, torch.uint64):
+        carrier = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
+        return torch.from_numpy(array.view(carrier).copy()).view(dtype)
+    return torch.from_numpy(array.copy())
