@@ -163,8 +163,10 @@ class _Plan:
         self.arg_index = {a.name: i for i, a in enumerate(self.args)}
 
     def bind(self, args, kwargs):
+        n = len(args)
+        if n == self.n_args:
+            return args
         vals = list(args)
-        n = len(vals)
         if n < self.n_args:
             for i in range(n, self.n_args):
                 name = self.args[i].name
@@ -189,7 +191,10 @@ def _device_mismatch(op_name, a, b):
 
 
 class _Signature:
-    """Collects dynamic inputs, storage slots and the cache key of one call."""
+    """Collects dynamic inputs, storage slots and the cache key of one call.
+
+    This is the hot path of every eager op: keep it free of needless work.
+    """
 
     __slots__ = ("dyn", "key", "slots", "slot_data", "device", "plan")
 
@@ -205,41 +210,46 @@ class _Signature:
         if not isinstance(t, torch.Tensor):
             # The dispatcher hands wrapped numbers (`x + 2`) to Python as scalars.
             return self.scalar(t)
-        stor = t.untyped_storage()
-        data = getattr(stor, "_tpu", None)
+        data = getattr(t.untyped_storage(), "_tpu", None)
         if data is None:
-            if t.device.type == "cpu" and t.dim() == 0:
-                i = len(self.dyn)
-                self.dyn.append(_cpu_scalar(t))
-                self.key.append(("c", t.dtype))
-                return ("c", i)
-            if t.device.type != "cpu" and t.device.type != "meta" and not st.has_data(t):
-                raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
-            raise _device_mismatch(self.plan.name, self._dev_str(), t.device)
+            return self._foreign(t)
         index = data.index
-        if self.device is None:
+        if self.device != index:
+            if self.device is not None:
+                raise _device_mismatch(self.plan.name, f"tpu:{self.device}", f"tpu:{index}")
             self.device = index
-        elif index != self.device:
-            raise _device_mismatch(self.plan.name, f"tpu:{self.device}", f"tpu:{index}")
         slot = self.slots.get(id(data))
+        key = self.key
         if slot is None:
             slot = self.slots[id(data)] = len(self.slot_data)
             self.slot_data.append(data)
-            arr = data.array
-            self.key.append((arr.shape, arr.dtype))
-        layout = st.layout_of(t, data)
-        self.key.append((slot, layout))
+            key.append(data.sig)
+        if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
+                and t.storage_offset() == 0):
+            key.append(slot)
+            return ("t", slot, None)
+        layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        key.append((slot, layout))
         return ("t", slot, layout)
 
-    def _dev_str(self):
-        return f"tpu:{self.device}" if self.device is not None else "tpu:0"
+    def _foreign(self, t):
+        """A tensor argument that is not a tpu tensor: 0-dim CPU ones are scalars."""
+        if t.device.type == "cpu" and t.dim() == 0:
+            i = len(self.dyn)
+            self.dyn.append(_cpu_scalar(t))
+            self.key.append(("c", t.dtype))
+            return ("c", i)
+        if t.device.type == "tpu":
+            raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
+        dev = f"tpu:{self.device}" if self.device is not None else "tpu:0"
+        raise _device_mismatch(self.plan.name, dev, t.device)
 
     def scalar(self, v):
         if isinstance(v, torch.Tensor):
             return self.tensor(v)
         i = len(self.dyn)
         self.dyn.append(v)
-        self.key.append(("s", type(v)))
+        self.key.append(type(v))
         return ("s", i)
 
 
@@ -250,22 +260,31 @@ def _cpu_scalar(t):
 def _classify(plan, vals, sig):
     """Recipes to rebuild each argument inside the program."""
     recipes = []
+    append = recipes.append
+    key = sig.key
     for kind, v in zip(plan.kinds, vals):
-        if kind == _T or (kind == _OT and v is not None):
-            recipes.append(sig.tensor(v))
-        elif kind == _LT or kind == _LOT:
-            recipes.append(("l", tuple(None if x is None else sig.tensor(x) for x in v)))
-            sig.key.append(len(v))
-        elif kind == _S or (kind == _OS and v is not None):
-            recipes.append(sig.scalar(v))
-        elif kind == _G:
-            recipes.append(("x", None))
-            sig.key.append(None)
-        else:
-            if isinstance(v, list):
+        if kind == _T:
+            append(sig.tensor(v))
+        elif kind == _X:
+            if type(v) is list:
                 v = tuple(v)
-            recipes.append(("x", v))
-            sig.key.append(v if not isinstance(v, torch.device) else str(v))
+            append(("x", v))
+            key.append(v if not isinstance(v, torch.device) else str(v))
+        elif kind == _S:
+            append(sig.scalar(v))
+        elif v is None:
+            append(("x", None))
+            key.append(None)
+        elif kind == _OT:
+            append(sig.tensor(v))
+        elif kind == _LT or kind == _LOT:
+            append(("l", tuple(None if x is None else sig.tensor(x) for x in v)))
+            key.append(len(v))
+        elif kind == _OS:
+            append(sig.scalar(v))
+        else:  # generator: torch_tpu keeps its own RNG state
+            append(("x", None))
+            key.append(None)
     return recipes
 
 
@@ -301,7 +320,22 @@ def run_meta(op, args, kwargs):
     if "device" in mkwargs and mkwargs["device"] is None and not any(
             isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs))):
         mkwargs["device"] = torch.device("meta")
-    return op(*margs, **mkwargs), margs, mkwargs
+    try:
+        return op(*margs, **mkwargs), margs, mkwargs
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        # PyTorch's own check failed: same exception type, with the op named.
+        raise _with_op_name(e, op) from None
+
+
+def _with_op_name(e, op):
+    msg = str(e)
+    name = str(op)
+    if name in msg:
+        return e
+    try:
+        return type(e)(f"{name}: {msg}")
+    except Exception:
+        return e
 
 
 class _Runner:
@@ -339,9 +373,15 @@ class _Runner:
             sig.device = _factory_device(vals, plan)
             sig.key.append(sig.device)
         key = tuple(sig.key)
-        entry = _cache_get(key)
+        STATS.requests += 1
+        entry = _CACHE.get(key)
         if entry is None:
             entry = self._build(key, vals, args, kwargs, sig, recipes)
+            if entry is None:  # out= tensors were resized: the signature changed
+                return self(*args, **kwargs)
+        else:
+            STATS.hits += 1
+            _CACHE.move_to_end(key)
         STATS.per_op[plan.name] += 1
         arrays = [d.array for d in sig.slot_data]
         if entry.compiled is None:  # eager (data-dependent) lowering
@@ -358,6 +398,8 @@ class _Runner:
         op = self.op
         meta_out, margs, mkwargs = run_meta(op, args, kwargs)
         plan, fplan = self.plan, self.fplan
+        if plan.out_names and self._resize_outs(vals, margs, mkwargs):
+            return None
         if self.functional is not None:
             # The functional overload's output metadata (the values to write).
             meta_named = {a.name: _meta_value(v, None) for a, v in zip(plan.args, vals)}
@@ -424,6 +466,18 @@ class _Runner:
         _cache_put(key, entry)
         return entry
 
+    def _resize_outs(self, vals, margs, mkwargs):
+        """Resize out= tensors whose shape the op changes (PyTorch warned already)."""
+        resized = False
+        for i in self.targets:
+            m = margs[i] if i < len(margs) else mkwargs[self.plan.args[i].name]
+            pairs = zip(vals[i], m) if isinstance(vals[i], (list, tuple)) else [(vals[i], m)]
+            for t, mt in pairs:
+                if tuple(t.shape) != tuple(mt.shape):
+                    t.resize_(tuple(mt.shape))
+                    resized = True
+        return resized
+
     # -- results ----------------------------------------------------------
 
     def _wrap(self, entry, outs, vals, device):
@@ -435,6 +489,8 @@ class _Runner:
             return res[0] if len(res) == 1 else tuple(res)
         if self.lowering.mutates and not entry.out_meta:
             return None
+        if len(entry.out_meta) == 1 and entry.out_tree.is_leaf():
+            return st.wrap(outs[0], device, entry.out_meta[0].dtype)
         it = iter(outs)
         leaves = []
         for m in entry.out_meta:

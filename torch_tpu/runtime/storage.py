@@ -34,6 +34,7 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle
 _alias = torch.ops.aten.alias.default._handle
 _view_dtype = torch.ops.aten.view.dtype._handle
 _storage_from_ptr = torch._C._construct_storage_from_data_pointer
+_create_empty = torch._C._acc.create_empty_tensor
 
 # --------------------------------------------------------------------------
 # dtypes
@@ -81,13 +82,22 @@ def torch_dtype(dtype) -> torch.dtype:
 
 
 class DeviceData:
-    """The value of one storage: a jax.Array in the storage's natural shape."""
+    """The value of one storage: a jax.Array in the storage's natural shape.
 
-    __slots__ = ("array", "index", "__weakref__")
+    `shape` and `dtype` (a torch dtype) describe `array` and never change:
+    in-place ops replace `array` with one of the same shape and dtype. They
+    are kept as Python values because the executor's hot path compares them
+    on every op.
+    """
 
-    def __init__(self, array, index: int):
+    __slots__ = ("array", "index", "shape", "dtype", "sig", "__weakref__")
+
+    def __init__(self, array, index: int, dtype: torch.dtype | None = None):
         self.array = array
         self.index = index
+        self.shape = tuple(array.shape)
+        self.dtype = dtype if dtype is not None else JAX_TO_TORCH[np.dtype(array.dtype)]
+        self.sig = (self.shape, self.dtype)
 
 
 # Addresses are virtual: unique per storage so that PyTorch's data_ptr()-based
@@ -140,7 +150,10 @@ def empty_tensor(shape, dtype: torch.dtype, index: int, nbytes: int | None = Non
         stride = contiguous_strides(shape)
     if nbytes is None:
         nbytes = math.prod(shape) * dtype.itemsize
-    t = _alias.redispatch_boxed(_CPU_KEYS, _seed(index, dtype))
+    if index == 0:
+        t = _create_empty(shape, dtype)
+    else:
+        t = _alias.redispatch_boxed(_CPU_KEYS, _seed(index, dtype))
     st = _storage_from_ptr(_address_for(nbytes), torch_device(index), nbytes)
     _set_storage.redispatch_boxed(_CPU_KEYS, t, st, 0, shape, tuple(stride))
     return t
@@ -151,13 +164,13 @@ def wrap(array, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is None:
         dtype = JAX_TO_TORCH[array.dtype]
     t = empty_tensor(array.shape, dtype, index)
-    t.untyped_storage()._tpu = DeviceData(array, index)
+    t.untyped_storage()._tpu = DeviceData(array, index, dtype)
     return t
 
 
 def attach(t: torch.Tensor, array) -> None:
     """Give the freshly created tensor `t` (which owns its storage) a value."""
-    t.untyped_storage()._tpu = DeviceData(array, t.device.index)
+    t.untyped_storage()._tpu = DeviceData(array, t.device.index, t.dtype)
 
 
 def data_of(t: torch.Tensor) -> DeviceData:
@@ -188,12 +201,10 @@ def layout_of(t: torch.Tensor, data: DeviceData):
     The layout (dtype, sizes, strides, offset) is what strided_read/write need;
     it is hashable and part of every executable's cache key.
     """
-    arr = data.array
-    shape = tuple(t.shape)
-    if (shape == arr.shape and t.dtype == JAX_TO_TORCH.get(arr.dtype)
-            and t.storage_offset() == 0 and t.is_contiguous()):
+    if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
+            and t.storage_offset() == 0):
         return None
-    return (t.dtype, shape, tuple(t.stride()), t.storage_offset())
+    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""The `tpu` device as users see it: registration, torch.tpu, factories, transfers."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+
+
+def test_plain_import_torch_registers_device():
+    # The torch.backends entry point: no `import torch_tpu` in the child.
+    code = "import torch; x = torch.ones(2, device='tpu'); print(x.device, x.sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TORCH_TPU_CPU_FALLBACK": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["tpu:0", "2.0"]
+
+
+def test_tensor_is_plain_torch_tensor():
+    x = torch.ones(3, device="tpu")
+    assert type(x) is torch.Tensor
+    assert x.device == torch.device("tpu", 0)
+    assert x.is_privateuseone if hasattr(x, "is_privateuseone") else True
+    assert x.device.type == "tpu"
+
+
+def test_torch_tpu_module_surface():
+    tpu = torch.tpu
+    assert tpu.is_available()
+    assert tpu.device_count() >= 1
+    assert tpu.current_device() == 0
+    assert isinstance(tpu.get_device_name(), str)
+    props = tpu.get_device_properties(0)
+    assert props.total_memory > 0
+    tpu.synchronize()
+    tpu.empty_cache()
+    assert isinstance(tpu.memory_stats(), dict)
+
+
+def test_memory_stats_track_tensors():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    x = torch.ones(1024, 1024, device="tpu")
+    after = torch.tpu.memory_allocated()
+    assert after - before >= 4 * 1024 * 1024
+    assert torch.tpu.max_memory_allocated() >= after
+    del x
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() <= after
+
+
+def test_accelerator_api():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.device_count() == torch.tpu.device_count()
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() >= 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8,
+                                   torch.int16, torch.int32, torch.int64, torch.uint8,
+                                   torch.bool, torch.complex64, torch.float64])
+def test_roundtrip_dtypes(dtype):
+    src = (torch.randn(5, 7) * 10).to(dtype)
+    x = src.to("tpu")
+    assert x.dtype == dtype and x.shape == src.shape
+    torch.testing.assert_close(x.cpu(), src, rtol=0, atol=0)
+
+
+def test_factories():
+    d = "tpu"
+    assert torch.empty(2, 3, device=d).shape == (2, 3)
+    torch.testing.assert_close(torch.zeros(2, 3, device=d).cpu(), torch.zeros(2, 3))
+    torch.testing.assert_close(torch.ones(4, device=d, dtype=torch.int64).cpu(),
+                               torch.ones(4, dtype=torch.int64))
+    torch.testing.assert_close(torch.full((2, 2), 7.5, device=d).cpu(), torch.full((2, 2), 7.5))
+    torch.testing.assert_close(torch.arange(10, device=d).cpu(), torch.arange(10))
+    torch.testing.assert_close(torch.arange(1, 4, 0.5, device=d).cpu(), torch.arange(1, 4, 0.5))
+    torch.testing.assert_close(torch.linspace(0, 1, 11, device=d).cpu(), torch.linspace(0, 1, 11))
+    torch.testing.assert_close(torch.eye(3, 4, device=d).cpu(), torch.eye(3, 4))
+    torch.testing.assert_close(torch.tensor([[1, 2], [3, 4]], device=d).cpu(),
+                               torch.tensor([[1, 2], [3, 4]]))
+    x = torch.randn(3, 2, device=d)
+    for fn in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.rand_like,
+               torch.randn_like):
+        y = fn(x)
+        assert y.device == x.device and y.shape == x.shape and y.dtype == x.dtype
+    torch.testing.assert_close(torch.full_like(x, 3.0).cpu(), torch.full((3, 2), 3.0))
+    r = torch.randint(0, 10, (100,), device=d)
+    assert r.dtype == torch.int64 and 0 <= r.min().item() and r.max().item() < 10
+    u = torch.rand(1000, device=d)
+    assert 0 <= u.min().item() and u.max().item() < 1
+    n = torch.randn(20000, device=d)
+    assert abs(n.mean().item()) < 0.05 and abs(n.std().item() - 1) < 0.05
+
+
+def test_seeded_random_is_reproducible():
+    torch.manual_seed(123)
+    a = torch.randn(16, device="tpu").cpu()
+    b = torch.rand(16, device="tpu").cpu()
+    torch.manual_seed(123)
+    assert torch.equal(a, torch.randn(16, device="tpu").cpu())
+    assert torch.equal(b, torch.rand(16, device="tpu").cpu())
+    state = torch.tpu.get_rng_state()
+    c = torch.randn(8, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(c, torch.randn(8, device="tpu").cpu())
+    torch.tpu.manual_seed(5)
+    assert torch.tpu.initial_seed() == 5
+    torch.tpu.seed()
+    assert torch.tpu.initial_seed() != 5
+
+
+def test_item_tolist_print():
+    x = torch.tensor([[1.5, 2.0], [3.0, 4.0]], device="tpu")
+    assert x[0, 0].item() == 1.5
+    assert x.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+    r = repr(x)
+    assert "device='tpu:0'" in r and "1.5000" in r
+
+
+def test_numpy_errors_like_cuda():
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(TypeError, match="cpu"):
+        x.numpy()
+    np.testing.assert_array_equal(x.cpu().numpy(), np.ones(2, np.float32))
+
+
+def test_model_to_tpu():
+    m = torch.nn.Linear(3, 2)
+    m.to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    out = m(torch.randn(4, 3, device="tpu"))
+    assert out.device.type == "tpu" and out.shape == (4, 2)
+
+
+def test_device_mismatch_raises():
+    a = torch.ones(3, device="tpu")
+    b = torch.ones(3)
+    with pytest.raises(RuntimeError, match="same device"):
+        a + b
+    # 0-dim CPU tensors are allowed, as on CUDA.
+    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_shape_mismatch_raises_pytorch_error():
+    with pytest.raises(RuntimeError, match=r"aten\.add\.Tensor.*broadcast"):
+        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        torch.ones(2, 3, device="tpu") @ torch.ones(4, 5, device="tpu")
+
+
+def test_bad_device_index():
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.ones(2).to(f"tpu:{torch.tpu.device_count() + 3}")
+
+
+def test_set_device_and_context():
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    assert torch.zeros(1, device="tpu").device.index == 0
+
+
+_MULTI = """
+import torch, torch_tpu
+assert torch.tpu.device_count() == 4, torch.tpu.device_count()
+x = torch.arange(6.).to("tpu:2")
+assert x.device == torch.device("tpu", 2)
+y = x.to("tpu:1") * 2
+assert y.device.index == 1 and y.cpu().tolist() == [0., 2., 4., 6., 8., 10.]
+try:
+    x + y
+except RuntimeError as e:
+    assert "same device" in str(e)
+else:
+    raise AssertionError("no device mismatch error")
+with torch.tpu.device(3):
+    assert torch.ones(1, device="tpu").device.index == 3
+torch.accelerator.set_device_index(1)
+assert torch.tpu.current_device() == 1 and torch.accelerator.current_device_index() == 1
+print("ok")
+"""
+
+
+def test_multiple_devices_subprocess():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "TORCH_TPU_PLATFORM": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _MULTI], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_cpu_fallback_warns_and_counts(monkeypatch):
+    from torch_tpu.debug import metrics
+    from torch_tpu.ops import fallback
+
+    op = torch.ops.aten._cdist_forward.default if False else None  # noqa: F841
+    x = torch.randn(5, 3)
+    # An op with no lowering and no decomposition: run it through the fallback
+    # directly so the test does not depend on which ops are lowered.
+    target = torch.ops.aten.special_bessel_j0.default
+    fallback._warned.discard(str(target))
+    before = metrics.FALLBACKS[str(target)]
+    with pytest.warns(UserWarning, match="no tpu lowering"):
+        out = fallback.cpu_fallback(target, x.to("tpu"))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), target(x))
+    assert metrics.FALLBACKS[str(target)] == before + 1
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+    with pytest.raises(NotImplementedError, match="special_bessel_j0"):
+        fallback.cpu_fallback(target, x.to("tpu"))
+
+
+def test_float64_follows_platform():
+    from torch_tpu.runtime import platform
+
+    x = torch.randn(3, dtype=torch.float64)
+    if platform.supports_float64():
+        torch.testing.assert_close(x.to("tpu").cpu(), x)
+    else:
+        with pytest.raises(TypeError, match="float64"):
+            x.to("tpu")
+
+
+def test_float64_refused_on_tpu_platform(monkeypatch):
+    from torch_tpu.runtime import platform, storage
+
+    monkeypatch.setattr(platform, "supports_float64", lambda: False)
+    with pytest.raises(TypeError, match="no 64-bit floating point"):
+        storage.jax_dtype(torch.float64)
