@@ -36,7 +36,8 @@ def register() -> None:
     if torch._C._get_privateuse1_backend_name() != "tpu":
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
-    from . import accelerator
+    from . import accelerator, printing
 
     accelerator.install()
+    printing.install()
     _done = True

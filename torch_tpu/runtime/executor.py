@@ -147,7 +147,7 @@ class _Plan:
     """How to bind and classify one overload's arguments, from its schema."""
 
     __slots__ = ("op", "name", "args", "kinds", "writes", "out_names", "defaults",
-                 "n_args", "arg_index")
+                 "n_args", "arg_index", "has_dtype_arg")
 
     def __init__(self, op):
         schema = op._schema
@@ -161,6 +161,7 @@ class _Plan:
         self.defaults = tuple(a.default_value if a.has_default_value() else None
                               for a in self.args)
         self.arg_index = {a.name: i for i, a in enumerate(self.args)}
+        self.has_dtype_arg = "dtype" in self.arg_index
 
     def bind(self, args, kwargs):
         n = len(args)
@@ -372,6 +373,9 @@ class _Runner:
         if sig.device is None:
             sig.device = _factory_device(vals, plan)
             sig.key.append(sig.device)
+        if plan.has_dtype_arg:
+            # dtype=None means the default dtype, which the user may change.
+            sig.key.append(torch.get_default_dtype())
         key = tuple(sig.key)
         STATS.requests += 1
         entry = _CACHE.get(key)
