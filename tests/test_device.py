@@ -234,3 +234,28 @@ def test_float64_refused_on_tpu_platform(monkeypatch):
     monkeypatch.setattr(platform, "supports_float64", lambda: False)
     with pytest.raises(TypeError, match="no 64-bit floating point"):
         storage.jax_dtype(torch.float64)
+
+
+def test_save_load_roundtrip_keeps_sharing():
+    import io
+
+    x = torch.arange(6.0).reshape(2, 3).to("tpu")
+    buf = io.BytesIO()
+    torch.save({"x": x, "row": x[1]}, buf)
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    assert on_cpu["x"].device.type == "cpu"
+    torch.testing.assert_close(on_cpu["x"], x.cpu())
+    buf.seek(0)
+    back = torch.load(buf)
+    assert back["x"].device == torch.device("tpu", 0)
+    torch.testing.assert_close(back["row"].cpu(), torch.tensor([3.0, 4.0, 5.0]))
+    back["row"].add_(10)  # the two tensors still share one storage
+    assert back["x"][1, 0].item() == 13.0
+    m = torch.nn.Linear(3, 2).to("tpu")
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    m2 = torch.nn.Linear(3, 2).to("tpu")
+    m2.load_state_dict(torch.load(buf))
+    torch.testing.assert_close(m2.weight.cpu(), m.weight.cpu())

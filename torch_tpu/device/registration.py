@@ -36,8 +36,9 @@ def register() -> None:
     if torch._C._get_privateuse1_backend_name() != "tpu":
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
-    from . import accelerator, printing
+    from . import accelerator, printing, serialization
 
     accelerator.install()
     printing.install()
+    serialization.install()
     _done = True

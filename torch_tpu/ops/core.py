@@ -269,8 +269,16 @@ for _op in _VIEW_OPS:
 
 @kernel(aten.set_.source_Storage_storage_offset)
 def set_storage_offset(self, source, storage_offset, size, stride=()):
-    if not hasattr(source, "_tpu") and source.nbytes() > 0:
+    data = getattr(source, "_tpu", None)
+    if data is None and source.nbytes() > 0:
         raise RuntimeError("set_: the storage has no tpu data (expected a tpu storage)")
+    if (data is not None and data.dtype == torch.uint8 and self.dtype != torch.uint8
+            and len(data.shape) == 1 and data.shape[0] % self.dtype.itemsize == 0):
+        # Bytes from torch.load or a uint8 view: retype the storage once, so
+        # reads of the typed tensor need no bitcast.
+        n = data.shape[0] // self.dtype.itemsize
+        retyped = executor.read(data, (self.dtype, (n,), (1,), 0))
+        source._tpu = st.DeviceData(retyped, data.index, self.dtype)
     return aten.set_.source_Storage_storage_offset._handle.redispatch_boxed(
         _CPU, self, source, storage_offset, size, stride)
 

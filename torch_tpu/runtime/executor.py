@@ -58,6 +58,7 @@ class CacheStats:
         self.misses = 0
         self.evictions = 0
         self.compile_seconds = 0.0
+        self.disk_loads = 0                       # misses served by the disk tier
         self.per_op = collections.Counter()       # executions per op
         self.compiles_per_op = collections.Counter()
 
@@ -70,6 +71,7 @@ class CacheStats:
             "entries": len(_CACHE),
             "capacity": _capacity(),
             "compile_seconds": self.compile_seconds,
+            "disk_loads": self.disk_loads,
         }
 
 
@@ -89,13 +91,27 @@ def clear_cache():
     _READ_CACHE.clear()
 
 
-def _compile(name: str, key, fn, args):
+def _compile(name: str, key, fn, args, **jit_kwargs):
+    """Trace, lower and compile `fn` for `args`: one memory-tier miss.
+
+    The persistent tier (torch_tpu.cache) sits under XLA compilation: on a
+    disk hit the executable is loaded instead of compiled. `jit_kwargs` go to
+    `jax.jit` (e.g. donate_argnums for compiled graphs).
+    """
+    from .. import cache as _tiers
+
+    token = _tiers.begin_compile()
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    seconds = time.perf_counter() - t0
+    try:
+        compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
+    finally:
+        seconds = time.perf_counter() - t0
+        source = _tiers.end_compile(token, name, seconds)
     STATS.misses += 1
     STATS.compile_seconds += seconds
     STATS.compiles_per_op[name] += 1
+    if source == "disk":
+        STATS.disk_loads += 1
     for listener in COMPILE_LISTENERS:
         listener(name, key, seconds, compiled)
     return compiled
@@ -130,6 +146,11 @@ def value(t: torch.Tensor):
     layout = st.layout_of(t, data)
     if layout is None:
         return data.array
+    return read(data, layout)
+
+
+def read(data, layout):
+    """The value of the view `layout` of the storage holding `data`."""
     arr = data.array
     key = (arr.shape, arr.dtype, layout, data.index)
     fn = _READ_CACHE.get(key)

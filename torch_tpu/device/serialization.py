@@ -1,0 +1,53 @@
+"""torch.save / torch.load of `tpu` tensors, and `storage.tpu()`.
+
+PyTorch moves a loaded CPU storage to a device by allocating a storage there
+(`torch.UntypedStorage(n, device=...)`) and copying into it. A Python backend
+has no C++ allocator for that, so `tpu` registers its own deserializer (ahead
+of the generic one) and `UntypedStorage.tpu()`: the bytes go to the device as
+one uint8 array, and the first typed tensor set onto the storage retypes it
+(see ops.core.set_storage_offset).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_TPU_LOCATION = re.compile(r"^tpu(:\d+)?$")
+
+
+def storage_to_tpu(storage, device=None):
+    """A tpu storage with the bytes of CPU (or tpu) `storage`."""
+    from ..device import module
+
+    index = module._index(device)
+    if storage.device.type == "tpu":
+        if storage.device.index == index:
+            return storage
+        src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    else:
+        src = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return src.to(torch.device("tpu", index)).untyped_storage()
+
+
+def _deserialize(obj, location):
+    if isinstance(location, str) and _TPU_LOCATION.match(location):
+        device = torch.serialization._validate_device(location, "tpu")
+        return storage_to_tpu(obj, device)
+    return None
+
+
+def _tag(obj):
+    if obj.device.type == "tpu":
+        return f"tpu:{obj.device.index}"
+    return None
+
+
+def _storage_tpu(self, device=None, non_blocking=False):
+    return storage_to_tpu(self, device)
+
+
+def install() -> None:
+    torch.serialization.register_package(19, _tag, _deserialize)
+    torch.storage._StorageBase.tpu = _storage_tpu
