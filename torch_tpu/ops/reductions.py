@@ -1,4 +1,560 @@
-"""placeholder"""
+"""Reductions, scans and softmax: sum/mean/prod, max/min and their indices,
+all/any, var/std, norms, logsumexp, cumulative ops, median/mode/kthvalue.
+
+Conventions (PyTorch CPU semantics):
+- `dim=None` or `dim=[]` reduces every dimension (except `all/any.dims`, where
+  an empty list reduces nothing); dims may be negative; a 0-dim tensor accepts
+  dim 0/-1 and reduces nothing.
+- Half types (float16/bfloat16) accumulate in float32, like PyTorch's CPU
+  kernels; the executor casts results to the dtype PyTorch's meta kernel
+  gives (e.g. int64 for sums of integers and bools).
+- max/min/amax/amin propagate NaN; argmax/argmin and max/min.dim return the
+  first occurrence (of the extreme value, or of the first NaN).
+- Indices are computed in int32 (cheap on TPUs) and widened to int64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
-from .registry import lower
+from jax import lax
+
+from ..runtime import storage as st
+from .registry import lower, out_dtype, out_meta
+
 aten = torch.ops.aten
+
+_HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _acc(dtype):
+    """The dtype PyTorch's CPU kernels accumulate `dtype` in."""
+    return jnp.float32 if np.dtype(dtype) in _HALF else dtype
+
+
+def _is_float(x):
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _is_complex(x):
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _axes(x, dim, empty_means_all=True):
+    """Normalized, sorted reduction axes of `x` for an ATen `dim` argument."""
+    if dim is None:
+        return tuple(range(x.ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    dim = tuple(dim)
+    if not dim:
+        return tuple(range(x.ndim)) if empty_means_all else ()
+    if x.ndim == 0:
+        return ()
+    return tuple(sorted({d % x.ndim for d in dim}))
+
+
+def _axis(x, dim):
+    """One normalized axis (None for a 0-dim tensor)."""
+    return None if x.ndim == 0 else dim % x.ndim
+
+
+def _count(x, axes):
+    return math.prod(x.shape[a] for a in axes)
+
+
+def _orderable(x):
+    """Bool compares as uint8 in lax's sort/argmax/scan."""
+    return x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
+
+
+def _idx(i):
+    return i.astype(jnp.int64)
+
+
+def _meta_dtype(i):
+    """The jax dtype of output `i` of the op being lowered."""
+    return st.TORCH_TO_JAX[jax.tree_util.tree_leaves(out_meta())[i].dtype]
+
+
+# -- sum, mean, prod ---------------------------------------------------------
+
+
+@lower(aten.sum.default, aten.sum.dim_IntList)
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    od = out_dtype()
+    return jnp.sum(x.astype(_acc(od)), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    od = out_dtype()
+    x = x.astype(_acc(od))
+    if _is_float(x) or _is_complex(x):
+        x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+    return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.mean.default, aten.mean.dim)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    od = out_dtype()
+    axes = _axes(x, dim)
+    s = jnp.sum(x.astype(_acc(od)), axis=axes, keepdims=keepdim)
+    return s / _count(x, axes)
+
+
+@lower(aten.prod.default, aten.prod.dim_int)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    od = out_dtype()
+    return jnp.prod(x.astype(_acc(od)), axis=_axes(x, dim), keepdims=keepdim)
+
+
+# -- max/min -------------------------------------------------------------------
+
+
+@lower(aten.max.default)
+def max_(x):
+    return jnp.max(x)
+
+
+@lower(aten.min.default)
+def min_(x):
+    return jnp.min(x)
+
+
+@lower(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    axes = _axes(x, dim)
+    return (jnp.min(x, axis=axes, keepdims=keepdim),
+            jnp.max(x, axis=axes, keepdims=keepdim))
+
+
+def _arg_extreme(x, axis, largest):
+    """First index of the max (min) along `axis`; a NaN counts as the extreme."""
+    f = lax.argmax if largest else lax.argmin
+    return _idx(f(_orderable(x), axis, jnp.int32))
+
+
+def _value_and_index(x, dim, keepdim, largest):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    i = _arg_extreme(x, d, largest)
+    v = jnp.take_along_axis(x, jnp.expand_dims(i, d), axis=d)
+    if keepdim:
+        return v, jnp.expand_dims(i, d)
+    return jnp.squeeze(v, d), i
+
+
+@lower(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _value_and_index(x, dim, keepdim, True)
+
+
+@lower(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return _value_and_index(x, dim, keepdim, False)
+
+
+def _argminmax(x, dim, keepdim, largest):
+    if dim is None or x.ndim == 0:
+        # Flattened index; with keepdim the executor broadcasts to all-ones shape.
+        return _arg_extreme(x.reshape(-1), 0, largest)
+    d = dim % x.ndim
+    i = _arg_extreme(x, d, largest)
+    return jnp.expand_dims(i, d) if keepdim else i
+
+
+@lower(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _argminmax(x, dim, keepdim, True)
+
+
+@lower(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _argminmax(x, dim, keepdim, False)
+
+
+# -- all/any, count_nonzero ------------------------------------------------------
+
+
+def _truth(x):
+    return x if x.dtype == jnp.bool_ else x != 0
+
+
+@lower(aten.all.default, aten.all.dim)
+def all_(x, dim=None, keepdim=False):
+    return jnp.all(_truth(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.all.dims)
+def all_dims(x, dim=None, keepdim=False):
+    return jnp.all(_truth(x), axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
+
+
+@lower(aten.any.default, aten.any.dim)
+def any_(x, dim=None, keepdim=False):
+    return jnp.any(_truth(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lower(aten.any.dims)
+def any_dims(x, dim=None, keepdim=False):
+    return jnp.any(_truth(x), axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
+
+
+@lower(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim=None):
+    return jnp.sum(_truth(x), axis=_axes(x, dim), dtype=jnp.int64)
+
+
+# -- var/std ---------------------------------------------------------------------
+
+
+def _var_mean(x, dim, correction, keepdim):
+    axes = _axes(x, dim)
+    n = _count(x, axes)
+    xa = x.astype(_acc(x.dtype))
+    m = jnp.sum(xa, axis=axes, keepdims=True) / n
+    d = xa - m
+    sq = d.real * d.real + d.imag * d.imag if _is_complex(d) else d * d
+    c = 1 if correction is None else correction
+    var = jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(n - c, 0)
+    if not keepdim:
+        m = jnp.squeeze(m, axes)
+    return var, m
+
+
+@lower(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@lower(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var_mean(x, dim, correction, keepdim)[0])
+
+
+@lower(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@lower(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v), m
+
+
+# -- norms -------------------------------------------------------------------------
+
+
+def _norm_branches(axes, keepdim):
+    def red(f):
+        return lambda a, p: f(a, p)
+
+    def pnorm(a, p):
+        return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1 / p)
+
+    return [
+        red(lambda a, p: jnp.max(a, axis=axes, keepdims=keepdim, initial=0)),        # inf
+        red(lambda a, p: jnp.min(a, axis=axes, keepdims=keepdim, initial=jnp.inf)),  # -inf
+        red(lambda a, p: jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)),  # 0
+        red(lambda a, p: jnp.sum(a, axis=axes, keepdims=keepdim)),                   # 1
+        red(lambda a, p: jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))),     # 2
+        pnorm,
+    ]
+
+
+def _branch_of(p):
+    if p == math.inf:
+        return 0
+    if p == -math.inf:
+        return 1
+    return {0: 2, 1: 3, 2: 4}.get(p, 5)
+
+
+@lower(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    od = out_dtype()
+    if dtype is not None:
+        x = x.astype(st.TORCH_TO_JAX[dtype])
+    axes = _axes(x, dim)
+    a = jnp.abs(x).astype(_acc(od))
+    branches = _norm_branches(axes, keepdim)
+    # max/min of |x| over an empty set: PyTorch's meta kernel already rejects
+    # inf/-inf norms of empty inputs; `initial` only makes tracing total.
+    if isinstance(ord, (int, float)):
+        return branches[_branch_of(ord)](a, ord)
+    # `ord` is a runtime scalar: pick the formula inside the program.
+    p = jnp.asarray(ord, jnp.float64 if a.dtype == jnp.float64 else jnp.float32)
+    which = jnp.select([p == jnp.inf, p == -jnp.inf, p == 0, p == 1, p == 2],
+                       [0, 1, 2, 3, 4], 5).astype(jnp.int32)
+    return lax.switch(which, branches, a, p.astype(a.dtype))
+
+
+@lower(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
+       aten.norm.ScalarOpt_dtype)
+def norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+# -- logsumexp, softmax -------------------------------------------------------------
+
+
+@lower(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    od = out_dtype()
+    xa = x.astype(_acc(od))
+    axes = _axes(xa, dim)
+    m = jnp.max(xa, axis=axes, keepdims=True, initial=-jnp.inf)
+    m = jnp.where(jnp.isinf(m), jnp.zeros((), m.dtype), m)
+    r = jnp.log(jnp.sum(jnp.exp(xa - m), axis=axes, keepdims=True)) + m
+    return r if keepdim else jnp.squeeze(r, axes)
+
+
+def _softmax_axes(x, dim):
+    return () if x.ndim == 0 else (dim % x.ndim,)
+
+
+@lower(aten._softmax.default)
+def _softmax(x, dim, half_to_float):
+    xa = x.astype(_acc(x.dtype))
+    axes = _softmax_axes(xa, dim)
+    if xa.size == 0:
+        return xa
+    e = jnp.exp(xa - jnp.max(xa, axis=axes, keepdims=True))
+    return e / jnp.sum(e, axis=axes, keepdims=True)
+
+
+@lower(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float):
+    xa = x.astype(_acc(x.dtype))
+    axes = _softmax_axes(xa, dim)
+    if xa.size == 0:
+        return xa
+    s = xa - jnp.max(xa, axis=axes, keepdims=True)
+    return s - jnp.log(jnp.sum(jnp.exp(s), axis=axes, keepdims=True))
+
+
+@lower(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    acc = _acc(grad_output.dtype)
+    g, y = grad_output.astype(acc), output.astype(acc)
+    axes = _softmax_axes(g, dim)
+    return y * (g - jnp.sum(g * y, axis=axes, keepdims=True))
+
+
+@lower(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    acc = _acc(grad_output.dtype)
+    g, y = grad_output.astype(acc), output.astype(acc)
+    axes = _softmax_axes(g, dim)
+    return g - jnp.exp(y) * jnp.sum(g, axis=axes, keepdims=True)
+
+
+# -- scans -----------------------------------------------------------------------------
+
+
+@lower(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    xa = x.astype(_acc(out_dtype()))
+    d = _axis(x, dim)
+    return xa if d is None else jnp.cumsum(xa, axis=d)
+
+
+@lower(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    xa = x.astype(_acc(out_dtype()))
+    d = _axis(x, dim)
+    return xa if d is None else jnp.cumprod(xa, axis=d)
+
+
+@lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    xa = x.astype(_acc(out_dtype()))
+    d = _axis(x, dim)
+    if d is None or xa.shape[d] == 0:
+        return xa
+    if _is_complex(xa):
+        return lax.associative_scan(_complex_logaddexp, xa, axis=d)
+    return lax.cumlogsumexp(xa, axis=d)
+
+
+def _complex_logaddexp(a, b):
+    # log(exp(a) + exp(b)) for complex a, b, shifted by the larger real part.
+    big = jnp.where(a.real >= b.real, a, b)
+    small = jnp.where(a.real >= b.real, b, a)
+    inf = jnp.isinf(big.real) & (big.real < 0)
+    r = big + jnp.log1p(jnp.exp(small - big))
+    return jnp.where(inf, big, r)
+
+
+def _cum_extreme(x, dim, largest):
+    """cummax/cummin: running extreme and the index of its latest occurrence.
+
+    A NaN wins over everything and sticks; among equal values the later index
+    wins (PyTorch's CPU kernel uses >= / <=). Under these rules the combine is
+    a max over a total order of (value, index) pairs, hence associative.
+    """
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    xs = _orderable(x)
+    idx = lax.broadcasted_iota(jnp.int32, xs.shape, d)
+    if xs.shape[d] == 0:
+        return x, _idx(idx)
+    floating = _is_float(xs)
+
+    def combine(a, b):
+        av, ai = a
+        bv, bi = b
+        better = bv >= av if largest else bv <= av
+        if floating:
+            better = jnp.isnan(bv) | (~jnp.isnan(av) & better)
+        return jnp.where(better, bv, av), jnp.where(better, bi, ai)
+
+    v, i = lax.associative_scan(combine, (xs, idx), axis=d)
+    return v.astype(x.dtype), _idx(i)
+
+
+@lower(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, True)
+
+
+@lower(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, False)
+
+
+# -- order statistics: median, nanmedian, kthvalue, mode -------------------------------
+
+
+def _sorted_last(x):
+    """Stable ascending sort along the last axis (NaN last) with source indices."""
+    iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    v, i = lax.sort((_orderable(x), iota), dimension=x.ndim - 1, is_stable=True, num_keys=1)
+    return v.astype(x.dtype), i
+
+
+def _pick(v, i, pos, keepdim, d):
+    """Values/indices at sorted position `pos` (shape: batch + (1,)), axis moved back."""
+    val = jnp.take_along_axis(v, pos, axis=-1)
+    ind = _idx(jnp.take_along_axis(i, pos, axis=-1))
+    val, ind = jnp.moveaxis(val, -1, d), jnp.moveaxis(ind, -1, d)
+    if not keepdim:
+        val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
+    return val, ind
+
+
+def _median_pos(x, n, ignore_nan):
+    """Sorted position of the (lower) median along the last axis."""
+    if not _is_float(x):
+        return jnp.full(x.shape[:-1] + (1,), (n - 1) // 2, jnp.int32)
+    nans = jnp.sum(jnp.isnan(x), axis=-1, keepdims=True, dtype=jnp.int32)
+    if ignore_nan:
+        valid = n - nans
+        return jnp.where(valid > 0, (valid - 1) // 2, 0)
+    # Any NaN: the result is the first NaN (stable sort keeps NaNs in order, last).
+    return jnp.where(nans > 0, n - nans, (n - 1) // 2)
+
+
+def _median_dim(x, dim, keepdim, ignore_nan):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    xm = jnp.moveaxis(x, d, -1)
+    n = xm.shape[-1]
+    if n == 0 or xm.size == 0:
+        shape = list(x.shape)
+        if keepdim:
+            shape[d] = 1
+        else:
+            del shape[d]
+        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
+    v, i = _sorted_last(xm)
+    return _pick(v, i, _median_pos(xm, n, ignore_nan), keepdim, d)
+
+
+def _median_all(x, ignore_nan):
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    if n == 0:
+        return jnp.full((), jnp.nan, x.dtype) if _is_float(x) else jnp.zeros((), x.dtype)
+    v, _ = _sorted_last(flat)
+    return jnp.take(v, _median_pos(flat, n, ignore_nan)[0])
+
+
+@lower(aten.median.default)
+def median(x):
+    return _median_all(x, False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(x):
+    return _median_all(x, True)
+
+
+@lower(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, False)
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, True)
+
+
+@lower(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    xm = jnp.moveaxis(x, d, -1)
+    if xm.size == 0:
+        return _median_dim(x, dim, keepdim, False)
+    v, i = _sorted_last(xm)
+    pos = jnp.full(xm.shape[:-1] + (1,), k - 1, jnp.int32)
+    return _pick(v, i, pos, keepdim, d)
+
+
+@lower(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """Most frequent value (smallest among ties) and its last index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    xm = jnp.moveaxis(x, d, -1)
+    n = xm.shape[-1]
+    if xm.size == 0:
+        return _median_dim(x, dim, keepdim, False)
+    v, i = _sorted_last(xm)
+    last = xm.ndim - 1
+    pos = lax.broadcasted_iota(jnp.int32, v.shape, last)
+    vs = _orderable(v)
+    same_prev = jnp.concatenate(
+        [jnp.zeros(v.shape[:-1] + (1,), bool), vs[..., 1:] == vs[..., :-1]], axis=-1)
+    same_next = jnp.concatenate(
+        [vs[..., 1:] == vs[..., :-1], jnp.zeros(v.shape[:-1] + (1,), bool)], axis=-1)
+    start = lax.cummax(jnp.where(same_prev, 0, pos), axis=last)
+    end = lax.cummin(jnp.where(same_next, n - 1, pos), axis=last, reverse=True)
+    count = end - start + 1
+    best = lax.argmax(count, last, jnp.int32)[..., None]  # first run of max length
+    return _pick(v, i, jnp.take_along_axis(end, best, axis=-1), keepdim, d)
