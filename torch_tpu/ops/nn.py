@@ -1,4 +1,1399 @@
-"""placeholder"""
+"""Neural-network lowerings: convolution, pooling, normalization, losses,
+embedding, dropout, attention, upsampling and padding.
+
+Each forward op and the backward op PyTorch's autograd formula calls for it
+is one lowering, so a layer's forward and its backward each run as one
+compiled executable. Backward lowerings either write the gradient out
+(normalizations, losses) or take `jax.vjp` of the forward lowering inside the
+program (convolution, padding, average pooling, attention), which keeps the
+two consistent by construction.
+
+Half-precision inputs (bfloat16, float16) compute in float32 and are rounded
+once at the end, like PyTorch's CPU kernels (accumulation types). Matmul-like
+ops (convolution, attention, adaptive pooling) run float32 inputs at
+`Precision.HIGHEST`, so results match PyTorch's float32 on a TPU too; inputs
+that came from a half type are exact in bfloat16 and use the default (one-pass)
+precision.
+
+Two PyTorch routes need kernels outside the table (`_install_routes`):
+`scaled_dot_product_attention` is CompositeImplicitAutograd and on PrivateUse1
+always takes the many-op math path, so it is routed to the fused
+`_scaled_dot_product_fused_attention_overrideable` (one executable forward,
+one backward); `native_batch_norm` takes optional running statistics that it
+updates in place, which is routed to the `_native_batch_norm_legit` overloads
+(mutated, non-optional running stats, or none).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
-from .registry import lower
+from jax import lax
+
+from .registry import lower, out_dtype, out_meta
+
 aten = torch.ops.aten
+
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _is_half(x):
+    return x.dtype in _HALF
+
+
+def _acc(x):
+    """`x` in its accumulation dtype (float32 for half types)."""
+    if x is None:
+        return None
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _precision(*xs):
+    """HIGHEST for genuine float32 operands, DEFAULT when they came from halves."""
+    if any(x is not None and x.dtype == jnp.float32 for x in xs):
+        return lax.Precision.HIGHEST
+    return lax.Precision.DEFAULT
+
+
+def _is_float(x):
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _meta_list():
+    m = out_meta()
+    return list(m) if isinstance(m, (list, tuple)) else [m]
+
+
+def _reduce(loss, reduction):
+    """PyTorch's loss reduction enum: 0 none, 1 mean, 2 sum."""
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return jnp.mean(loss)
+    return jnp.sum(loss)
+
+
+def _expand_param(v, n):
+    v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    return v * n if len(v) == 1 else v
+
+
+def _sum_to(x, shape):
+    """Sum a broadcast result back to `shape` (the transpose of broadcasting)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    return jnp.sum(x, axis=axes, keepdims=False).reshape(shape) if axes else x.reshape(shape)
+
+
+# --------------------------------------------------------------------------
+# convolution
+
+
+_SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
+
+
+def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, groups, prec):
+    """Batched N-d convolution (no bias) in PyTorch's layout and semantics."""
+    nsp = x.ndim - 2
+    sp = _SPATIAL[nsp]
+    dn = ("NC" + sp, "OI" + sp, "NC" + sp)
+    stride = _expand_param(stride, nsp)
+    padding = _expand_param(padding, nsp)
+    dilation = _expand_param(dilation, nsp)
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding],
+            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+            precision=prec)
+    output_padding = _expand_param(output_padding, nsp)
+    # Transposed: the gradient of a convolution w.r.t. its input. The weight
+    # (Cin, Cout/g, k...) becomes (Cout, Cin/g, k...), spatially flipped.
+    cin, coutg = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, coutg) + k)
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * coutg, cin // groups) + k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nsp)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(
+        x, w, window_strides=(1,) * nsp, padding=pads, lhs_dilation=stride,
+        rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+        precision=prec)
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups):
+    prec = _precision(input, weight)
+    unbatched = input.ndim == weight.ndim - 1
+    x = _acc(input)[None] if unbatched else _acc(input)
+    y = _conv_forward(x, _acc(weight), stride, padding, dilation, transposed, output_padding,
+                      groups, prec)
+    if bias is not None:
+        y = y + _acc(bias).reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y[0] if unbatched else y
+
+
+@lower(aten._convolution.default)
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    return convolution(input, weight, bias, stride, padding, dilation, transposed,
+                       output_padding, groups)
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask):
+    prec = _precision(input, weight)
+    unbatched = input.ndim == weight.ndim - 1
+    x = _acc(input)[None] if unbatched else _acc(input)
+    g = _acc(grad_output)[None] if unbatched else _acc(grad_output)
+    g = g.astype(x.dtype)
+
+    def f(x_, w_):
+        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding,
+                             groups, prec)
+
+    _, vjp = jax.vjp(f, x, _acc(weight).astype(x.dtype))
+    gx, gw = vjp(g)
+    if unbatched:
+        gx = gx[0]
+    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if output_mask[2] else None
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+# --------------------------------------------------------------------------
+# pooling
+
+
+def _neg_inf(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf, dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(False)
+    return jnp.array(jnp.iinfo(dtype).min, dtype)
+
+
+def _tap_slices(x, nsp, out_sp, kernel, stride, padding, dilation, fill):
+    """Yield (value, valid mask or None, flat input index) for each kernel tap.
+
+    The value is the input at every output position's tap (padding filled
+    with `fill`), as a strided slice of the padded input: no gather.
+    """
+    in_sp = x.shape[-nsp:]
+    lead = x.ndim - nsp
+    hi = [max(0, (k - 1) * d + (o - 1) * s + 1 - (L + p))
+          for L, k, s, p, d, o in zip(in_sp, kernel, stride, padding, dilation, out_sp)]
+    cfg = [(0, 0, 0)] * lead + [(p, h, 0) for p, h in zip(padding, hi)]
+    xp = lax.pad(x, fill.astype(x.dtype), cfg)
+    flat_stride = [int(np.prod(in_sp[j + 1:])) for j in range(nsp)]
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        starts = [t * d for t, d in zip(tap, dilation)]
+        v = lax.slice(
+            xp, (0,) * lead + tuple(starts),
+            tuple(xp.shape[:lead]) + tuple(st + (o - 1) * s + 1 for st, o, s in
+                                           zip(starts, out_sp, stride)),
+            (1,) * lead + tuple(stride))
+        pos = [np.arange(o) * s - p + st for o, s, p, st in zip(out_sp, stride, padding, starts)]
+        grids = np.meshgrid(*pos, indexing="ij")
+        valid = np.ones(tuple(out_sp), bool)
+        idx = np.zeros(tuple(out_sp), np.int64)
+        for j, gpos in enumerate(grids):
+            valid &= (gpos >= 0) & (gpos < in_sp[j])
+            idx += gpos * flat_stride[j]
+        yield v, (None if valid.all() else valid), idx
+
+
+def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
+    kernel = _expand_param(kernel_size, nsp)
+    stride = _expand_param(stride, nsp) if stride else kernel
+    padding = _expand_param(padding, nsp)
+    dilation = _expand_param(dilation, nsp)
+    out_sp = tuple(_meta_list()[0].shape[-nsp:])
+    out_shape = x.shape[:-nsp] + out_sp
+    fill = _neg_inf(x.dtype)
+    best = jnp.full(out_shape, fill, x.dtype)
+    bidx = jnp.full(out_shape, -1, jnp.int64)
+    if 0 in out_shape:
+        return best, bidx
+    is_float = _is_float(x)
+    for v, valid, idx in _tap_slices(x, nsp, out_sp, kernel, stride, padding, dilation, fill):
+        # PyTorch's rule: take the first in-bounds tap, then any tap that is
+        # greater or NaN (so NaN propagates, the last NaN's index wins).
+        upd = (v > best) | (bidx < 0)
+        if is_float:
+            upd = upd | jnp.isnan(v)
+        if valid is not None:
+            upd = upd & valid
+        best = jnp.where(upd, v, best)
+        bidx = jnp.where(upd, jnp.asarray(idx), bidx)
+    return best, bidx
+
+
+def _max_pool_backward(grad_output, x, nsp, kernel_size, stride, padding, dilation, indices):
+    kernel = _expand_param(kernel_size, nsp)
+    stride = _expand_param(stride, nsp) if stride else kernel
+    padding = _expand_param(padding, nsp)
+    dilation = _expand_param(dilation, nsp)
+    g = _acc(grad_output)
+    out_sp = g.shape[-nsp:]
+    in_sp = x.shape[-nsp:]
+    lead = g.ndim - nsp
+    gi = jnp.zeros(g.shape[:lead] + tuple(in_sp), g.dtype)
+    if 0 in g.shape or 0 in gi.shape:
+        return gi
+    flat_stride = [int(np.prod(in_sp[j + 1:])) for j in range(nsp)]
+    zero = jnp.zeros((), g.dtype)
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        # Output position o reads input o*s - p + t*d: place the gradient of
+        # the outputs whose argmax is this tap there (interior padding = stride).
+        lo = [t * d - p for t, d, p in zip(tap, dilation, padding)]
+        pos = [np.arange(o) * s + l for o, s, l in zip(out_sp, stride, lo)]
+        grids = np.meshgrid(*pos, indexing="ij")
+        idx = sum(gp * fs for gp, fs in zip(grids, flat_stride))
+        contrib = jnp.where(indices == jnp.asarray(idx), g, zero)
+        cfg = [(0, 0, 0)] * lead + [
+            (l, L - (l + (o - 1) * s + 1), s - 1)
+            for l, L, o, s in zip(lo, in_sp, out_sp, stride)]
+        gi = gi + lax.pad(contrib, zero, cfg)
+    return gi
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, 2, kernel_size, stride, padding, dilation,
+                              indices)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, 3, kernel_size, stride, padding, dilation,
+                              indices)
+
+
+def _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
+              divisor_override):
+    kernel = _expand_param(kernel_size, nsp)
+    stride = _expand_param(stride, nsp) if stride else kernel
+    padding = _expand_param(padding, nsp)
+    in_sp = x.shape[-nsp:]
+    lead = x.ndim - nsp
+    out_shape = x.shape[:lead] + tuple(out_sp)
+    if 0 in out_shape or 0 in x.shape:
+        return jnp.zeros(out_shape, x.dtype)
+    hi = [max(0, (o - 1) * s + k - L - p)
+          for o, s, k, L, p in zip(out_sp, stride, kernel, in_sp, padding)]
+    summed = lax.reduce_window(
+        x, np.zeros((), x.dtype), lax.add, (1,) * lead + tuple(kernel),
+        (1,) * lead + tuple(stride), [(0, 0)] * lead + list(zip(padding, hi)))
+    summed = summed[(Ellipsis,) + tuple(slice(0, o) for o in out_sp)]
+    if divisor_override:
+        div = np.full(tuple(out_sp), float(divisor_override))
+    else:
+        div = np.ones(tuple(out_sp))
+        for j, (o, s, k, L, p) in enumerate(zip(out_sp, stride, kernel, in_sp, padding)):
+            start = np.arange(o) * s - p
+            end = np.minimum(start + k, L + p)
+            size = end - start
+            if not count_include_pad:
+                size = np.minimum(end, L) - np.maximum(start, 0)
+            shape = [1] * nsp
+            shape[j] = o
+            div = div * size.reshape(shape)
+        div = np.where(div == 0, 1, div)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return lax.div(summed, jnp.asarray(div, x.dtype))
+    return summed / jnp.asarray(div, x.dtype)
+
+
+def _avg_pool_fwd(self, nsp, kernel_size, stride, padding, count_include_pad,
+                  divisor_override):
+    out_sp = tuple(_meta_list()[0].shape[-nsp:])
+    x = _acc(self)
+    return _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
+                     divisor_override)
+
+
+def _avg_pool_bwd(grad_output, self, nsp, kernel_size, stride, padding, count_include_pad,
+                  divisor_override):
+    g = _acc(grad_output)
+    out_sp = g.shape[-nsp:]
+    x = jnp.zeros(self.shape, g.dtype)
+    _, vjp = jax.vjp(lambda x_: _avg_pool(x_, nsp, out_sp, kernel_size, stride, padding,
+                                          count_include_pad, divisor_override), x)
+    return vjp(g)[0]
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool_fwd(self, 2, kernel_size, stride, padding, count_include_pad,
+                         divisor_override)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool_fwd(self, 3, kernel_size, stride, padding, count_include_pad,
+                         divisor_override)
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override):
+    return _avg_pool_bwd(grad_output, self, 2, kernel_size, stride, padding, count_include_pad,
+                         divisor_override)
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override):
+    return _avg_pool_bwd(grad_output, self, 3, kernel_size, stride, padding, count_include_pad,
+                         divisor_override)
+
+
+def _adaptive_windows(L, O):
+    o = np.arange(O)
+    start = (o * L) // O
+    end = -((-(o + 1) * L) // O)
+    return start, end
+
+
+def _indicator(L, O):
+    """(O, L) 0/1 matrix of adaptive-pooling windows and each window's size."""
+    start, end = _adaptive_windows(L, O)
+    pos = np.arange(L)
+    m = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
+    return m.astype(np.float32), (end - start).astype(np.float32)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _separable(x, mats, transpose=False, prec=None):
+    """Apply a (O, L) matrix to each of the last len(mats) dims of `x`."""
+    nsp = len(mats)
+    lead = x.ndim - nsp
+    xs = _LETTERS[:lead] + _LETTERS[lead:lead + nsp]
+    outs = _LETTERS[:lead] + _LETTERS[lead + nsp:lead + 2 * nsp]
+    terms = [xs]
+    for j in range(nsp):
+        a, b = outs[lead + j], xs[lead + j]
+        terms.append(b + a if transpose else a + b)
+    expr = ",".join(terms) + "->" + outs
+    return jnp.einsum(expr, x, *[jnp.asarray(m, x.dtype) for m in mats], precision=prec)
+
+
+def _adaptive_avg(x, out_sp):
+    nsp = len(out_sp)
+    in_sp = x.shape[-nsp:]
+    mats, counts = zip(*[_indicator(L, O) for L, O in zip(in_sp, out_sp)])
+    y = _separable(_acc(x), mats, prec=_precision(x))
+    div = np.ones(tuple(out_sp), np.float32)
+    for j, c in enumerate(counts):
+        shape = [1] * nsp
+        shape[j] = len(c)
+        div = div * c.reshape(shape)
+    return y / jnp.asarray(div, y.dtype)
+
+
+def _adaptive_avg_backward(g, x, nsp):
+    in_sp = x.shape[-nsp:]
+    out_sp = g.shape[-nsp:]
+    mats, counts = zip(*[_indicator(L, O) for L, O in zip(in_sp, out_sp)])
+    div = np.ones(tuple(out_sp), np.float32)
+    for j, c in enumerate(counts):
+        shape = [1] * nsp
+        shape[j] = len(c)
+        div = div * c.reshape(shape)
+    ga = _acc(g)
+    ga = ga / jnp.asarray(div, ga.dtype)
+    return _separable(ga, mats, transpose=True, prec=lax.Precision.HIGHEST)
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    return _adaptive_avg_backward(grad_output, self, 2)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad_output, self):
+    return _adaptive_avg_backward(grad_output, self, 3)
+
+
+def _adaptive_max(x, out_sp):
+    nsp = len(out_sp)
+    in_sp = x.shape[-nsp:]
+    lead = x.ndim - nsp
+    out_shape = x.shape[:lead] + tuple(out_sp)
+    if 0 in out_shape or 0 in x.shape:
+        return jnp.zeros(out_shape, x.dtype), jnp.zeros(out_shape, jnp.int64)
+    wins = [_adaptive_windows(L, O) for L, O in zip(in_sp, out_sp)]
+    kmax = [int(np.max(e - s)) for s, e in wins]
+    flat_stride = [int(np.prod(in_sp[j + 1:])) for j in range(nsp)]
+    best = bidx = None
+    is_float = _is_float(x)
+    for tap in itertools.product(*[range(k) for k in kmax]):
+        # Taps past a window's end repeat its last element: no mask needed.
+        pos = [np.minimum(s + t, e - 1) for (s, e), t in zip(wins, tap)]
+        v = x
+        for j, p in enumerate(pos):
+            v = jnp.take(v, jnp.asarray(p), axis=lead + j)
+        grids = np.meshgrid(*pos, indexing="ij")
+        idx = jnp.asarray(sum(gp * fs for gp, fs in zip(grids, flat_stride)).astype(np.int64))
+        if best is None:
+            best, bidx = v, jnp.broadcast_to(idx, out_shape)
+            continue
+        upd = v > best
+        if is_float:
+            upd = upd | jnp.isnan(v)
+        best = jnp.where(upd, v, best)
+        bidx = jnp.where(upd, idx, bidx)
+    return best, bidx
+
+
+def _scatter_flat(g, indices, in_sp):
+    """Add g[..., i] into a zero array at flat spatial index indices[..., i]."""
+    nsp = len(in_sp)
+    lead_shape = g.shape[:g.ndim - nsp]
+    b = int(np.prod(lead_shape))
+    n_in = int(np.prod(in_sp))
+    gf = g.reshape(b, -1)
+    idx = indices.reshape(b, -1)
+    rows = jnp.arange(b)[:, None]
+    out = jnp.zeros((b, n_in), g.dtype).at[rows, idx].add(gf)
+    return out.reshape(lead_shape + tuple(in_sp))
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max(self, tuple(output_size))
+
+
+@lower(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max(self, tuple(output_size))
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _scatter_flat(_acc(grad_output), indices, self.shape[-2:])
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _scatter_flat(_acc(grad_output), indices, self.shape[-3:])
+
+
+# --------------------------------------------------------------------------
+# normalization
+
+
+def _moments(x, axes):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    return mean, var
+
+
+def _norm_input_grad(g, xhat, rstd, axes):
+    """d/dx of (x - mean(x)) * rstd over `axes`, given g = dL/dxhat."""
+    mg = jnp.mean(g, axis=axes, keepdims=True)
+    mgx = jnp.mean(g * xhat, axis=axes, keepdims=True)
+    return rstd * (g - mg - xhat * mgx)
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    x = _acc(input)
+    k = len(normalized_shape)
+    axes = tuple(range(x.ndim - k, x.ndim))
+    if x.size == 0:
+        stat_shape = x.shape[:x.ndim - k] + (1,) * k
+        return x, jnp.zeros(stat_shape, x.dtype), jnp.zeros(stat_shape, x.dtype)
+    mean, var = _moments(x, axes)
+    rstd = lax.rsqrt(var + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _acc(weight)
+    if bias is not None:
+        y = y + _acc(bias)
+    return y, mean, rstd
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               output_mask):
+    x = _acc(input)
+    dy = _acc(grad_out)
+    k = len(normalized_shape)
+    axes = tuple(range(x.ndim - k, x.ndim))
+    batch_axes = tuple(range(x.ndim - k))
+    mean = _acc(mean)
+    rstd = _acc(rstd)
+    xhat = (x - mean) * rstd
+    g = dy * _acc(weight) if weight is not None else dy
+    gi = _norm_input_grad(g, xhat, rstd, axes) if output_mask[0] else None
+    gw = jnp.sum(dy * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
+    gb = jnp.sum(dy, axis=batch_axes) if output_mask[2] and bias is not None else None
+    return gi, gw, gb
+
+
+def _bn_shape(x, v):
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
+    x = _acc(input)
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean, var = _moments(x, axes)
+    rstd = lax.rsqrt(var + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _bn_shape(x, _acc(weight))
+    if bias is not None:
+        y = y + _bn_shape(x, _acc(bias))
+    mean, var, rstd = mean.reshape(-1), var.reshape(-1), rstd.reshape(-1)
+    new_rm = new_rv = None
+    if running_mean is not None:
+        new_rm = (1 - momentum) * _acc(running_mean) + momentum * mean
+    if running_var is not None:
+        n = x.size // x.shape[1]
+        unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.inf
+        new_rv = (1 - momentum) * _acc(running_var) + momentum * unbiased
+    return y, mean, rstd, new_rm, new_rv
+
+
+def _bn_eval(input, weight, bias, running_mean, running_var, eps):
+    x = _acc(input)
+    mean = _acc(running_mean)
+    rstd = lax.rsqrt(_acc(running_var) + eps)
+    scale = rstd if weight is None else rstd * _acc(weight)
+    y = (x - _bn_shape(x, mean)) * _bn_shape(x, scale)
+    if bias is not None:
+        y = y + _bn_shape(x, _acc(bias))
+    return y, mean, rstd
+
+
+@lower(aten._native_batch_norm_legit.default, mutates=("running_mean", "running_var"))
+def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum,
+                             eps):
+    if training:
+        y, mean, rstd, rm, rv = _bn_train(input, weight, bias, running_mean, running_var,
+                                          momentum, eps)
+        return (y, mean, rstd), {"running_mean": rm, "running_var": rv}
+    y, mean, rstd = _bn_eval(input, weight, bias, running_mean, running_var, eps)
+    return (y, mean, rstd), {"running_mean": running_mean, "running_var": running_var}
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    y, mean, rstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
+    return y, mean, rstd
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
+                                         momentum, eps):
+    return _bn_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@lower(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training,
+                                        momentum, eps):
+    if training:
+        return _bn_train(input, weight, bias, running_mean, running_var, momentum, eps)
+    y, mean, rstd = _bn_eval(input, weight, bias, running_mean, running_var, eps)
+    return y, mean, rstd, running_mean, running_var
+
+
+def _reserve():
+    return jnp.zeros((0,), jnp.uint8)
+
+
+@lower(aten._batch_norm_with_update.default, mutates=("running_mean", "running_var"))
+def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    y, mean, rstd, rm, rv = _bn_train(input, weight, bias, running_mean, running_var,
+                                      momentum, eps)
+    return (y, mean, rstd, _reserve()), {"running_mean": rm, "running_var": rv}
+
+
+@lower(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum,
+                                       eps):
+    y, mean, rstd, rm, rv = _bn_train(input, weight, bias, running_mean, running_var,
+                                      momentum, eps)
+    return y, mean, rstd, _reserve(), rm, rv
+
+
+@lower(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    if running_mean is None or running_var is None:
+        y, mean, rstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
+        return y, mean, rstd, _reserve()
+    y, mean, rstd = _bn_eval(input, weight, bias, running_mean, running_var, eps)
+    return y, mean, rstd, _reserve()
+
+
+def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                 train, eps, output_mask):
+    x = _acc(input)
+    dy = _acc(grad_out)
+    axes = (0,) + tuple(range(2, x.ndim))
+    if train:
+        mean, rstd = _acc(save_mean), _acc(save_invstd)
+    else:
+        mean = _acc(running_mean)
+        rstd = lax.rsqrt(_acc(running_var) + eps)
+    mean_b, rstd_b = _bn_shape(x, mean), _bn_shape(x, rstd)
+    xhat = (x - mean_b) * rstd_b
+    w = _bn_shape(x, _acc(weight)) if weight is not None else None
+    gi = None
+    if output_mask[0]:
+        g = dy * w if w is not None else dy
+        gi = _norm_input_grad(g, xhat, rstd_b, axes) if train else g * rstd_b
+    gw = jnp.sum(dy * xhat, axis=axes) if output_mask[1] else None
+    gb = jnp.sum(dy, axis=axes) if output_mask[2] else None
+    return gi, gw, gb
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                               save_invstd, train, eps, output_mask):
+    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                        save_invstd, train, eps, output_mask)
+
+
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                        update, eps, output_mask, reserve):
+    train = update or running_mean is None
+    return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                        train, eps, output_mask)
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = _acc(input)
+    if x.size == 0:
+        z = jnp.zeros((N, group), x.dtype)
+        return x, z, z
+    xg = x.reshape(N, group, -1)
+    mean, var = _moments(xg, (2,))
+    rstd = lax.rsqrt(var + eps)
+    y = ((xg - mean) * rstd).reshape(x.shape)
+    if weight is not None:
+        y = y * _bn_shape(x, _acc(weight))
+    if bias is not None:
+        y = y + _bn_shape(x, _acc(bias))
+    return y, mean.reshape(N, group), rstd.reshape(N, group)
+
+
+@lower(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
+                               output_mask):
+    x = _acc(input).reshape(N, C, HxW)
+    dy = _acc(grad_out).reshape(N, C, HxW)
+    mean = _acc(mean).reshape(N, group, 1, 1)
+    rstd = _acc(rstd).reshape(N, group, 1, 1)
+    xg = x.reshape(N, group, C // group, HxW)
+    xhat = (xg - mean) * rstd
+    gi = None
+    if output_mask[0]:
+        g = dy * _acc(weight).reshape(1, C, 1) if weight is not None else dy
+        g = g.reshape(N, group, C // group, HxW)
+        gi = _norm_input_grad(g, xhat, rstd, (2, 3)).reshape(input.shape)
+    xhat = xhat.reshape(N, C, HxW)
+    gw = jnp.sum(dy * xhat, axis=(0, 2)) if output_mask[1] else None
+    gb = jnp.sum(dy, axis=(0, 2)) if output_mask[2] else None
+    return gi, gw, gb
+
+
+@lower(aten._fused_rms_norm_backward.default)
+def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    x = _acc(input)
+    dy = _acc(grad_out)
+    k = len(normalized_shape)
+    axes = tuple(range(x.ndim - k, x.ndim))
+    rstd = _acc(rstd)
+    xhat = x * rstd
+    g = dy * _acc(weight) if weight is not None else dy
+    gi = None
+    if output_mask[0]:
+        gi = rstd * (g - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
+    gw = None
+    if output_mask[1] and weight is not None:
+        gw = jnp.sum(dy * xhat, axis=tuple(range(x.ndim - k)))
+    return gi, gw
+
+
+# --------------------------------------------------------------------------
+# losses
+
+
+def _nll(self, target, weight, ignore_index):
+    """Per-element weight w_i (0 where ignored) and the picked log-probs."""
+    cdim = 1 if self.ndim >= 2 else 0
+    nclass = self.shape[cdim]
+    t = target.astype(jnp.int32)
+    ignored = t == ignore_index
+    safe = jnp.where(ignored, 0, t)
+    w = jnp.ones(t.shape, jnp.float32) if weight is None else _acc(weight)[safe]
+    w = jnp.where(ignored, jnp.zeros((), w.dtype), w)
+    return cdim, nclass, safe, w
+
+
+def _nll_forward(self, target, weight, reduction, ignore_index):
+    x = _acc(self)
+    cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
+    picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, cdim), axis=cdim), cdim)
+    w = w.astype(x.dtype)
+    loss = -picked * w
+    if reduction == 0:
+        return loss, jnp.zeros((), x.dtype)
+    total = jnp.sum(w)
+    s = jnp.sum(loss)
+    return (s / total if reduction == 1 else s), total
+
+
+def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    g = _acc(grad_output)
+    cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
+    w = w.astype(g.dtype)
+    if reduction == 1:
+        g = g / _acc(total_weight).astype(g.dtype)
+    scale = -w * g
+    onehot = jax.nn.one_hot(safe, nclass, dtype=g.dtype, axis=cdim)
+    return onehot * jnp.expand_dims(scale, cdim)
+
+
+@lower(aten.nll_loss_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll_forward(self, target, weight, reduction, ignore_index)
+
+
+@lower(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
+    return _nll_forward(self, target, weight, reduction, ignore_index)
+
+
+@lower(aten.nll_loss_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+
+
+@lower(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index,
+                        total_weight):
+    return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+
+
+def _grad_scale(grad_output, reduction, n):
+    g = _acc(grad_output)
+    return g / n if reduction == 1 else g
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(self, target, reduction=1):
+    d = _acc(self) - _acc(target)
+    return _reduce(d * d, reduction)
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, self, target, reduction):
+    d = _acc(self) - _acc(target)
+    n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
+    return 2 * d * _grad_scale(grad_output, reduction, n)
+
+
+@lower(aten.smooth_l1_loss.default)
+def smooth_l1_loss(self, target, reduction=1, beta=1.0):
+    z = jnp.abs(_acc(self) - _acc(target))
+    if beta == 0:
+        return _reduce(z, reduction)
+    return _reduce(jnp.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta), reduction)
+
+
+@lower(aten.smooth_l1_loss_backward.default)
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
+    x = _acc(self) - _acc(target)
+    n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
+    g = _grad_scale(grad_output, reduction, n)
+    inner = x / beta if beta != 0 else jnp.zeros_like(x)
+    d = jnp.where(x <= -beta, -1.0, jnp.where(x >= beta, 1.0, inner))
+    return d * g
+
+
+@lower(aten.huber_loss.default)
+def huber_loss(self, target, reduction=1, delta=1.0):
+    z = jnp.abs(_acc(self) - _acc(target))
+    return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
+
+
+@lower(aten.huber_loss_backward.default)
+def huber_loss_backward(grad_output, self, target, reduction, delta):
+    x = _acc(self) - _acc(target)
+    n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
+    g = _grad_scale(grad_output, reduction, n)
+    d = jnp.where(x <= -delta, -delta, jnp.where(x >= delta, delta, x))
+    return d * g
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    x, t = _acc(self), _acc(target)
+    log_x = jnp.maximum(jnp.log(x), -100.0)
+    log_1mx = jnp.maximum(jnp.log1p(-x), -100.0)
+    loss = (t - 1) * log_1mx - t * log_x
+    if weight is not None:
+        loss = loss * _acc(weight)
+    return _reduce(loss, reduction)
+
+
+@lower(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    x, t = _acc(self), _acc(target)
+    g = _grad_scale(grad_output, reduction, max(1, x.size))
+    gi = g * (x - t) / jnp.maximum((1 - x) * x, 1e-12)
+    if weight is not None:
+        gi = gi * _acc(weight)
+    return gi
+
+
+@lower(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
+    x, t = _acc(self), _acc(target)
+    if pos_weight is not None:
+        log_weight = (_acc(pos_weight) - 1) * t + 1
+        loss = (1 - t) * x + log_weight * (jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0))
+    else:
+        m = jnp.maximum(-x, 0)
+        loss = (1 - t) * x + m + jnp.log(jnp.exp(-m) + jnp.exp(-x - m))
+    if weight is not None:
+        loss = loss * _acc(weight)
+    return _reduce(loss, reduction)
+
+
+# --------------------------------------------------------------------------
+# embedding
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0, mode="clip")
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    g = _acc(grad_output)
+    d = g.shape[-1]
+    idx = indices.reshape(-1)
+    g = g.reshape(-1, d)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], jnp.zeros((), g.dtype), g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    return jnp.zeros((num_weights, d), g.dtype).at[idx].add(g)
+
+
+# --------------------------------------------------------------------------
+# dropout
+
+
+def _jax_key(rng_key):
+    from ..device import random as tpu_random
+
+    return tpu_random.jax_key(rng_key)
+
+
+@lower(aten.native_dropout.default, random=True)
+def native_dropout(input, p, train, *, rng_key):
+    if train is not None and not train:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    keep = jax.random.bernoulli(_jax_key(rng_key), 1.0 - p, input.shape)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    x = _acc(input)
+    return x * keep.astype(x.dtype) * scale, keep
+
+
+@lower(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+    g = _acc(grad_output)
+    return g * mask.astype(g.dtype) * scale
+
+
+# --------------------------------------------------------------------------
+# attention
+
+
+def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
+    """softmax(q k^T * scale + bias) v, with GQA when k has fewer heads.
+
+    Fully masked rows give zeros (PyTorch's CPU kernels and its math path's
+    _safe_softmax do the same). Returns (out, logsumexp).
+    """
+    out_dtype = q.dtype
+    prec = _precision(q, k, v)
+    L, E = q.shape[-2], q.shape[-1]
+    S = k.shape[-2]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    hq = q.shape[-3] if q.ndim >= 3 else 1
+    hk = k.shape[-3] if k.ndim >= 3 else 1
+    grp = hq // hk if hq != hk else 1
+    qa, ka, va = _acc(q), _acc(k), _acc(v)
+    if grp > 1:
+        # (..., Hk, G, L, E): query head h uses key/value head h // G.
+        qa = qa.reshape(qa.shape[:-3] + (hk, grp) + qa.shape[-2:])
+        ka, va = ka[..., :, None, :, :], va[..., :, None, :, :]
+    s = jnp.einsum("...le,...se->...ls", qa, ka, precision=prec) * scale
+    if grp > 1:
+        s = s.reshape(s.shape[:-4] + (hq,) + s.shape[-2:])
+    masked = None
+    if is_causal:
+        masked = ~jnp.tril(jnp.ones((L, S), jnp.bool_))
+    if bias is not None:
+        if bias.dtype == jnp.bool_:
+            masked = ~bias if masked is None else (masked | ~bias)
+        else:
+            s = s + _acc(bias)
+    if masked is not None:
+        s = jnp.where(masked, -jnp.inf, s)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(s - m)
+    denom = jnp.sum(e, axis=-1, keepdims=True)
+    lse = (jnp.log(denom) + m)[..., 0]
+    p = e / jnp.where(denom == 0, 1.0, denom)
+    if dropout_p > 0:
+        keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
+        p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
+    if grp > 1:
+        p = p.reshape(p.shape[:-3] + (hk, grp) + p.shape[-2:])
+    pv = p.astype(v.dtype) if _is_half(v) else p
+    out = jnp.einsum("...ls,...sd->...ld", pv, va if not _is_half(v) else v,
+                     precision=prec, preferred_element_type=jnp.float32
+                     if _is_half(v) else None)
+    if grp > 1:
+        out = out.reshape(out.shape[:-4] + (hq,) + out.shape[-2:])
+    return out.astype(out_dtype), lse.astype(jnp.float32)
+
+
+def _pack_key(rng_key):
+    """The raw (seed, offset) uint32[4] key as two int64 scalars."""
+    k = rng_key.astype(jnp.uint64)
+    seed = lax.bitcast_convert_type((k[0] << 32) | k[1], jnp.int64)
+    offset = lax.bitcast_convert_type((k[2] << 32) | k[3], jnp.int64)
+    return seed, offset
+
+
+def _unpack_key(seed, offset):
+    s = lax.bitcast_convert_type(seed.astype(jnp.int64), jnp.uint64)
+    o = lax.bitcast_convert_type(offset.astype(jnp.int64), jnp.uint64)
+    raw = jnp.stack([s >> 32, s & 0xFFFFFFFF, o >> 32, o & 0xFFFFFFFF]).astype(jnp.uint32)
+    return _jax_key(raw)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
+def _sdpa_fused(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, *, scale=None, rng_key):
+    out, lse = _attention(query, key, value, attn_bias, dropout_p, is_causal, scale,
+                          _jax_key(rng_key))
+    seed, offset = _pack_key(rng_key)
+    if query.ndim == 3:
+        lse = lse[None]
+    return out, lse, seed, offset
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+def _sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
+                         logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                         philox_seed, philox_offset, *, scale=None):
+    rkey = _unpack_key(philox_seed, philox_offset) if dropout_p > 0 else None
+    float_bias = attn_bias is not None and attn_bias.dtype != jnp.bool_
+    want_bias = float_bias and grad_input_mask[3]
+
+    def f(q, k, v, b):
+        return _attention(q, k, v, b if float_bias else attn_bias, dropout_p, is_causal,
+                          scale, rkey)[0]
+
+    primals = (query, key, value, attn_bias if float_bias else jnp.zeros((), jnp.float32))
+    _, vjp = jax.vjp(f, *primals)
+    gq, gk, gv, gb = vjp(grad_out.astype(query.dtype))
+    return (gq if grad_input_mask[0] else None, gk if grad_input_mask[1] else None,
+            gv if grad_input_mask[2] else None, gb if want_bias else None)
+
+
+# --------------------------------------------------------------------------
+# upsampling
+
+
+def _scale_value(scale, L, O):
+    # compute_scales_value: 1/scale when given, else input/output (as float32)
+    if scale is not None and scale > 0:
+        return np.float32(1.0 / scale)
+    return np.float32(L) / np.float32(O)
+
+
+def _nearest_index(L, O, scale, exact):
+    if O == L and not exact:
+        return np.arange(O)
+    if O == 2 * L and not exact and scale is None:
+        return np.arange(O) >> 1
+    sc = _scale_value(scale, L, O)
+    o = np.arange(O, dtype=np.float32)
+    if exact:
+        src = np.floor((o + np.float32(0.5)) * sc)
+    else:
+        src = np.floor(o * sc)
+    return np.minimum(src.astype(np.int64), L - 1)
+
+
+def _upsample_nearest(x, out_sp, scales, exact):
+    nsp = len(out_sp)
+    lead = x.ndim - nsp
+    for j, (O, sc) in enumerate(zip(out_sp, scales)):
+        L = x.shape[lead + j]
+        x = jnp.take(x, jnp.asarray(_nearest_index(L, O, sc, exact)), axis=lead + j)
+    return x
+
+
+def _onehot_mat(idx, L):
+    m = np.zeros((len(idx), L), np.float32)
+    m[np.arange(len(idx)), idx] = 1
+    return m
+
+
+def _upsample_nearest_backward(g, out_sp, in_sp, scales, exact):
+    mats = [_onehot_mat(_nearest_index(L, O, sc, exact), L)
+            for L, O, sc in zip(in_sp, out_sp, scales)]
+    return _separable(_acc(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+
+
+def _linear_weights(L, O, align_corners, scale):
+    """Source indices (i0, i1) and weights (l0, l1) of linear interpolation."""
+    o = np.arange(O, dtype=np.float32)
+    if align_corners:
+        sc = np.float32((L - 1) / (O - 1)) if O > 1 else np.float32(0)
+        src = sc * o
+    else:
+        sc = _scale_value(scale, L, O)
+        src = np.maximum(sc * (o + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+    i0 = src.astype(np.int64)
+    i0 = np.minimum(i0, L - 1)
+    l1 = (src - i0.astype(np.float32)).astype(np.float32)
+    i1 = i0 + (i0 < L - 1)
+    l0 = (np.float32(1) - l1).astype(np.float32)
+    return i0, i1, l0, l1
+
+
+def _upsample_linear(x, out_sp, align_corners, scales):
+    nsp = len(out_sp)
+    lead = x.ndim - nsp
+    xa = _acc(x)
+    for j, (O, sc) in enumerate(zip(out_sp, scales)):
+        L = xa.shape[lead + j]
+        i0, i1, l0, l1 = _linear_weights(L, O, align_corners, sc)
+        shape = [1] * xa.ndim
+        shape[lead + j] = O
+        a = jnp.take(xa, jnp.asarray(i0), axis=lead + j)
+        b = jnp.take(xa, jnp.asarray(i1), axis=lead + j)
+        xa = a * jnp.asarray(l0.reshape(shape)) + b * jnp.asarray(l1.reshape(shape))
+    return xa
+
+
+def _linear_mat(L, O, align_corners, scale):
+    i0, i1, l0, l1 = _linear_weights(L, O, align_corners, scale)
+    m = np.zeros((O, L), np.float32)
+    np.add.at(m, (np.arange(O), i0), l0)
+    np.add.at(m, (np.arange(O), i1), l1)
+    return m
+
+
+def _upsample_linear_backward(g, out_sp, in_sp, align_corners, scales):
+    mats = [_linear_mat(L, O, align_corners, sc) for L, O, sc in zip(in_sp, out_sp, scales)]
+    return _separable(_acc(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+
+
+@lower(aten.upsample_nearest1d.default)
+def upsample_nearest1d(self, output_size, scales=None):
+    return _upsample_nearest(self, tuple(output_size), (scales,), False)
+
+
+@lower(aten.upsample_nearest2d.default)
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w), False)
+
+
+@lower(aten.upsample_nearest3d.default)
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w), False)
+
+
+@lower(aten._upsample_nearest_exact1d.default)
+def _upsample_nearest_exact1d(self, output_size, scales=None):
+    return _upsample_nearest(self, tuple(output_size), (scales,), True)
+
+
+@lower(aten._upsample_nearest_exact2d.default)
+def _upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_h, scales_w), True)
+
+
+@lower(aten._upsample_nearest_exact3d.default)
+def _upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, tuple(output_size), (scales_d, scales_h, scales_w), True)
+
+
+@lower(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-1:]),
+                                      (scales,), False)
+
+
+@lower(aten.upsample_nearest2d_backward.default)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None,
+                                scales_w=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-2:]),
+                                      (scales_h, scales_w), False)
+
+
+@lower(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None,
+                                scales_h=None, scales_w=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-3:]),
+                                      (scales_d, scales_h, scales_w), False)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default)
+def _upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-1:]),
+                                      (scales,), True)
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default)
+def _upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None,
+                                       scales_w=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-2:]),
+                                      (scales_h, scales_w), True)
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default)
+def _upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None,
+                                       scales_h=None, scales_w=None):
+    return _upsample_nearest_backward(grad_output, tuple(output_size), tuple(input_size[-3:]),
+                                      (scales_d, scales_h, scales_w), True)
+
+
+@lower(aten.upsample_linear1d.default)
+def upsample_linear1d(self, output_size, align_corners, scales=None):
+    return _upsample_linear(self, tuple(output_size), align_corners, (scales,))
+
+
+@lower(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear(self, tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None,
+                         scales_w=None):
+    return _upsample_linear(self, tuple(output_size), align_corners,
+                            (scales_d, scales_h, scales_w))
+
+
+@lower(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners,
+                               scales=None):
+    return _upsample_linear_backward(grad_output, tuple(output_size), tuple(input_size[-1:]),
+                                     align_corners, (scales,))
+
+
+@lower(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners,
+                                 scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, tuple(output_size), tuple(input_size[-2:]),
+                                     align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners,
+                                  scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, tuple(output_size), tuple(input_size[-3:]),
+                                     align_corners, (scales_d, scales_h, scales_w))
+
+
+# --------------------------------------------------------------------------
+# padding and pixel shuffle
+
+
+def _pad_widths(ndim, pad):
+    """PyTorch's pad list (last dim first, (before, after) pairs) as lax widths."""
+    widths = [(0, 0)] * ndim
+    for j in range(len(pad) // 2):
+        widths[ndim - 1 - j] = (pad[2 * j], pad[2 * j + 1])
+    return widths
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    fill = jnp.asarray(value).astype(self.dtype)
+    return lax.pad(self, fill, [(lo, hi, 0) for lo, hi in _pad_widths(self.ndim, pad)])
+
+
+def _pad_mode(x, padding, mode):
+    return jnp.pad(x, _pad_widths(x.ndim, padding), mode=mode)
+
+
+def _pad_backward(grad_output, self, padding, mode):
+    g = _acc(grad_output)
+    _, vjp = jax.vjp(lambda x_: _pad_mode(x_, padding, mode), jnp.zeros(self.shape, g.dtype))
+    return vjp(g)[0]
+
+
+@lower(aten.reflection_pad1d.default, aten.reflection_pad2d.default,
+       aten.reflection_pad3d.default)
+def reflection_pad(self, padding):
+    return _pad_mode(self, padding, "reflect")
+
+
+@lower(aten.replication_pad1d.default, aten.replication_pad2d.default,
+       aten.replication_pad3d.default)
+def replication_pad(self, padding):
+    return _pad_mode(self, padding, "edge")
+
+
+@lower(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
+       aten.reflection_pad3d_backward.default)
+def reflection_pad_backward(grad_output, self, padding):
+    return _pad_backward(grad_output, self, padding, "reflect")
+
+
+@lower(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+       aten.replication_pad3d_backward.default)
+def replication_pad_backward(grad_output, self, padding):
+    return _pad_backward(grad_output, self, padding, "edge")
+
+
+@lower(aten.pixel_shuffle.default)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = self.shape
+    x = self.reshape(tuple(lead) + (c // (r * r), r, r, h, w))
+    n = len(lead)
+    perm = tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2)
+    return jnp.transpose(x, perm).reshape(tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+@lower(aten.pixel_unshuffle.default)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = self.shape
+    x = self.reshape(tuple(lead) + (c, h // r, r, w // r, r))
+    n = len(lead)
+    perm = tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3)
+    return jnp.transpose(x, perm).reshape(tuple(lead) + (c * r * r, h // r, w // r))
+
+
+# --------------------------------------------------------------------------
+# routes: kernels outside the lowering table
+
+
+def _sdpa_fusable(q, k, v, attn_mask, enable_gqa):
+    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
+        return False
+    if q.is_nested or k.is_nested or v.is_nested:
+        return False
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        return False
+    if q.shape[:-3] != k.shape[:-3] or k.shape[:-1] != v.shape[:-1]:
+        return False
+    if q.shape[-1] != k.shape[-1]:
+        return False
+    hq, hk = q.shape[-3], k.shape[-3]
+    if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
+        return False
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
+        return False
+    return True
+
+
+def _sdpa_route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False):
+    if not _sdpa_fusable(query, key, value, attn_mask, enable_gqa):
+        return aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
+            enable_gqa=enable_gqa)[0]
+    if is_causal and attn_mask is not None:
+        raise RuntimeError(
+            "_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+            "is_causal=True")
+    return aten._scaled_dot_product_fused_attention_overrideable(
+        query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale)[0]
+
+
+def _native_batch_norm_route(input, weight, bias, running_mean, running_var, training, momentum,
+                             eps):
+    if running_mean is None and running_var is None:
+        if not training:
+            raise RuntimeError(
+                "running_mean and running_var must be defined in evaluation mode")
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum,
+                                                      eps)
+    if running_mean is None or running_var is None:
+        raise RuntimeError("running_mean and running_var must both be given or both be None")
+    if training:
+        return aten._native_batch_norm_legit.default(input, weight, bias, running_mean,
+                                                     running_var, True, momentum, eps)
+    return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean,
+                                                             running_var, momentum, eps)
+
+
+_route_libs = []
+
+
+def _install_routes():
+    if _route_libs:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    _route_libs.append(lib)
+    lib.impl("scaled_dot_product_attention", _sdpa_route, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", _sdpa_route, "PrivateUse1")
+    lib.impl("native_batch_norm", _native_batch_norm_route, "PrivateUse1")
+
+
+_install_routes()
