@@ -18,6 +18,8 @@ from . import ops as _ops  # noqa: E402
 _ops.install()
 
 from .device import module as tpu  # noqa: E402,F401
+from . import precision as _precision, jax_op  # noqa: E402,F401  (torch.tpu precision/autocast API; torch_tpu.jax_op)
+from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu")
 
 
 def _autoload():

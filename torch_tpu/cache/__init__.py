@@ -1,0 +1,236 @@
+"""The compile cache: one cache for eager op executables and compiled graphs.
+
+Tiers, looked up in order:
+
+1. **memory** - an LRU of loaded executables in this process (eager ops,
+   keyed by op, shapes, dtypes, layouts and static arguments; compiled
+   graphs, keyed by the graph's fingerprint and its input shapes). Capacity:
+   ``TORCH_TPU_CACHE_SIZE`` entries (default 8192).
+2. **disk** - a persistent cache that survives the process, so that a second
+   run skips XLA compilation. Default directory: the user's cache directory
+   (``~/.cache/torch_tpu`` on Linux); ``TORCH_TPU_CACHE_DIR=/path`` moves it,
+   ``TORCH_TPU_CACHE_DIR=""`` turns it off, as do `disable()` and
+   `set_dir(None)`. Size cap: ``TORCH_TPU_CACHE_MAX_BYTES`` (default 4 GiB,
+   least recently used entries evicted first) or `set_max_bytes()`.
+
+The disk tier is JAX's persistent compilation cache machinery (its key covers
+the lowered program, compile options and shardings, devices, backend, jaxlib
+version and XLA flags; its executable serialization uses no pickle) with our
+own store underneath: checksummed entries, atomic writes, size cap, and
+graceful degradation. See `torch_tpu.cache.store` for the format and the
+trust model.
+
+    >>> import torch_tpu
+    >>> torch_tpu.cache.stats()["disk"]["hits"]
+    >>> torch_tpu.cache.clear()
+
+From a shell: ``python -m torch_tpu.cache info`` / ``python -m torch_tpu.cache clear``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from .store import CacheWarning, DiskStore, configured_dir, default_dir  # noqa: F401
+
+__all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
+           "set_max_bytes", "is_enabled", "CacheWarning", "default_dir", "info"]
+
+_lock = threading.Lock()
+_store: DiskStore | None = None
+_installed = False
+# Per-compile records: (name, seconds, source) where source is "compiled"
+# (XLA compiled it), "disk" (loaded from the persistent tier) or "uncached"
+# (the program cannot be stored, e.g. it calls back into Python).
+_RECORDS: collections.deque = collections.deque(maxlen=4096)
+_TOTALS = {"compiled": [0, 0.0], "disk": [0, 0.0], "uncached": [0, 0.0]}
+
+
+def store() -> DiskStore:
+    """The disk tier (created and installed into JAX on first use)."""
+    global _store
+    if _store is None:
+        with _lock:
+            if _store is None:
+                s = DiskStore(configured_dir())
+                _install(s)
+                _store = s
+    return _store
+
+
+def _install(s: DiskStore) -> None:
+    """Make `s` JAX's persistent compilation cache for this process."""
+    global _installed
+    import jax
+    from jax._src import compilation_cache as cc
+
+    # Every executable is worth keeping: an eager op compiles in milliseconds,
+    # but thousands of them add up to the seconds a warm start saves.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    with cc._cache_initialized_mutex:
+        cc._cache = s
+        cc._cache_initialized = True
+        # Re-evaluate "is the cache used" with our store in place.
+        cc._cache_checked = False
+        cc._cache_used = False
+    _installed = True
+
+
+# -- hooks used by the executor -------------------------------------------------
+
+
+def begin_compile():
+    """Called by the executor before compiling: starts collecting tier events."""
+    return store().begin()
+
+
+def end_compile(token, name: str, seconds: float) -> str:
+    """Called after compiling: records the compile and says which tier served it."""
+    events = store().end(token)
+    if "hit" in events:
+        source = "disk"
+    elif "miss" in events or "write" in events or not store().enabled:
+        source = "compiled"
+    else:
+        source = "uncached"
+    with _lock:
+        _RECORDS.append((name, seconds, source))
+        tot = _TOTALS[source]
+        tot[0] += 1
+        tot[1] += seconds
+    return source
+
+
+# -- public API -------------------------------------------------------------------
+
+
+def stats() -> dict:
+    """Requests, hits and misses per tier, compile seconds, bytes on disk.
+
+    - ``requests``: executable lookups (eager op executables and compiled
+      graphs) = memory hits + memory misses.
+    - ``memory``: hits, misses (each miss compiled or loaded a program),
+      entries, capacity, evictions.
+    - ``disk``: enabled, dir, hits, misses, writes, write errors, corrupt
+      entries discarded, evictions, entries and bytes on disk, max_bytes.
+    - ``compile_seconds``: total seconds spent producing executables;
+      ``compile_seconds_by_source``: split into XLA compiles ("compiled"),
+      loads from disk ("disk") and programs the disk tier cannot hold.
+    - ``per_entry``: the most recent compiles, ``(name, seconds, source)``.
+    """
+    from ..runtime import executor
+
+    s = executor.STATS
+    mem_hits = s.hits
+    mem_misses = s.misses
+    graph = _graph_stats()
+    mem_hits += graph.get("hits", 0)
+    with _lock:
+        per_entry = [{"name": n, "seconds": sec, "source": src} for n, sec, src in _RECORDS]
+        by_source = {k: {"count": v[0], "seconds": v[1]} for k, v in _TOTALS.items()}
+    return {
+        "requests": mem_hits + mem_misses,
+        "memory": {
+            "hits": mem_hits,
+            "misses": mem_misses,
+            "entries": len(executor._CACHE) + graph.get("entries", 0),
+            "capacity": executor._capacity(),
+            "evictions": s.evictions + graph.get("evictions", 0),
+        },
+        "disk": store().info(),
+        "compile_seconds": s.compile_seconds,
+        "compile_seconds_by_source": by_source,
+        "compiles": mem_misses,
+        "per_entry": per_entry,
+        "graphs": graph,
+    }
+
+
+def info() -> dict:
+    """Where the disk tier is and what it holds (no process statistics)."""
+    d = store().info()
+    return {k: d[k] for k in ("enabled", "writable", "dir", "status", "entries", "bytes",
+                              "max_bytes")}
+
+
+def _graph_stats() -> dict:
+    try:
+        from ..compile import backend
+    except Exception:  # pragma: no cover - the backend failed to import
+        return {}
+    return backend.cache_stats()
+
+
+def reset_stats() -> None:
+    """Zero every counter (the cached programs stay)."""
+    from ..runtime import executor
+
+    executor.STATS.reset()
+    store().stats.reset()
+    with _lock:
+        _RECORDS.clear()
+        for v in _TOTALS.values():
+            v[0], v[1] = 0, 0.0
+    try:
+        from ..compile import backend
+
+        backend.reset_cache_stats()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def clear(memory: bool = True, disk: bool = True) -> int:
+    """Drop cached programs: the in-memory tier and/or the files on disk.
+
+    Returns the number of files removed from disk. Compiled graphs already
+    held by `torch.compile`d functions keep their executables; they are not
+    recompiled.
+    """
+    removed = 0
+    if memory:
+        from ..runtime import executor
+
+        executor.clear_cache()
+        try:
+            from ..compile import backend
+
+            backend.clear_cache()
+        except Exception:  # pragma: no cover
+            pass
+    if disk:
+        removed = store().clear()
+    return removed
+
+
+def set_dir(path: str | None) -> None:
+    """Use `path` for the disk tier from now on (None or "" turns it off)."""
+    import os
+
+    store().set_dir(os.path.abspath(os.path.expanduser(path)) if path else None)
+
+
+def cache_dir() -> str | None:
+    """The disk tier's directory, or None when it is off."""
+    s = store()
+    return s.root if s.enabled else None
+
+
+def enable(path: str | None = None) -> None:
+    """Turn the disk tier on (in `path`, else TORCH_TPU_CACHE_DIR or the default)."""
+    set_dir(path or configured_dir() or default_dir())
+
+
+def disable() -> None:
+    """Turn the disk tier off for this process (memory only)."""
+    store().set_dir(None)
+
+
+def is_enabled() -> bool:
+    return store().enabled
+
+
+def set_max_bytes(max_bytes: int) -> None:
+    """Cap the disk tier at `max_bytes`, evicting least recently used entries."""
+    store().set_max_bytes(max_bytes)

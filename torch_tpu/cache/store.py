@@ -1,0 +1,472 @@
+"""The persistent (on-disk) tier of the compile cache.
+
+What is stored
+--------------
+JAX already knows how to key, serialize and load a compiled XLA executable:
+its persistent compilation cache computes a key from the lowered program
+(StableHLO), the compile options (which carry the shardings), the devices,
+the backend and jaxlib versions and the XLA flags, and turns an executable
+into bytes (`executable.serialize()`) and back (`backend.deserialize_executable`).
+Neither step uses pickle. What JAX's file cache lacks is what this module
+adds: a checksummed entry format, atomic writes, a single warning and a
+memory-only fallback when the directory is unusable, per-tier statistics,
+and a size cap with least-recently-used eviction under our own directory.
+
+`DiskStore` therefore implements JAX's small cache interface (`get(key)` /
+`put(key, bytes)`) and is installed as JAX's cache object, so every
+executable that torch_tpu compiles (eager op executables and compiled
+graphs alike, all through `executor._compile`) is looked up on disk before
+XLA compiles it, and written after.
+
+Entry format (one file per entry, ``<sha256>.tpx``)::
+
+    b"TTPUXC01"                          magic and format version (8 bytes)
+    uint32 big-endian                    header length
+    header (UTF-8 JSON)                  {"key", "size", "sha256", versions...}
+    payload                              JAX's compressed executable bytes
+
+The file name is the SHA-256 of JAX's key plus our own additions (torch_tpu,
+jax and jaxlib versions, platform, device kind and count, XLA flags). A
+read checks the magic, parses the JSON header (plain data, never code),
+checks that the stored key and versions are the ones asked for, that the
+payload has the announced length and that its SHA-256 matches. Anything
+else - truncated, corrupted, or a foreign file under our name - is deleted,
+counted, reported by one warning per process, and treated as a miss: the
+program is recompiled and the entry rewritten.
+
+Trust model: a serialized executable is machine code for the host or the
+accelerator, so loading one is running code from the cache directory. No
+pickle is involved (the payload is only handed to XLA's own executable
+deserializer after its checksum matched), but the checksum protects against
+accidents, not against an attacker who can write the directory. The
+directory is therefore created private (mode 0700), and a directory owned by
+another user or writable by others is refused (memory-only, one warning).
+
+Writers write a temporary file in the same directory and `os.replace` it
+into place, so concurrent writers of one entry both succeed and readers see
+either no file or a complete one.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import struct
+import sys
+import threading
+import time
+import warnings
+
+MAGIC = b"TTPUXC01"
+SUFFIX = ".tpx"
+SUBDIR = "xla-v1"
+DEFAULT_MAX_BYTES = 4 << 30
+
+
+class CacheWarning(UserWarning):
+    """A problem with the persistent compile cache (it keeps working without it)."""
+
+
+_warned: set = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(kind: str, message: str) -> None:
+    with _warn_lock:
+        if kind in _warned:
+            return
+        _warned.add(kind)
+    warnings.warn(f"torch_tpu compile cache: {message}", CacheWarning, stacklevel=3)
+
+
+def default_dir() -> str:
+    """The user's cache directory for torch_tpu (XDG on Linux)."""
+    if sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    elif os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "torch_tpu")
+
+
+def configured_dir() -> str | None:
+    """TORCH_TPU_CACHE_DIR if set ("" disables the disk tier), else the default."""
+    value = os.environ.get("TORCH_TPU_CACHE_DIR")
+    if value is None:
+        return default_dir()
+    value = value.strip()
+    return os.path.abspath(os.path.expanduser(value)) if value else None
+
+
+def configured_max_bytes() -> int:
+    value = os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", "").strip()
+    if not value:
+        return DEFAULT_MAX_BYTES
+    try:
+        return _parse_size(value)
+    except ValueError:
+        warn_once("bad-size", f"TORCH_TPU_CACHE_MAX_BYTES={value!r} is not a size; "
+                              f"using {DEFAULT_MAX_BYTES} bytes")
+        return DEFAULT_MAX_BYTES
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper().replace("IB", "").replace("B", "")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if text.endswith(suffix):
+            text, mult = text[:-1], m
+            break
+    return int(float(text) * mult)
+
+
+def environment() -> dict:
+    """What, besides JAX's own key, changes a program: part of every entry's name."""
+    import jax
+    import jaxlib
+
+    from .. import __version__
+    from ..runtime import platform
+
+    try:
+        devs = platform.devices()
+        kind, count = devs[0].device_kind, len(devs)
+        plat = platform.platform()
+    except Exception:  # pragma: no cover - no backend at all
+        kind, count, plat = "unknown", 0, "unknown"
+    return {
+        "torch_tpu": __version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": plat,
+        "device_kind": kind,
+        "device_count": count,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
+    }
+
+
+class _Stats:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.hits = 0
+        self.misses = 0
+        self.writes = 0
+        self.write_errors = 0
+        self.corrupt = 0
+        self.evictions = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+
+class _Local(threading.local):
+    def __init__(self):
+        self.events = None  # list collecting "hit"/"miss"/"write" during one compile
+
+
+class DiskStore:
+    """JAX's cache interface (get/put of executable bytes) over our directory."""
+
+    def __init__(self, root: str | None = None, max_bytes: int | None = None):
+        self._lock = threading.RLock()
+        self.stats = _Stats()
+        self._local = _Local()
+        self._env = None
+        self._env_blob = None
+        self.root = None
+        self.path = None
+        self.enabled = False
+        self.writable = False
+        self.reason = "not configured"
+        self.max_bytes = configured_max_bytes() if max_bytes is None else int(max_bytes)
+        self._bytes_estimate = None
+        self.set_dir(root)
+
+    # JAX's CacheInterface has a `_path` attribute (used in its log messages).
+    @property
+    def _path(self):
+        return self.path
+
+    @_path.setter
+    def _path(self, value):  # pragma: no cover - JAX never sets it on ours
+        pass
+
+    # -- configuration -----------------------------------------------------
+
+    def set_dir(self, root: str | None) -> None:
+        """Use `root` (None or "" disables the disk tier)."""
+        with self._lock:
+            self.root = root or None
+            self.path = None
+            self.enabled = False
+            self.writable = False
+            self._bytes_estimate = None
+            if not root:
+                self.reason = "disabled"
+                return
+            path = os.path.join(root, SUBDIR)
+            problem = _prepare_dir(path)
+            if problem is not None:
+                self.reason = problem
+                warn_once(f"dir:{path}", f"cannot use {root!r} ({problem}); compiled "
+                                         "programs are kept in memory only")
+                return
+            self.path = path
+            self.enabled = True
+            self.writable = True
+            self.reason = "ok"
+
+    def set_max_bytes(self, max_bytes: int) -> None:
+        with self._lock:
+            self.max_bytes = int(max_bytes)
+        self._evict(0)
+
+    # -- event tracking (which tier served the current compile) -----------
+
+    def begin(self):
+        previous = self._local.events
+        self._local.events = []
+        return previous
+
+    def end(self, previous):
+        events = self._local.events or []
+        self._local.events = previous
+        return events
+
+    def _event(self, what):
+        ev = self._local.events
+        if ev is not None:
+            ev.append(what)
+
+    # -- keys --------------------------------------------------------------
+
+    def _environment_blob(self) -> bytes:
+        if self._env_blob is None:
+            self._env = environment()
+            self._env_blob = json.dumps(self._env, sort_keys=True).encode()
+        return self._env_blob
+
+    def file_for(self, key: str) -> str:
+        digest = hashlib.sha256(key.encode() + b"\0" + self._environment_blob()).hexdigest()
+        return os.path.join(self.path, digest + SUFFIX)
+
+    # -- the interface JAX calls --------------------------------------------
+
+    def get(self, key: str):
+        if not self.enabled:
+            return None
+        fname = self.file_for(key)
+        try:
+            with open(fname, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            self._miss()
+            return None
+        except OSError as e:
+            self._miss()
+            warn_once("read", f"cannot read {fname} ({e}); recompiling")
+            return None
+        payload, problem = self._decode(blob, key)
+        if problem is not None:
+            with self._lock:
+                self.stats.corrupt += 1
+            warn_once("corrupt", f"discarded a bad cache entry {os.path.basename(fname)} "
+                                 f"({problem}); the program is recompiled")
+            _unlink(fname)
+            self._bytes_estimate = None
+            self._miss()
+            return None
+        with self._lock:
+            self.stats.hits += 1
+            self.stats.bytes_read += len(blob)
+        self._event("hit")
+        try:
+            os.utime(fname)  # least-recently-used order for eviction
+        except OSError:
+            pass
+        return payload
+
+    def put(self, key: str, value: bytes) -> None:
+        if not (self.enabled and self.writable):
+            return
+        value = bytes(value)
+        header = dict(self._env or {})
+        header.update(key=key, size=len(value), sha256=hashlib.sha256(value).hexdigest(),
+                      created=time.time())
+        hbytes = json.dumps(header, sort_keys=True).encode()
+        blob = MAGIC + struct.pack(">I", len(hbytes)) + hbytes + value
+        fname = self.file_for(key)
+        tmp = f"{fname}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+            except BaseException:
+                _unlink(tmp)
+                raise
+            os.replace(tmp, fname)
+        except OSError as e:
+            _unlink(tmp)
+            with self._lock:
+                self.stats.write_errors += 1
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                               errno.EROFS):
+                    self.writable = False
+            what = ("the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                    else f"cannot write ({e.strerror or e})")
+            warn_once("write", f"{what} in {self.root!r}; new programs are kept in memory "
+                               "only for the rest of this process")
+            return
+        with self._lock:
+            self.stats.writes += 1
+            self.stats.bytes_written += len(blob)
+            if self._bytes_estimate is not None:
+                self._bytes_estimate += len(blob)
+        self._event("write")
+        self._evict(len(blob))
+
+    def _miss(self):
+        with self._lock:
+            self.stats.misses += 1
+        self._event("miss")
+
+    def _decode(self, blob: bytes, key: str):
+        """(payload, None) for a sound entry of `key`, else (None, what is wrong)."""
+        if len(blob) < len(MAGIC) + 4:
+            return None, "truncated"
+        if blob[:len(MAGIC)] != MAGIC:
+            return None, "not a torch_tpu cache entry"
+        (hlen,) = struct.unpack(">I", blob[len(MAGIC):len(MAGIC) + 4])
+        start = len(MAGIC) + 4
+        if hlen > 1 << 20 or start + hlen > len(blob):
+            return None, "truncated header"
+        try:
+            header = json.loads(blob[start:start + hlen].decode())
+        except (UnicodeDecodeError, ValueError):
+            return None, "unreadable header"
+        if not isinstance(header, dict):
+            return None, "unreadable header"
+        if header.get("key") != key:
+            return None, "entry of another program"
+        env = self._env or {}
+        for name, want in env.items():
+            if header.get(name) != want:
+                return None, f"written by another {name} ({header.get(name)!r})"
+        payload = blob[start + hlen:]
+        if header.get("size") != len(payload):
+            return None, "truncated payload"
+        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+            return None, "checksum mismatch"
+        return payload, None
+
+    # -- size, eviction, clearing ---------------------------------------------
+
+    def entries(self):
+        """[(path, size, mtime)] of the entries on disk."""
+        if self.path is None:
+            return []
+        out = []
+        now = time.time()
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return []
+        for name in names:
+            full = os.path.join(self.path, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            if name.endswith(SUFFIX):
+                out.append((full, st.st_size, st.st_mtime))
+            elif ".tmp-" in name and now - st.st_mtime > 3600:
+                _unlink(full)  # left behind by a killed writer
+        return out
+
+    def disk_bytes(self) -> int:
+        return sum(size for _, size, _ in self.entries())
+
+    def _evict(self, added: int) -> None:
+        if not self.enabled or self.max_bytes <= 0:
+            return
+        with self._lock:
+            if self._bytes_estimate is not None and self._bytes_estimate <= self.max_bytes:
+                return
+            entries = self.entries()
+            total = sum(size for _, size, _ in entries)
+            if total > self.max_bytes:
+                # Oldest first, down to 90% of the cap so that eviction is rare.
+                target = int(self.max_bytes * 0.9)
+                for full, size, _ in sorted(entries, key=lambda e: e[2]):
+                    if total <= target:
+                        break
+                    if _unlink(full):
+                        total -= size
+                        self.stats.evictions += 1
+            self._bytes_estimate = total
+
+    def clear(self) -> int:
+        """Delete every entry; returns the number of files removed."""
+        n = 0
+        with self._lock:
+            for full, _, _ in self.entries():
+                if _unlink(full):
+                    n += 1
+            self._bytes_estimate = 0
+        return n
+
+    def info(self) -> dict:
+        entries = self.entries()
+        s = self.stats
+        return {
+            "enabled": self.enabled,
+            "writable": self.enabled and self.writable,
+            "dir": self.root,
+            "status": self.reason,
+            "hits": s.hits,
+            "misses": s.misses,
+            "writes": s.writes,
+            "write_errors": s.write_errors,
+            "corrupt": s.corrupt,
+            "evictions": s.evictions,
+            "entries": len(entries),
+            "bytes": sum(size for _, size, _ in entries),
+            "max_bytes": self.max_bytes,
+        }
+
+
+def _prepare_dir(path: str) -> str | None:
+    """Create `path` (private) and check it is ours; the problem, or None."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        return f"cannot create it: {e.strerror or e}"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"cannot stat it: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if hasattr(os, "getuid"):
+        if st.st_uid != os.getuid():
+            return "owned by another user"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return "writable by other users"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,428 @@
+"""The dynamo backend "tpu": AOTAutograd, one XLA executable per graph.
+
+    model = torch.compile(model, backend="tpu")
+
+Dynamo captures a graph of torch calls; AOTAutograd functionalizes it,
+applies PyTorch's core-ATen decompositions (except for ops the lowering
+table handles directly) and splits training graphs into a forward and a
+backward graph. Each graph becomes a `CompiledGraph`: the graph is lowered to
+one jax function with the same lowering table eager mode uses (`lowering.py`)
+and jit-compiled once per input signature, through the executor's compile
+path, so both tiers of the compile cache apply (torch_tpu.cache).
+
+At run time a call reads the jax values of its tpu inputs (parameters and
+buffers stay on the device between calls: nothing is copied in or out),
+runs the executable (asynchronously: nothing waits for the result), wraps
+its outputs as tpu tensors and writes input mutations back into the input
+tensors. Anything the backend cannot lower (a higher-order op, a
+data-dependent shape) makes that graph run op by op on the eager device,
+with one warning: a graph never fails to run because of the backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import os
+import threading
+import warnings
+
+import jax
+import numpy as np
+import torch
+import torch.fx
+
+from ..ops import registry
+from ..runtime import executor
+from ..runtime import storage as st
+from . import dynamic as dyn
+from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
+
+aten = torch.ops.aten
+
+# --------------------------------------------------------------------------
+# memory tier for graphs: fingerprint -> compiled executable
+
+
+class _GraphCacheStats:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.requests = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.graphs = 0          # CompiledGraph objects created
+        self.eager_fallbacks = 0  # graphs that run op by op
+
+
+GRAPH_STATS = _GraphCacheStats()
+_GRAPH_CACHE: "collections.OrderedDict" = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+def _graph_cache_capacity() -> int:
+    return int(os.environ.get("TORCH_TPU_GRAPH_CACHE_SIZE", "512"))
+
+
+def cache_stats() -> dict:
+    s = GRAPH_STATS
+    return {"requests": s.requests, "hits": s.hits, "misses": s.misses,
+            "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
+            "eager_fallbacks": s.eager_fallbacks}
+
+
+def reset_cache_stats() -> None:
+    GRAPH_STATS.reset()
+
+
+def clear_cache() -> None:
+    with _lock:
+        _GRAPH_CACHE.clear()
+
+
+# --------------------------------------------------------------------------
+
+
+class _Spec:
+    """How one placeholder is passed: tensor, symbolic int, or other value."""
+
+    __slots__ = ("kind", "dtype", "index", "static")
+
+    def __init__(self, kind, dtype=None, index=None, static=None):
+        self.kind = kind      # "t" tensor, "s" SymInt/int, "x" other python value
+        self.dtype = dtype
+        self.index = index
+        self.static = static
+
+
+def _device_of(example_inputs):
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return x.device.index if x.device.index is not None else 0
+    from ..device import module
+
+    return module.current_device()
+
+
+class CompiledGraph:
+    """One AOT graph (forward, backward or inference) as XLA executables."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str, options=None):
+        self.gm = gm
+        self.kind = kind
+        self.options = options or {}
+        self.name = f"graph_{kind}"
+        self.program = GraphProgram(gm, self.name)
+        self.device = _device_of(example_inputs)
+        self.specs = []
+        placeholders = self.program.placeholders
+        for n, ex in zip(placeholders, example_inputs):
+            val = n.meta.get("val", ex)
+            if isinstance(val, torch.Tensor):
+                self.specs.append(_Spec("t", val.dtype))
+            elif isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+                self.specs.append(_Spec("s"))
+            else:
+                self.specs.append(_Spec("x", static=val))
+        self.tensor_pos = [i for i, s in enumerate(self.specs) if s.kind == "t"]
+        self.int_pos = [i for i, s in enumerate(self.specs) if s.kind == "s"]
+        self.symbolic = bool(self.int_pos) or any(
+            isinstance(d, torch.SymInt)
+            for n in placeholders
+            for d in (n.meta["val"].shape if isinstance(n.meta.get("val"), torch.Tensor)
+                      else ()))
+        self._analyze_outputs()
+        code = gm.code
+        self.fingerprint = hashlib.sha256(code.encode()).hexdigest()
+        self.executables = {}        # specialization key -> (executable, plan)
+        self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
+        self.eager = False
+        self.consts = None
+        with _lock:
+            GRAPH_STATS.graphs += 1
+
+    def _analyze_outputs(self):
+        """Which outputs come from the program, the inputs, or are not tensors."""
+        outs = self.program.output_node.args[0]
+        if not isinstance(outs, (list, tuple)):
+            outs = (outs,)
+        index = {n: i for i, n in enumerate(self.program.placeholders)}
+        self.out_specs = []
+        n_prog = 0
+        for o in outs:
+            if o is None:
+                self.out_specs.append(("none", None))
+            elif isinstance(o, torch.fx.Node) and o in index and o.op == "placeholder" \
+                    and isinstance(o.meta.get("val"), torch.Tensor):
+                self.out_specs.append(("input", index[o]))
+            elif isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor):
+                self.out_specs.append(("array", n_prog, o.meta["val"].dtype))
+                n_prog += 1
+            elif isinstance(o, torch.fx.Node):
+                self.out_specs.append(("value", n_prog))
+                n_prog += 1
+            else:
+                self.out_specs.append(("const", o))
+        self.n_prog_out = n_prog
+
+    # -- compiling ---------------------------------------------------------
+
+    def _build(self, arrays, ints, consts, key):
+        """Compile the program for these input values (one specialization)."""
+        program = self.program
+        specs = self.specs
+        tensor_pos = self.tensor_pos
+        int_pos = self.int_pos
+        uses_rng = program.uses_rng
+        placeholders = program.placeholders
+        value_outs = [i for i, spec in enumerate(self.out_specs) if spec[0] == "value"]
+
+        def make_syms(inputs):
+            syms = SymEnv()
+            for n, v in zip(placeholders, inputs):
+                val = n.meta.get("val")
+                if isinstance(val, torch.Tensor):
+                    for d, size in zip(val.shape, v.shape):
+                        syms.bind(d, size)
+                elif isinstance(val, torch.SymInt):
+                    syms.bind(val, v)
+            return syms
+
+        static_ints = tuple(ints)
+
+        def fn(arrays, consts, rng):
+            inputs = [None] * len(specs)
+            for p, a in zip(tensor_pos, arrays):
+                inputs[p] = a
+            for p, v in zip(int_pos, static_ints):
+                inputs[p] = v
+            for p, s in enumerate(specs):
+                if s.kind == "x":
+                    inputs[p] = s.static
+            syms = make_syms(inputs)
+            outs, muts = program.trace(inputs, consts, rng if uses_rng else None, syms)
+            # Python values among the outputs (sizes saved for the backward) are
+            # constants of this specialization: recorded while tracing.
+            value_results.update((i, outs[i]) for i in value_outs)
+            arr_outs = [v for spec, v in zip(self.out_specs, outs) if spec[0] == "array"]
+            return arr_outs, muts
+
+        value_results = {}
+
+        rng = np.zeros((4,), np.uint32) if uses_rng else None
+        lower_args = (list(arrays), list(consts), rng)
+        gkey = (self.fingerprint, self.kind, key, self.device,
+                tuple(tuple(c.shape) + (str(c.dtype),) if hasattr(c, "shape") else repr(c)
+                      for c in consts))
+        with _lock:
+            GRAPH_STATS.requests += 1
+            hit = _GRAPH_CACHE.get(gkey)
+            if hit is not None:
+                GRAPH_STATS.hits += 1
+                _GRAPH_CACHE.move_to_end(gkey)
+                return hit
+            GRAPH_STATS.misses += 1
+        compiled = executor._compile(self.name, gkey, fn, lower_args)
+        entry = (compiled, value_results)
+        with _lock:
+            _GRAPH_CACHE[gkey] = entry
+            if len(_GRAPH_CACHE) > _graph_cache_capacity():
+                _GRAPH_CACHE.popitem(last=False)
+                GRAPH_STATS.evictions += 1
+        return entry
+
+    # -- running -----------------------------------------------------------
+
+    def __call__(self, *args):
+        # Boxed (one list, which we may clear) or unboxed (the values) calls:
+        # AOTAutograd uses both; a graph input is never a list.
+        if len(args) == 1 and type(args[0]) is list:
+            args = args[0]
+        else:
+            args = list(args)
+        if self.eager:
+            return self._run_eager(args)
+        try:
+            return self._run(args)
+        except LoweringError as e:
+            self._to_eager(e)
+            return self._run_eager(args)
+
+    def _run(self, args):
+        arrays = []
+        for p in self.tensor_pos:
+            t = args[p]
+            if t.device.type == "tpu":
+                arrays.append(executor.value(t))
+            else:
+                arrays.append(st.from_host(t, self.device))
+        ints = [int(args[p]) for p in self.int_pos]
+        if self.consts is None:
+            self.consts = [_const_value(v, self.device) for _, v in self.program.constants]
+        if self.symbolic:
+            return self.policy.run(self, args, arrays, ints)
+        entry = self.executables.get(None)
+        if entry is None:
+            entry = self.executables[None] = self._build(
+                arrays, ints, self.consts, self.signature(arrays, ints))
+        return self._execute(entry, args, arrays)
+
+    def signature(self, arrays, ints):
+        """The specialization key of these input values."""
+        return (tuple((a.shape, str(a.dtype)) for a in arrays), tuple(ints),
+                tuple(repr(s.static) for s in self.specs if s.kind == "x"))
+
+    def _execute(self, entry, args, arrays, out_slices=None):
+        compiled, value_results = entry
+        rng = None
+        if self.program.uses_rng:
+            from ..device import random as tpu_random
+
+            rng = tpu_random.next_key(self.device)
+        outs, muts = compiled(arrays, self.consts, rng)
+        for pos, arr in zip(self.program.mutated_inputs, muts):
+            _write_back(args[pos], arr)
+        results = []
+        device = self.device
+        for i, spec in enumerate(self.out_specs):
+            kind = spec[0]
+            if kind == "array":
+                arr = outs[spec[1]]
+                if out_slices is not None and out_slices[i] is not None:
+                    arr = out_slices[i](arr)
+                results.append(st.wrap(arr, device, spec[2]))
+            elif kind == "input":
+                results.append(args[spec[1]])
+            elif kind == "value":
+                results.append(value_results[i])
+            elif kind == "none":
+                results.append(None)
+            else:
+                results.append(spec[1])
+        args.clear()
+        return results
+
+    # -- eager fallback ------------------------------------------------------
+
+    def _to_eager(self, err):
+        self.eager = True
+        with _lock:
+            GRAPH_STATS.eager_fallbacks += 1
+        warnings.warn(
+            f"torch_tpu: a compiled {self.kind} graph runs op by op on the tpu device "
+            f"because it cannot be lowered as one program: {err}", stacklevel=3)
+
+    def _run_eager(self, args):
+        args = list(args) if not isinstance(args, list) else args
+        with torch.no_grad():
+            out = self.gm(*args)
+        args.clear()
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _write_back(t: torch.Tensor, arr) -> None:
+    """Store the new value of a mutated graph input."""
+    data = st.data_of(t)
+    if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
+            and t.storage_offset() == 0 and tuple(arr.shape) == data.shape):
+        data.array = arr
+    else:
+        from ..ops import core
+
+        core.assign(t, arr)
+
+
+# --------------------------------------------------------------------------
+# the dynamo backend
+
+
+def _decompositions():
+    """Core-ATen decompositions, minus ops the lowering table runs directly."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    for op in list(table):
+        if op in registry.LOWERINGS:
+            del table[op]
+    return table
+
+
+def _partition_fn():
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition
+
+
+def _compiler(kind, options):
+    def compile_graph(gm, example_inputs):
+        return CompiledGraph(gm, example_inputs, kind, options)
+
+    return compile_graph
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
+    """`torch.compile(model, backend="tpu")`: see the module docstring.
+
+    options (``torch.compile(..., options={...})``):
+      - ``"dynamic"``: the policy for symbolic shapes, ``"bucket"`` (default)
+        or ``"exact"``; see torch_tpu.compile.dynamic.
+      - ``"buckets"``: the bucket sizes (a sorted list of ints) for "bucket".
+      - ``"max_specializations"``: cap on executables per symbolic graph.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+
+    options = dict(options or {})
+    aot = aot_autograd(
+        fw_compiler=_compiler("forward", options),
+        bw_compiler=_compiler("backward", options),
+        inference_compiler=_compiler("inference", options),
+        decompositions=_decompositions(),
+        partition_fn=_partition_fn(),
+        keep_inference_input_mutations=True,
+    )
+    return aot(gm, example_inputs)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register "tpu" with dynamo and make it the backend for tpu inputs."""
+    global _registered
+    if _registered:
+        return
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "tpu" not in _COMPILER_FNS:
+        register_backend(name="tpu")(tpu_backend)
+    _redirect_inductor()
+    _registered = True
+
+
+def _redirect_inductor():
+    """`torch.compile(model)` (inductor) on tpu inputs uses this backend.
+
+    Inductor has no code generator for the tpu device; without this, the
+    default backend would fail on tpu tensors. Graphs on other devices still
+    go to inductor. TORCH_TPU_INDUCTOR_REDIRECT=0 turns this off.
+    """
+    if os.environ.get("TORCH_TPU_INDUCTOR_REDIRECT", "1") in ("0", "false", "False"):
+        return
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_torch_tpu", False):
+        return
+    original = wrapper.__call__
+
+    @functools.wraps(original)
+    def __call__(self, model_, inputs_):
+        if any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in inputs_):
+            return tpu_backend(model_, inputs_)
+        return original(self, model_, inputs_)
+
+    __call__._torch_tpu = True
+    wrapper.__call__ = __call__
