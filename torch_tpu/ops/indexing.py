@@ -1,4 +1,541 @@
-"""placeholder"""
+"""Indexing lowerings: advanced indexing, index_put, gather/scatter, masks.
+
+Index tensors and out-of-range indices
+--------------------------------------
+PyTorch's CPU kernels check every index and raise `IndexError`/`RuntimeError`
+for one out of range. Checking a device index tensor would mean reading it on
+the host before every op (a sync that serializes the program), so here:
+
+* indices that live on the host (CPU index tensors in `x[idx]`, which PyTorch
+  allows for device tensors) are checked before they are copied to the device,
+  and raise what the CPU raises;
+* device index tensors are not checked. The result is deterministic:
+  out-of-range *reads* (index, index_select, gather, take) produce the fill
+  value of JAX's "fill" mode: NaN for floating and complex dtypes, the minimum
+  of a signed integer dtype, the maximum of an unsigned one, True for bool;
+  out-of-range *writes* (index_put, index_add/copy/fill, scatter*, put) are
+  dropped. Where PyTorch wraps negative indices (advanced indexing, take, put,
+  index_fill) we wrap them too; where it rejects them (gather, scatter*,
+  index_select, index_add, index_copy) a negative index counts as out of
+  range.
+
+Boolean masks
+-------------
+`x[mask]` has a data-dependent shape: the kernel for `index.Tensor` turns each
+bool/uint8 mask into `nonzero()` indices first (one device-to-host read, as
+CUDA does) and then runs the integer-index executable, so integer indexing is
+one cached executable and never syncs. `x[mask] = v` does not need the count
+when `v` is the same for every selected element (a scalar, or a value that
+broadcasts over the selected dimension): it becomes a `where` with no sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
-from .registry import lower
+from jax import lax
+
+from . import core
+from .registry import LOWERINGS, lower, out_dtype, out_meta
+
 aten = torch.ops.aten
+
+
+def _is_mask_dtype(dtype) -> bool:
+    return dtype in (jnp.bool_, jnp.uint8)
+
+
+def _norm_dim(dim, ndim):
+    n = max(ndim, 1)
+    return dim + n if dim < 0 else dim
+
+
+# -- advanced indexing ---------------------------------------------------------
+
+
+def _index_tuple(x, indices):
+    tup = []
+    for idx in indices:
+        if idx is None:
+            tup.append(slice(None))
+        else:
+            idx = jnp.asarray(idx)
+            if _is_mask_dtype(idx.dtype):
+                raise RuntimeError(
+                    "index: boolean mask indices have a data-dependent shape and must be "
+                    "converted to integer indices before the executable is built")
+            tup.append(idx)
+    return tuple(tup)
+
+
+def _index_result_shape(x_shape, indices):
+    """Shape of x[indices] (numpy/PyTorch advanced indexing rules)."""
+    adv = [i for i, idx in enumerate(indices) if idx is not None]
+    bshape = jnp.broadcast_shapes(*[jnp.shape(indices[i]) for i in adv]) if adv else ()
+    rest = list(x_shape[len(indices):])
+    if not adv:
+        return tuple(x_shape)
+    adjacent = adv == list(range(adv[0], adv[-1] + 1))
+    kept_before = [x_shape[i] for i in range(len(indices)) if indices[i] is None and i < adv[0]]
+    kept_after = [x_shape[i] for i in range(len(indices)) if indices[i] is None and i > adv[0]]
+    if adjacent:
+        return tuple(kept_before) + tuple(bshape) + tuple(kept_after) + tuple(rest)
+    return tuple(bshape) + tuple(kept_before) + tuple(kept_after) + tuple(rest)
+
+
+@lower(aten.index.Tensor, aten._unsafe_index.Tensor)
+def index(x, indices):
+    return x.at[_index_tuple(x, indices)].get(mode="fill")
+
+
+def _mask_where_plan(x_shape, indices, values_shape):
+    """For `x[mask] = v` without a sync: (position, mask ndim) or None.
+
+    Applies when the only index is one bool/uint8 mask (after leading Nones)
+    and the value does not depend on how many elements the mask selects.
+    """
+    tensors = [(i, idx) for i, idx in enumerate(indices) if idx is not None]
+    if len(tensors) != 1:
+        return None
+    p, mask = tensors[0]
+    if not _is_mask_dtype(_dtype_of(mask)):
+        return None
+    mshape = tuple(mask.shape)
+    k = len(mshape)
+    if k == 0 or tuple(x_shape[p:p + k]) != mshape:
+        return None
+    post = len(x_shape) - p - k
+    vs = tuple(values_shape)
+    # values broadcast against pre + (K,) + post: the K position must be 1 or absent.
+    if len(vs) > post and vs[len(vs) - post - 1] != 1:
+        return None
+    return p, k
+
+
+def _dtype_of(t):
+    if isinstance(t, torch.Tensor):
+        return {torch.bool: jnp.bool_, torch.uint8: jnp.uint8}.get(t.dtype, None)
+    return jnp.asarray(t).dtype
+
+
+def _strip_leading_ones(v, ndim):
+    while v.ndim > ndim and v.shape[0] == 1:
+        v = v.reshape(v.shape[1:])
+    return v
+
+
+def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    values = jnp.asarray(values).astype(x.dtype)
+    plan = _mask_where_plan(x.shape, indices, values.shape)
+    if plan is not None:
+        p, k = plan
+        mask = jnp.asarray(indices[p]).astype(bool)
+        pre, post = x.shape[:p], x.shape[p + k:]
+        v = _strip_leading_ones(values, len(pre) + 1 + len(post))
+        v = jnp.broadcast_to(v, pre + (1,) + post).reshape(pre + (1,) * k + post)
+        m = mask.reshape((1,) * p + mask.shape + (1,) * len(post))
+        if accumulate:
+            return x + jnp.where(m, v, jnp.zeros((), x.dtype))
+        return jnp.where(m, v, x)
+    tup = _index_tuple(x, indices)
+    rshape = _index_result_shape(x.shape, [None if i is None else jnp.asarray(i)
+                                           for i in indices])
+    values = _strip_leading_ones(values, len(rshape))
+    values = jnp.broadcast_to(values, rshape)
+    if accumulate:
+        return x.at[tup].add(values, mode="drop")
+    return x.at[tup].set(values, mode="drop")
+
+
+@lower(aten._index_put_impl.default)
+def _index_put_impl_lowering(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put_impl(x, indices, values, accumulate)
+
+
+@lower(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    return _index_put_impl(x, indices, values, accumulate)
+
+
+# -- kernels: turn masks and host indices into device integer indices ----------
+
+
+def _host_check(idx: torch.Tensor, size: int, dim: int):
+    if idx.numel() == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    bad = lo if lo < -size else (hi if hi >= size else None)
+    if bad is not None:
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
+def _mask_indices(mask: torch.Tensor, x_shape, dim: int):
+    """The integer index tensors (on tpu) selecting the True elements of `mask`."""
+    k = mask.dim()
+    for j in range(k):
+        if dim + j >= len(x_shape) or mask.shape[j] != x_shape[dim + j]:
+            raise IndexError(
+                f"The shape of the mask {list(mask.shape)} at index {j} does not match the "
+                f"shape of the indexed tensor {list(x_shape)} at index {dim + j}")
+    if mask.dtype == torch.uint8:
+        mask = mask != 0
+    nz = torch.ops.aten.nonzero.default(mask)  # one device-to-host read
+    return list(nz.unbind(1))
+
+
+def _prepare_indices(x: torch.Tensor, indices, values=None):
+    """Indices the lowering can take, or None for 'no change'.
+
+    Returns (new_indices, fallback): fallback True means the case is not
+    handled (0-dim masks) and the caller should use the CPU.
+    """
+    changed = False
+    new = []
+    dim = 0
+    device = x.device
+    keep_mask = values is not None and _mask_where_plan(
+        tuple(x.shape), indices, tuple(values.shape)) is not None \
+        and all(i is None or i.device.type == "tpu" for i in indices)
+    for idx in indices:
+        if idx is None:
+            new.append(None)
+            dim += 1
+            continue
+        is_mask = idx.dtype in (torch.bool, torch.uint8)
+        if is_mask:
+            if idx.dim() == 0:
+                return None, True
+            if keep_mask:
+                new.append(idx)
+                dim += idx.dim()
+                continue
+            if idx.device.type != "tpu":
+                idx = idx.to(device)
+            new.extend(_mask_indices(idx, tuple(x.shape), dim))
+            dim += idx.dim()
+            changed = True
+            continue
+        if idx.device.type != "tpu":
+            if dim < x.dim():
+                _host_check(idx, x.shape[dim], dim)
+            idx = idx.to(device)
+            changed = True
+        new.append(idx)
+        dim += 1
+    return (new if changed else None), False
+
+
+def _index_kernel(op):
+    def kernel(self, indices):
+        new, cpu = _prepare_indices(self, indices)
+        if cpu:
+            from .fallback import cpu_fallback
+
+            return cpu_fallback(op, self, indices)
+        from ..runtime import executor
+
+        return executor.runner_for(op)(self, indices if new is None else new)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+def _index_put_kernel(op):
+    def kernel(self, indices, values, *args, **kwargs):
+        new, cpu = _prepare_indices(self, indices, values)
+        if cpu:
+            from .fallback import cpu_fallback
+
+            return cpu_fallback(op, self, indices, values, *args, **kwargs)
+        from ..runtime import executor
+
+        return executor.runner_for(op)(self, indices if new is None else new, values,
+                                       *args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+for _op in (aten.index.Tensor, aten._unsafe_index.Tensor):
+    core.KERNELS[_op] = _index_kernel(_op)
+for _op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl.default,
+            aten._index_put_impl_.default, aten._unsafe_index_put.default):
+    core.KERNELS[_op] = _index_put_kernel(_op)
+
+
+# -- index_select / index_add / index_copy / index_fill -------------------------
+
+
+def _neg_oob(index, size):
+    """Negative indices count as out of range (PyTorch rejects them here)."""
+    return jnp.where(index < 0, size, index)
+
+
+def _as1d(x):
+    return x.reshape(1) if x.ndim == 0 else x
+
+
+@lower(aten.index_select.default)
+def index_select(x, dim, index):
+    shape = tuple(out_meta().shape)
+    x1 = _as1d(x)
+    d = _norm_dim(dim, x.ndim)
+    idx = _neg_oob(jnp.asarray(index).reshape(-1), x1.shape[d])
+    out = jnp.take(x1, idx, axis=d, mode="fill")
+    return out.reshape(shape)
+
+
+def _index_dim_tuple(d, index):
+    return (slice(None),) * d + (index,)
+
+
+def _source_for(x1, d, n, source):
+    """source reshaped to x1's shape with dim d of size n."""
+    want = x1.shape[:d] + (n,) + x1.shape[d + 1:]
+    return jnp.asarray(source).astype(x1.dtype).reshape(want)
+
+
+@lower(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    x1 = _as1d(x)
+    d = _norm_dim(dim, x.ndim)
+    idx = _neg_oob(jnp.asarray(index).reshape(-1), x1.shape[d])
+    src = _source_for(x1, d, idx.shape[0], source)
+    if x1.dtype == jnp.bool_:
+        src = jnp.logical_and(src, alpha != 0) if not isinstance(alpha, bool) else (
+            src if alpha else jnp.zeros_like(src))
+        out = x1.at[_index_dim_tuple(d, idx)].max(src, mode="drop")
+    else:
+        if not (isinstance(alpha, (int, float)) and alpha == 1):
+            src = (src * alpha).astype(x1.dtype)
+        out = x1.at[_index_dim_tuple(d, idx)].add(src, mode="drop")
+    return out.reshape(x.shape)
+
+
+@lower(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    x1 = _as1d(x)
+    d = _norm_dim(dim, x.ndim)
+    idx = _neg_oob(jnp.asarray(index).reshape(-1), x1.shape[d])
+    src = _source_for(x1, d, idx.shape[0], source)
+    return x1.at[_index_dim_tuple(d, idx)].set(src, mode="drop").reshape(x.shape)
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    x1 = _as1d(x)
+    d = _norm_dim(dim, x.ndim)
+    idx = jnp.asarray(index).reshape(-1)
+    v = _cast_scalar(value, x1.dtype)
+    return x1.at[_index_dim_tuple(d, idx)].set(v, mode="drop").reshape(x.shape)
+
+
+def _cast_scalar(v, dtype):
+    v = jnp.asarray(v)
+    if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(
+            dtype, jnp.complexfloating):
+        v = jnp.real(v)
+    if dtype == jnp.bool_:
+        return v != 0
+    return v.astype(dtype)
+
+
+# -- gather / scatter -----------------------------------------------------------
+
+
+def _grid(index, d):
+    """Full index tuple for scatter/gather along d: iotas elsewhere, index at d."""
+    shape = index.shape
+    tup = []
+    for k in range(len(shape)):
+        if k == d:
+            tup.append(index)
+        else:
+            tup.append(lax.broadcasted_iota(index.dtype, shape, k))
+    return tuple(tup)
+
+
+@lower(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    index = jnp.asarray(index)
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    x1 = x.reshape(1) if x.ndim == 0 else x
+    i1 = index.reshape(1) if index.ndim == 0 else index
+    d = _norm_dim(dim, x.ndim)
+    idx = _neg_oob(i1, x1.shape[d])
+    out = x1.at[_grid(idx, d)].get(mode="fill", wrap_negative_indices=False)
+    return out.reshape(index.shape)
+
+
+def _scatter_prepare(x, dim, index, src):
+    index = jnp.asarray(index)
+    x1 = x.reshape(1) if x.ndim == 0 else x
+    i1 = index.reshape(1) if index.ndim == 0 else index
+    d = _norm_dim(dim, x.ndim)
+    if not isinstance(src, (int, float, bool, complex)):
+        src = jnp.asarray(src)
+        if src.ndim == 0 and index.ndim == 0:
+            src = src.reshape(1)
+        if src.ndim > 0:
+            src = src[tuple(slice(0, n) for n in i1.shape)]
+        src = src.astype(x1.dtype)
+    else:
+        src = _cast_scalar(src, x1.dtype)
+    idx = _neg_oob(i1, x1.shape[d])
+    return x1, _grid(idx, d), src
+
+
+def _scatter_apply(x1, grid, src, mode):
+    at = x1.at[grid]
+    kw = dict(mode="drop", wrap_negative_indices=False)
+    if mode is None:
+        return at.set(src, **kw)
+    if mode in ("add", "sum"):
+        if x1.dtype == jnp.bool_:
+            return at.max(src, **kw)
+        return at.add(src, **kw)
+    if mode in ("multiply", "prod"):
+        if x1.dtype == jnp.bool_:
+            return at.min(src, **kw)
+        return at.multiply(src, **kw)
+    if mode == "amax":
+        return at.max(src, **kw)
+    if mode == "amin":
+        return at.min(src, **kw)
+    raise RuntimeError(f"scatter: unknown reduce {mode!r}")
+
+
+@lower(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    if jnp.size(index) == 0:
+        return x
+    x1, grid, src = _scatter_prepare(x, dim, index, src)
+    return _scatter_apply(x1, grid, src, None).reshape(x.shape)
+
+
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    if jnp.size(index) == 0:
+        return x
+    x1, grid, src = _scatter_prepare(x, dim, index, src)
+    return _scatter_apply(x1, grid, src, reduce).reshape(x.shape)
+
+
+@lower(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    if jnp.size(index) == 0:
+        return x
+    x1, grid, src = _scatter_prepare(x, dim, index, src)
+    return _scatter_apply(x1, grid, src, "add").reshape(x.shape)
+
+
+def _identity(reduce, dtype):
+    if reduce in ("sum", "mean"):
+        return jnp.zeros((), dtype)
+    if reduce == "prod":
+        return jnp.ones((), dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(reduce == "amin")
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf if reduce == "amax" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return jnp.array(info.min if reduce == "amax" else info.max, dtype)
+
+
+def _scatter_reduce(x1, grid, src, reduce, include_self):
+    dtype = x1.dtype
+    kw = dict(mode="drop", wrap_negative_indices=False)
+    base = x1
+    if not include_self:
+        hit = jnp.zeros(x1.shape, bool).at[grid].set(True, **kw)
+        base = jnp.where(hit, _identity(reduce, dtype), x1)
+    if reduce == "mean":
+        total = _scatter_apply(base, grid, src, "sum")
+        count = jnp.zeros(x1.shape, jnp.int64).at[grid].add(1, **kw)
+        if include_self:
+            count = count + 1
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating):
+            return (total / count.astype(dtype)).astype(dtype)
+        return jnp.floor_divide(total, count.astype(dtype)).astype(dtype)
+    if reduce in ("amax", "amin") and jnp.issubdtype(dtype, jnp.floating):
+        # PyTorch propagates NaN through amax/amin.
+        out = _scatter_apply(base, grid, src, reduce)
+        nan_hit = jnp.zeros(x1.shape, bool).at[grid].max(jnp.isnan(src), **kw)
+        return jnp.where(nan_hit | jnp.isnan(base), jnp.nan, out).astype(dtype)
+    return _scatter_apply(base, grid, src, reduce)
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if jnp.size(index) == 0:
+        return x
+    x1, grid, src = _scatter_prepare(x, dim, index, src)
+    return _scatter_reduce(x1, grid, src, reduce, include_self).reshape(x.shape)
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    x1 = _as1d(x)
+    d = _norm_dim(dim, x.ndim)
+    idx = _neg_oob(jnp.asarray(index).reshape(-1), x1.shape[d])
+    src = _source_for(x1, d, idx.shape[0], source)
+    if idx.shape[0] == 0:
+        return x
+    shape = [1] * src.ndim
+    shape[d] = idx.shape[0]
+    full = jnp.broadcast_to(idx.reshape(shape), src.shape)
+    grid = _grid(full, d)
+    return _scatter_reduce(x1, grid, src, reduce, include_self).reshape(x.shape)
+
+
+# -- masks ----------------------------------------------------------------------
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    dtype = out_dtype()
+    v = _cast_scalar(value, dtype)
+    return jnp.where(jnp.asarray(mask), v, x.astype(dtype))
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    shape = tuple(out_meta().shape)
+    m = jnp.broadcast_to(jnp.asarray(mask), shape).reshape(-1)
+    xb = jnp.broadcast_to(x, shape).reshape(-1)
+    src = jnp.asarray(source).reshape(-1).astype(x.dtype)
+    if src.shape[0] == 0:
+        return xb.reshape(shape)
+    pos = jnp.cumsum(m.astype(jnp.int64)) - 1
+    vals = src.at[jnp.clip(pos, 0, src.shape[0] - 1)].get(mode="clip")
+    return jnp.where(m, vals, xb).reshape(shape)
+
+
+# -- flat take / put --------------------------------------------------------------
+
+
+@lower(aten.take.default)
+def take(x, index):
+    flat = x.reshape(-1)
+    index = jnp.asarray(index)
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    return flat.at[index].get(mode="fill")
+
+
+@lower(aten.put.default)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = jnp.asarray(index).reshape(-1)
+    src = jnp.asarray(source).reshape(-1).astype(x.dtype)
+    if index.size == 0:
+        return x
+    if accumulate:
+        return flat.at[index].add(src, mode="drop").reshape(x.shape)
+    return flat.at[index].set(src, mode="drop").reshape(x.shape)

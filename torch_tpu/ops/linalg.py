@@ -1,4 +1,537 @@
-"""placeholder"""
+"""Linear algebra lowerings: matrix products and the torch.linalg kernels.
+
+Matrix products use `precision=HIGHEST` for float32 (and complex64): on a TPU
+the default precision multiplies float32 in bfloat16 passes, which is far from
+what PyTorch's CPU (or CUDA without TF32) computes. HIGHEST keeps results
+close to CPU; a later precision setting (torch.backends-style, from the debug
+helper) can relax it. Half types (bfloat16/float16) multiply with float32
+accumulation and round once at the end, as PyTorch's CPU kernels do.
+
+Factorizations follow LAPACK's conventions, which is what PyTorch returns:
+1-based int32 pivots, `info` the first zero pivot (LU) or the order of the
+first leading minor that is not positive-definite (Cholesky).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
-from .registry import lower
+from jax import lax
+
+from . import core
+from .registry import lower, out_dtype, out_meta
+
 aten = torch.ops.aten
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _acc(dtype):
+    """Accumulation dtype of a product of `dtype` operands."""
+    if dtype in (jnp.bfloat16, jnp.float16):
+        return jnp.float32
+    return None
+
+
+def _matmul(a, b, acc=None):
+    acc = acc or _acc(a.dtype)
+    if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
+        return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
+    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=acc)
+
+
+def _beta_alpha(self, prod, beta, alpha):
+    """beta * self + alpha * prod, with beta == 0 ignoring self (NaN included)."""
+    dt = prod.dtype
+    self = jnp.asarray(self).astype(dt)
+    if dt == jnp.bool_:
+        return jnp.logical_or(jnp.logical_and(self, beta != 0),
+                              jnp.logical_and(prod, alpha != 0))
+    scaled = prod if (isinstance(alpha, (int, float)) and alpha == 1) else prod * alpha
+    if isinstance(beta, (int, float)) and not isinstance(beta, bool):
+        if beta == 0:
+            return scaled
+        if beta == 1:
+            return self + scaled
+    return jnp.where(beta == 0, jnp.zeros((), dt), self * beta) + scaled
+
+
+@lower(aten.mm.default, aten.bmm.default, aten.mv.default)
+def mm(a, b):
+    return _matmul(a, b)
+
+
+@lower(aten.mm.dtype, aten.bmm.dtype)
+def mm_dtype(a, b, out_dtype):
+    return _matmul(a, b, acc=jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) else None)
+
+
+@lower(aten._int_mm.default)
+def _int_mm(a, b):
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+
+
+@lower(aten.dot.default)
+def dot(a, b):
+    return _matmul(a, b)
+
+
+@lower(aten.vdot.default)
+def vdot(a, b):
+    return _matmul(jnp.conj(a), b)
+
+
+@lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
+def addmm(self, a, b, *, beta=1, alpha=1):
+    return _beta_alpha(self, _matmul(a, b), beta, alpha)
+
+
+@lower(aten.addmm.dtype, aten.baddbmm.dtype)
+def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
+    return _beta_alpha(self, _matmul(a, b, acc=jnp.float32), beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, b1, b2, *, beta=1, alpha=1):
+    acc = _acc(b1.dtype)
+    if jnp.issubdtype(b1.dtype, jnp.integer):
+        prod = jnp.einsum("bij,bjk->ik", b1, b2, preferred_element_type=b1.dtype)
+    else:
+        prod = jnp.einsum("bij,bjk->ik", b1, b2, precision=_HIGHEST,
+                          preferred_element_type=acc)
+    return _beta_alpha(self, prod, beta, alpha)
+
+
+@lower(aten.addr.default)
+def addr(self, v1, v2, *, beta=1, alpha=1):
+    dt = out_dtype()
+    if dt == jnp.bool_:
+        prod = jnp.logical_and(v1[:, None], v2[None, :])
+    else:
+        acc = _acc(dt) or dt
+        prod = v1.astype(acc)[:, None] * v2.astype(acc)[None, :]
+    return _beta_alpha(self, prod, beta, alpha)
+
+
+# -- LU and solves ------------------------------------------------------------------
+
+
+def _lu(a):
+    """(lu, pivots (0-based int32), perm) with a[perm] = L @ U."""
+    return lax.linalg.lu(a)
+
+
+def _lu_info(lu):
+    n = min(lu.shape[-2], lu.shape[-1])
+    if n == 0:
+        return jnp.zeros(lu.shape[:-2], jnp.int32)
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    first = jnp.argmax(zero, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
+
+
+def _tri(a, b, *, lower, trans=False, conj=False, unit=False, left=True):
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if b.size == 0 or a.size == 0:
+        return jnp.zeros(b.shape, jnp.result_type(a, b))
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=lower, transpose_a=trans,
+                                       conjugate_a=conj, unit_diagonal=unit)
+
+
+def _take_rows(b, perm):
+    """b[..., perm, :] with perm batched like b's leading dims."""
+    batch = jnp.broadcast_shapes(b.shape[:-2], perm.shape[:-1])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    perm = jnp.broadcast_to(perm, batch + perm.shape[-1:])
+    return jnp.take_along_axis(b, perm[..., None], axis=-2)
+
+
+def _inverse_perm(perm):
+    return jnp.argsort(perm, axis=-1)
+
+
+def _lu_solve_left(lu, perm, b, mode="N"):
+    """Solve op(A) X = B for A with A[perm] = L U; op is N, T or H."""
+    if mode == "N":
+        y = _take_rows(b, perm)
+        y = _tri(lu, y, lower=True, unit=True)
+        return _tri(lu, y, lower=False)
+    conj = mode == "H"
+    z = _tri(lu, b, lower=False, trans=True, conj=conj)
+    w = _tri(lu, z, lower=True, trans=True, conj=conj, unit=True)
+    return _take_rows(w, _inverse_perm(perm))
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _lu_solve(lu, perm, b, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, perm, b, "H" if adjoint else "N")
+    if adjoint:  # X A^H = B  <=>  A X^H = B^H
+        return jnp.conj(_mT(_lu_solve_left(lu, perm, jnp.conj(_mT(b)), "N")))
+    return _mT(_lu_solve_left(lu, perm, _mT(b), "T"))  # X A = B <=> A^T X^T = B^T
+
+
+def _perm_from_pivots(pivots, m):
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the tpu")
+    if a.size == 0:
+        k = min(a.shape[-2], a.shape[-1])
+        return a, jnp.zeros(a.shape[:-2] + (k,), jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    lu, piv, _ = _lu(a)
+    return lu, piv + 1, _lu_info(lu)
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    if not pivot:
+        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on the tpu")
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    if a.size == 0:
+        P = jnp.broadcast_to(jnp.eye(m, dtype=a.dtype), a.shape[:-2] + (m, m))
+        return P, jnp.zeros(a.shape[:-2] + (m, k), a.dtype), jnp.zeros(a.shape[:-2] + (k, n), a.dtype)
+    lu, _, perm = _lu(a)
+    return _unpack(lu, perm, a.dtype)
+
+
+def _unpack(lu, perm, dtype):
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    L = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    U = jnp.triu(lu[..., :k, :])
+    # A = P L U with A[perm] = L U: P[perm[i], i] = 1.
+    P = _mT(jax.nn.one_hot(perm, m, dtype=dtype))
+    return P, L, U
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m = lu.shape[-2]
+    outs = out_meta()
+    perm = _perm_from_pivots(pivots, m)
+    P, L, U = _unpack(lu, perm, lu.dtype)
+    if not unpack_pivots:
+        P = jnp.zeros(tuple(outs[0].shape), lu.dtype)
+    if not unpack_data:
+        L = jnp.zeros(tuple(outs[1].shape), lu.dtype)
+        U = jnp.zeros(tuple(outs[2].shape), lu.dtype)
+    return P, L, U
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    shape = tuple(out_meta().shape)
+    if b.size == 0 or lu.size == 0:
+        return jnp.zeros(shape, lu.dtype)
+    perm = _perm_from_pivots(pivots, lu.shape[-1])
+    batch = shape[:-2]
+    lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
+    perm = jnp.broadcast_to(perm, batch + perm.shape[-1:])
+    b = jnp.broadcast_to(b, shape)
+    return _lu_solve(lu, perm, b, left=left, adjoint=adjoint)
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    if a.size == 0:
+        return a, jnp.zeros(a.shape[:-2], jnp.int32)
+    lu, _, perm = _lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _lu_solve_left(lu, perm, eye), _lu_info(lu)
+
+
+def _solve_is_vector_rhs(a_shape, b_shape):
+    return len(b_shape) == 1 or (len(a_shape) - 1 == len(b_shape)
+                                 and tuple(b_shape) == tuple(a_shape[:-1]))
+
+
+def _solve_ex_kernel(A, B, *, left=True, check_errors=False):
+    # As PyTorch: LU of A^T when A is contiguous and real, then an adjoint
+    # solve; the backward reads LU/pivots with the same convention.
+    use_A_T = A.is_contiguous() and not A.is_complex()
+    LU, pivots, info = torch.ops.aten.linalg_lu_factor_ex.default(A.mT if use_A_T else A)
+    if check_errors:
+        torch.ops.aten._linalg_check_errors.default(info, "torch.linalg.solve_ex", A.dim() == 2)
+    vector_case = _solve_is_vector_rhs(tuple(LU.shape), tuple(B.shape))
+    B_ = B.unsqueeze(-1) if vector_case else B
+    result = torch.ops.aten.linalg_lu_solve.default(LU, pivots, B_, left=left, adjoint=use_A_T)
+    if vector_case:
+        result = result.squeeze(-1)
+    return result, LU, pivots, info
+
+
+core.KERNELS[aten._linalg_solve_ex.default] = _solve_ex_kernel
+
+
+def _det_parts(a):
+    """(diag of U, parity sign, lu, 1-based pivots) of a square batch."""
+    n = a.shape[-1]
+    if n == 0:
+        return (jnp.ones(a.shape[:-2] + (0,), a.dtype), jnp.ones(a.shape[:-2], a.dtype), a,
+                jnp.zeros(a.shape[:-2] + (0,), jnp.int32))
+    lu, piv, _ = _lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(piv != jnp.arange(n, dtype=piv.dtype), axis=-1)
+    parity = jnp.where(swaps % 2 == 1, -1, 1).astype(a.dtype)
+    return diag, parity, lu, piv + 1
+
+
+@lower(aten._linalg_det.default)
+def _linalg_det(a):
+    diag, parity, lu, piv = _det_parts(a)
+    return parity * jnp.prod(diag, axis=-1), lu, piv
+
+
+@lower(aten._linalg_slogdet.default)
+def _linalg_slogdet(a):
+    diag, parity, lu, piv = _det_parts(a)
+    absd = jnp.abs(diag)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        phase = jnp.prod(diag / absd.astype(a.dtype), axis=-1)
+        sign = jnp.where(jnp.any(absd == 0, axis=-1), jnp.zeros((), a.dtype), parity * phase)
+    else:
+        sign = parity * jnp.prod(jnp.sign(diag), axis=-1)
+    logabs = jnp.sum(jnp.log(absd), axis=-1)
+    return sign, logabs, lu, piv
+
+
+def _det_kernel(op):
+    def kernel(A):
+        # PyTorch factors A^T when A is contiguous and real (det(A^T) == det(A));
+        # the backward solves with the LU under that convention.
+        from ..runtime import executor
+
+        use_A_T = A.is_contiguous() and not A.is_complex()
+        return executor.runner_for(op)(A.mT if use_A_T else A)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+for _op in (aten._linalg_det.default, aten._linalg_slogdet.default):
+    core.KERNELS[_op] = _det_kernel(_op)
+
+
+# -- Cholesky -----------------------------------------------------------------------------
+
+
+def _hermitian_from_lower(a):
+    low = jnp.tril(a)
+    return low + jnp.conj(_mT(jnp.tril(a, -1)))
+
+
+def _cholesky_info(a):
+    """Order of the first leading minor that is not positive-definite (0: none)."""
+    n = a.shape[-1]
+    m = _hermitian_from_lower(a)
+    info0 = jnp.zeros(a.shape[:-2], jnp.int32)
+
+    def body(k, state):
+        m, info = state
+        piv = jnp.real(m[..., k, k])
+        bad = jnp.logical_not(piv > 0) & (info == 0)
+        info = jnp.where(bad, k + 1, info)
+        safe = jnp.where(piv > 0, piv, 1).astype(m.dtype)
+        col = m[..., :, k]
+        row = m[..., k, :]
+        upd = col[..., :, None] * row[..., None, :] / safe[..., None, None]
+        return m - upd, info
+
+    _, info = lax.fori_loop(0, n, body, (m, info0))
+    return info
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
+    if a.size == 0:
+        return a, jnp.zeros(a.shape[:-2], jnp.int32)
+    L = lax.linalg.cholesky(a, symmetrize_input=False)
+    failed = jnp.any(jnp.isnan(L))
+    info = lax.cond(failed, _cholesky_info, lambda x: jnp.zeros(x.shape[:-2], jnp.int32), a)
+    L = jnp.tril(L)
+    return (jnp.conj(_mT(L)) if upper else L), info
+
+
+@lower(aten.cholesky.default)
+def cholesky(a, upper=False):
+    if a.size == 0:
+        return a
+    L = jnp.tril(lax.linalg.cholesky(a, symmetrize_input=False))
+    return jnp.conj(_mT(L)) if upper else L
+
+
+def _chol_solve(f, b, upper):
+    """Solve (L L^H) X = B, or (U^H U) X = B when upper."""
+    if upper:
+        y = _tri(f, b, lower=False, trans=True, conj=True)
+        return _tri(f, y, lower=False)
+    y = _tri(f, b, lower=True)
+    return _tri(f, y, lower=True, trans=True, conj=True)
+
+
+@lower(aten._cholesky_solve_helper.default)
+def _cholesky_solve_helper(b, a, upper):
+    return _chol_solve(a, b, upper)
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(f, upper=False):
+    if f.size == 0:
+        return f
+    eye = jnp.broadcast_to(jnp.eye(f.shape[-1], dtype=f.dtype), f.shape)
+    return _chol_solve(f, eye, upper)
+
+
+# -- triangular solves ------------------------------------------------------------------------
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    outs = out_meta()
+    shape = tuple(outs[0].shape)
+    if b.size == 0 or a.size == 0:
+        return jnp.zeros(shape, b.dtype), jnp.broadcast_to(a, tuple(outs[1].shape))
+    x = _tri(a, b, lower=not upper, trans=transpose, unit=unitriangular)
+    return x, jnp.broadcast_to(a, tuple(outs[1].shape))
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    shape = tuple(out_meta().shape)
+    if b.size == 0 or a.size == 0:
+        return jnp.zeros(shape, out_dtype())
+    return _tri(a, b, lower=not upper, unit=unitriangular, left=left)
+
+
+# -- QR, SVD, eigh ----------------------------------------------------------------------------
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    outs = out_meta()
+    if a.size == 0:
+        return jnp.zeros(tuple(outs[0].shape), a.dtype) + (
+            jnp.eye(*outs[0].shape[-2:], dtype=a.dtype) if len(outs[0].shape) >= 2 else 0), \
+            jnp.zeros(tuple(outs[1].shape), a.dtype)
+    q, r = lax.linalg.qr(a, full_matrices=(mode == "complete"))
+    if mode == "r":
+        q = jnp.zeros(tuple(outs[0].shape), a.dtype)
+    return q, r
+
+
+@lower(aten._linalg_svd.default)
+def _linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    outs = out_meta()
+    if a.size == 0:
+        u = jnp.zeros(tuple(outs[0].shape), a.dtype)
+        vh = jnp.zeros(tuple(outs[2].shape), a.dtype)
+        if compute_uv and full_matrices:
+            u = u + jnp.eye(*outs[0].shape[-2:], dtype=a.dtype)
+            vh = vh + jnp.eye(*outs[2].shape[-2:], dtype=a.dtype)
+        return u, jnp.zeros(tuple(outs[1].shape)), vh
+    if not compute_uv:
+        s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
+        return (jnp.zeros(tuple(outs[0].shape), a.dtype), s,
+                jnp.zeros(tuple(outs[2].shape), a.dtype))
+    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
+    return u, s, vh
+
+
+@lower(aten._linalg_eigh.default)
+def _linalg_eigh(a, UPLO="L", compute_v=True):
+    outs = out_meta()
+    if a.size == 0:
+        return jnp.zeros(tuple(outs[0].shape)), jnp.zeros(tuple(outs[1].shape), a.dtype)
+    v, w = lax.linalg.eigh(a, lower=(UPLO.upper() == "L"), symmetrize_input=False)
+    if not compute_v:
+        v = jnp.zeros(tuple(outs[1].shape), a.dtype)
+    return w, v
+
+
+@lower(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
+    m, n = a.shape[-2], a.shape[-1]
+    shape = tuple(out_meta().shape)
+    if a.size == 0:
+        return jnp.zeros(shape, a.dtype)
+    real = jnp.finfo(a.dtype).dtype
+    if hermitian:
+        v, w = lax.linalg.eigh(a, lower=True, symmetrize_input=False)
+        s = jnp.abs(w)
+        smax = jnp.max(s, axis=-1, keepdims=True)
+    else:
+        u, s, vh = lax.linalg.svd(a, full_matrices=False, compute_uv=True)
+        smax = s[..., :1]
+    atol_v = jnp.zeros((), real) if atol is None else jnp.asarray(atol).astype(real)[..., None]
+    if rtol is None:
+        eps = jnp.finfo(real).eps * max(m, n)
+        rtol_v = (jnp.asarray(eps, real) if atol is None
+                  else jnp.where(atol_v > 0, jnp.zeros((), real), eps))
+    else:
+        rtol_v = jnp.asarray(rtol).astype(real)[..., None]
+    thresh = jnp.maximum(atol_v, rtol_v * smax)
+    s_inv = jnp.where(s > thresh, 1 / jnp.where(s > thresh, s, 1), 0).astype(real)
+    if hermitian:
+        w_inv = jnp.where(s > thresh, 1 / jnp.where(s > thresh, w, 1), 0).astype(a.dtype)
+        return jnp.matmul(v * w_inv[..., None, :], jnp.conj(_mT(v)), precision=_HIGHEST)
+    return jnp.matmul(jnp.conj(_mT(vh)) * s_inv.astype(a.dtype)[..., None, :],
+                      jnp.conj(_mT(u)), precision=_HIGHEST)
+
+
+@lower(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    if a.size == 0:
+        return a
+    return jax.scipy.linalg.expm(a)
+
+
+# -- PyTorch's CPU error messages for the matrix products ---------------------------------------
+#
+# The executor checks arguments with PyTorch's Python meta kernels, whose
+# messages differ from the CPU's for the matmul family ("a and b must have same
+# reduction dim" instead of "mat1 and mat2 shapes cannot be multiplied"). On
+# an error (only then), run the CPU kernel on empty tensors of the same shapes
+# and raise its message.
+
+
+def _cpu_error_kernel(op):
+    from torch.utils import _pytree as pytree
+
+    def kernel(*args, **kwargs):
+        from ..runtime import executor
+
+        try:
+            return executor.runner_for(op)(*args, **kwargs)
+        except RuntimeError as err:
+            def cpu(t):
+                if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                    return torch.empty(tuple(t.shape), dtype=t.dtype)
+                return t
+
+            cargs, ckwargs = pytree.tree_map(cpu, (args, kwargs))
+            try:
+                op(*cargs, **ckwargs)
+            except RuntimeError as cpu_err:
+                raise RuntimeError(f"{op}: {cpu_err}") from None
+            raise err
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+for _op in (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default,
+            aten.vdot.default, aten.addmm.default, aten.addmv.default, aten.baddbmm.default,
+            aten.addbmm.default, aten.addr.default):
+    core.KERNELS[_op] = _cpu_error_kernel(_op)

@@ -1,4 +1,295 @@
-"""placeholder"""
+"""Random lowerings: uniform, normal, bernoulli, random_, the distributions,
+multinomial, randperm, rand/randn/randint, poisson, gamma.
+
+Every lowering is registered with `random=True`: the executor passes a fresh
+raw key (the device's seed and a per-op offset) as a runtime input, so the
+numbers follow torch.manual_seed / torch.tpu.manual_seed, get_rng_state /
+set_rng_state replay them, and no random op recompiles when the state
+changes. `Generator` arguments are accepted and ignored (the tpu device keeps
+one generator per device, like the default CUDA generators).
+
+The streams are JAX's (threefry), not PyTorch's CPU stream: a seeded tpu
+program is reproducible on tpu, but draws different numbers than the same
+program on CPU. Half types draw in float32 and round.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
-from .registry import lower
+from jax import lax
+
+from . import core
+from .registry import LOWERINGS, lower, out_dtype, out_meta
+from ..device.random import jax_key
+
 aten = torch.ops.aten
+
+
+def _shape():
+    return tuple(out_meta().shape)
+
+
+def _float(dtype):
+    """The dtype to draw floats in for an output of `dtype`."""
+    if dtype in (jnp.bfloat16, jnp.float16) or not jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.float32
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.float32 if dtype == jnp.complex64 else jnp.float64
+    return dtype
+
+
+def _uniform(key, shape, dtype, lo=0.0, hi=1.0):
+    return jax.random.uniform(key, shape, _float(dtype), lo, hi)
+
+
+def _normal(key, shape, dtype):
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        # PyTorch's complex normal: real and imaginary parts each with variance 1/2.
+        f = _float(dtype)
+        k1, k2 = jax.random.split(key)
+        return lax.complex(jax.random.normal(k1, shape, f), jax.random.normal(k2, shape, f)) \
+            * np.sqrt(0.5).astype(f)
+    return jax.random.normal(key, shape, _float(dtype))
+
+
+# -- uniform / normal ------------------------------------------------------------------------
+
+
+@lower(aten.uniform.default, random=True)
+def uniform(x, from_=0.0, to=1.0, *, generator=None, rng_key):
+    return _uniform(jax_key(rng_key), x.shape, x.dtype, from_, to)
+
+
+# `from` is a Python keyword: the executor passes it positionally (its
+# schema position), so the parameter name does not matter above.
+
+
+@lower(aten.rand.default, aten.rand.generator, random=True)
+def rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+         rng_key):
+    return _uniform(jax_key(rng_key), tuple(size), out_dtype())
+
+
+@lower(aten.randn.default, aten.randn.generator, random=True)
+def randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+          rng_key):
+    return _normal(jax_key(rng_key), tuple(size), out_dtype())
+
+
+@lower(aten.normal_functional.default, random=True)
+def normal_functional(x, mean=0.0, std=1.0, *, generator=None, rng_key):
+    return mean + std * _normal(jax_key(rng_key), x.shape, x.dtype)
+
+
+@lower(aten.normal.Tensor_float, random=True)
+def normal_tensor_float(mean, std=1.0, *, generator=None, rng_key):
+    return mean + std * _normal(jax_key(rng_key), _shape(), out_dtype())
+
+
+@lower(aten.normal.float_Tensor, random=True)
+def normal_float_tensor(mean, std, *, generator=None, rng_key):
+    return mean + std * _normal(jax_key(rng_key), _shape(), out_dtype())
+
+
+@lower(aten.normal.Tensor_Tensor, random=True)
+def normal_tensor_tensor(mean, std, *, generator=None, rng_key):
+    return mean + std * _normal(jax_key(rng_key), _shape(), out_dtype())
+
+
+@lower(aten.normal.float_float, random=True)
+def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None,
+                       device=None, pin_memory=None, rng_key):
+    return mean + std * _normal(jax_key(rng_key), tuple(size), out_dtype())
+
+
+# -- bernoulli ---------------------------------------------------------------------------------
+
+
+def _bernoulli(key, p, shape):
+    p = jnp.asarray(p)
+    if not jnp.issubdtype(p.dtype, jnp.floating) or p.dtype in (jnp.bfloat16, jnp.float16):
+        p = p.astype(jnp.float32)
+    return jax.random.uniform(key, shape, p.dtype) < p
+
+
+@lower(aten.bernoulli.default, random=True)
+def bernoulli(x, *, generator=None, rng_key):
+    return _bernoulli(jax_key(rng_key), x, x.shape)
+
+
+@lower(aten.bernoulli.p, random=True)
+def bernoulli_p(x, p, *, generator=None, rng_key):
+    return _bernoulli(jax_key(rng_key), p, x.shape)
+
+
+@lower(aten.bernoulli.Tensor, random=True)
+def bernoulli_tensor(x, p, *, generator=None, rng_key):
+    return _bernoulli(jax_key(rng_key), p, x.shape)
+
+
+# -- random_ (discrete uniform) -----------------------------------------------------------------
+
+
+def _randint(key, shape, lo, span, dtype):
+    """lo + (64 random bits mod span), like PyTorch's random_from_to."""
+    if span <= 0:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got span {span}")
+    bits = jax.random.bits(key, shape, jnp.uint64)
+    if span < (1 << 64):
+        bits = bits % np.uint64(span)
+    vals = (bits + np.uint64(lo & 0xFFFFFFFFFFFFFFFF)).astype(jnp.int64)  # two's complement wrap
+    return vals.astype(dtype) if dtype != jnp.bool_ else vals != 0
+
+
+def _digits_bound(dtype):
+    """Largest value random_() draws for `dtype` (inclusive)."""
+    if dtype == jnp.bool_:
+        return 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 1 << jnp.finfo(dtype).nmant + 1
+    return int(jnp.iinfo(dtype).max)
+
+
+@lower(aten.random.default, random=True)
+def random_default(x, *, generator=None, rng_key):
+    return _randint(jax_key(rng_key), x.shape, 0, _digits_bound(x.dtype) + 1, x.dtype)
+
+
+@lower(aten.random.to, random=True)
+def random_to(x, to, *, generator=None, rng_key):
+    return _randint(jax_key(rng_key), x.shape, 0, to, x.dtype)
+
+
+def random_from(x, from_, to=None, *, generator=None, rng_key):
+    if to is None:
+        if from_ == -(1 << 63) and x.dtype == jnp.int64:
+            span = 1 << 64
+        else:
+            span = _digits_bound(x.dtype) - from_ + 1
+    else:
+        span = to - from_
+    return _randint(jax_key(rng_key), x.shape, from_, span, x.dtype)
+
+
+lower(getattr(aten.random, "from"), random=True)(random_from)
+
+
+@lower(aten.randint.default, aten.randint.generator, random=True)
+def randint(high, size, *, generator=None, dtype=None, layout=None, device=None,
+            pin_memory=None, rng_key):
+    return _randint(jax_key(rng_key), tuple(size), 0, high, out_dtype())
+
+
+@lower(aten.randint.low, aten.randint.low_generator, random=True)
+def randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
+                pin_memory=None, rng_key):
+    return _randint(jax_key(rng_key), tuple(size), low, high - low, out_dtype())
+
+
+@lower(aten.randperm.default, aten.randperm.generator, random=True)
+def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+             rng_key):
+    return jax.random.permutation(jax_key(rng_key), n).astype(out_dtype())
+
+
+# -- continuous distributions ---------------------------------------------------------------------
+
+
+@lower(aten.exponential.default, random=True)
+def exponential(x, lambd=1.0, *, generator=None, rng_key):
+    u = _uniform(jax_key(rng_key), x.shape, x.dtype)
+    return -jnp.log1p(-u) / lambd
+
+
+@lower(aten.geometric.default, random=True)
+def geometric(x, p, *, generator=None, rng_key):
+    f = _float(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float64
+    u = jax.random.uniform(jax_key(rng_key), x.shape, f, jnp.finfo(f).tiny, 1.0)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, f)))
+
+
+@lower(aten.log_normal.default, random=True)
+def log_normal(x, mean=1.0, std=2.0, *, generator=None, rng_key):
+    return jnp.exp(mean + std * _normal(jax_key(rng_key), x.shape, x.dtype))
+
+
+@lower(aten.cauchy.default, random=True)
+def cauchy(x, median=0.0, sigma=1.0, *, generator=None, rng_key):
+    u = _uniform(jax_key(rng_key), x.shape, x.dtype)
+    return median + sigma * jnp.tan(jnp.pi * (u - 0.5))
+
+
+@lower(aten.poisson.default, random=True)
+def poisson(x, generator=None, *, rng_key):
+    lam = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    return jax.random.poisson(jax_key(rng_key), lam, x.shape).astype(x.dtype)
+
+
+@lower(aten._standard_gamma.default, random=True)
+def _standard_gamma(x, generator=None, *, rng_key):
+    a = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    return jax.random.gamma(jax_key(rng_key), a, x.shape)
+
+
+@lower(aten._sample_dirichlet.default, random=True)
+def _sample_dirichlet(x, generator=None, *, rng_key):
+    a = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    g = jax.random.gamma(jax_key(rng_key), a, x.shape)
+    return g / jnp.sum(g, axis=-1, keepdims=True)
+
+
+@lower(aten.binomial.default, random=True)
+def binomial(count, prob, generator=None, *, rng_key):
+    f = jnp.float32 if count.dtype in (jnp.bfloat16, jnp.float16) else count.dtype
+    return jax.random.binomial(jax_key(rng_key), count.astype(f), prob.astype(f), _shape())
+
+
+# -- multinomial ------------------------------------------------------------------------------------
+
+
+@lower(aten.multinomial.default, random=True)
+def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
+    """Categories drawn by weight (unnormalized, non-negative).
+
+    With replacement: independent categorical draws. Without: the Gumbel
+    top-k trick (equivalent to drawing one at a time without replacement).
+    PyTorch's checks that need the values (negative or non-finite weights,
+    fewer non-zero weights than samples without replacement) are not made:
+    they would need a device-to-host read.
+    """
+    key = jax_key(rng_key)
+    p2 = p.reshape(1, -1) if p.ndim == 1 else p
+    f = jnp.float32 if p2.dtype in (jnp.bfloat16, jnp.float16) else p2.dtype
+    logits = jnp.log(p2.astype(f))
+    n, k = p2.shape
+    if num_samples == 0:
+        return jnp.zeros(_shape(), jnp.int64)
+    if replacement:
+        out = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, n)).T
+    else:
+        g = logits + jax.random.gumbel(key, (n, k), f)
+        out = lax.top_k(g, num_samples)[1]
+    out = out.astype(jnp.int64)
+    return out.reshape(_shape())
+
+
+# -- in-place forms whose functional overload has another name ---------------------------------------
+#
+# The executor derives `foo_` from `foo` when the overload names match. normal_
+# (functional: normal_functional) and bernoulli_.float (functional: bernoulli.p)
+# do not match, so they get runners built from their functional lowering here.
+
+
+def _inplace_runner(inplace, functional):
+    from ..runtime import executor
+
+    runner = executor._Runner(inplace, LOWERINGS[functional], functional)
+    return runner.__call__
+
+
+core.KERNELS[aten.normal_.default] = _inplace_runner(aten.normal_.default,
+                                                     aten.normal_functional.default)
+core.KERNELS[aten.bernoulli_.float] = _inplace_runner(aten.bernoulli_.float, aten.bernoulli.p)
