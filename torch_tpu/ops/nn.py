@@ -975,7 +975,9 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
     hq = q.shape[-3] if q.ndim >= 3 else 1
     hk = k.shape[-3] if k.ndim >= 3 else 1
     grp = hq // hk if hq != hk else 1
-    qa, ka, va = _acc(q), _acc(k), _acc(v)
+    half_v = _is_half(v)
+    # P @ V runs in V's dtype (float32 accumulation) for half types.
+    qa, ka, va = _acc(q), _acc(k), (v if half_v else _acc(v))
     if grp > 1:
         # (..., Hk, G, L, E): query head h uses key/value head h // G.
         qa = qa.reshape(qa.shape[:-3] + (hk, grp) + qa.shape[-2:])
@@ -1004,10 +1006,8 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
         p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
     if grp > 1:
         p = p.reshape(p.shape[:-3] + (hk, grp) + p.shape[-2:])
-    pv = p.astype(v.dtype) if _is_half(v) else p
-    out = jnp.einsum("...ls,...sd->...ld", pv, va if not _is_half(v) else v,
-                     precision=prec, preferred_element_type=jnp.float32
-                     if _is_half(v) else None)
+    out = jnp.einsum("...ls,...sd->...ld", p.astype(va.dtype), va, precision=prec,
+                     preferred_element_type=jnp.float32 if half_v else None)
     if grp > 1:
         out = out.reshape(out.shape[:-4] + (hq,) + out.shape[-2:])
     return out.astype(out_dtype), lse.astype(jnp.float32)
@@ -1054,8 +1054,16 @@ def _sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask
     primals = (query, key, value, attn_bias if float_bias else jnp.zeros((), jnp.float32))
     _, vjp = jax.vjp(f, *primals)
     gq, gk, gv, gb = vjp(grad_out.astype(query.dtype))
-    return (gq if grad_input_mask[0] else None, gk if grad_input_mask[1] else None,
-            gv if grad_input_mask[2] else None, gb if want_bias else None)
+    if attn_bias is None:
+        gb = None
+    elif not want_bias:
+        # PyTorch's meta gives the bias gradient the bias' shape whenever a
+        # bias is passed, even when it is not wanted (or is a bool mask).
+        gb = jnp.zeros(attn_bias.shape, attn_bias.dtype)
+    # The meta kernel returns all three input gradients whatever the mask.
+    gq, gk, gv = (g if want else jnp.zeros(g.shape, g.dtype)
+                  for g, want in zip((gq, gk, gv), grad_input_mask[:3]))
+    return gq, gk, gv, gb
 
 
 # --------------------------------------------------------------------------
@@ -1347,13 +1355,35 @@ def _sdpa_fusable(q, k, v, attn_mask, enable_gqa):
     hq, hk = q.shape[-3], k.shape[-3]
     if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
         return False
-    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
+    if attn_mask is not None and attn_mask.dim() > 4:
         return False
     return True
 
 
+def _sdpa_check(q, k, v, attn_mask):
+    """The argument checks of PyTorch's scaled_dot_product_attention."""
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(
+            "Expected query, key, and value to have the same dtype, but got query.dtype: "
+            f"{q.dtype} key.dtype: {k.dtype} and value.dtype: {v.dtype} instead.")
+    if not (q.device == k.device == v.device):
+        raise RuntimeError(
+            "Expected query, key, and value to have the same device type, but got "
+            f"query.device: {q.device} key.device: {k.device} and value.device: {v.device} "
+            "instead.")
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise RuntimeError(
+            "Expected query, key, and value to all be  at least 2 dimensional, but got "
+            f"query.dim: {q.dim()} key.dim: {k.dim()} and value.dim: {v.dim()} instead.")
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, q.dtype):
+        raise RuntimeError(
+            "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+            f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {q.dtype} instead.")
+
+
 def _sdpa_route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False):
+    _sdpa_check(query, key, value, attn_mask)
     if not _sdpa_fusable(query, key, value, attn_mask, enable_gqa):
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
