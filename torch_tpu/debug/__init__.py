@@ -1,0 +1,249 @@
+"""Debugging tools: metrics, HLO, compile log, fallback report, numerical parity.
+
+Metrics
+    metrics()            dict of everything counted since reset_metrics()
+    metrics_report()     the same as a readable table
+    reset_metrics()      start counting from zero (executor statistics are
+                         not cleared; metrics are measured from a baseline)
+    capture()            context manager: the metrics of one block
+
+The metrics dict::
+
+    {"ops": {"aten.add.Tensor": 3, ...},   # executions through the executor
+     "ops_total": 3,
+     "compiles": {"count", "seconds", "per_op", "by_tier"},
+     "cache": {"requests", "hits", "misses", "evictions", "entries",
+               "tiers": {"memory": {"hits", "misses"}, "disk": {"hits", "misses"}}},
+     "fallbacks": {"aten.foo.default": 1}, "fallbacks_total": 1,   # CPU fallbacks
+     "decompositions": {...},              # ops run through torch._decomp
+     "transfers": {"host_to_device": {"count", "bytes"}, "device_to_host": ...},
+     "synchronizations": n, "item_calls": n,
+     "execute": {"mode", "seconds", "per_op": {op: {"calls", "seconds"}}},
+     "other": {...}}
+
+Execute times are measured only inside `capture(timing=True)` (host
+dispatch time: the device runs asynchronously) or `capture(sync=True)` (each
+op waits for its outputs, so the time includes device execution).
+
+HLO: `hlo(fn, *args, stage=...)`, `lower(...)` (a Program with all stages,
+`.cost`, `.memory`), `last_graphs()`. Compile log: `compile_log()`;
+`TORCH_TPU_LOG=compile|fallback|all` prints events through logging;
+`TORCH_TPU_DUMP_DIR=dir` writes every compiled program there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import metrics  # noqa: F401  (first: producers import it by this name)
+from . import _events
+from .hlo import (STAGES, Program, cost_analysis, hlo, last_graphs, last_programs,  # noqa: F401
+                  lower, memory_analysis)
+from .parity import LayerDiff, ParityReport, parity  # noqa: F401
+from ._events import CompileEvent, set_log  # noqa: F401
+
+__all__ = [
+    "metrics", "metrics_report", "reset_metrics", "capture", "Capture",
+    "hlo", "lower", "Program", "cost_analysis", "memory_analysis", "last_graphs",
+    "last_programs", "STAGES", "compile_log", "clear_compile_log", "CompileEvent",
+    "set_log", "fallback_report", "FallbackReport", "parity", "ParityReport",
+]
+
+
+def reset_metrics() -> None:
+    """Measure metrics() from now on (executor statistics are left intact)."""
+    metrics.set_baseline()
+
+
+# --------------------------------------------------------------------------
+# capture
+
+
+class Capture:
+    """The metrics of one block; `.metrics` is filled when the block exits.
+
+    While the block runs, `.current()` gives the metrics so far.
+    """
+
+    def __init__(self, sync: bool = False, timing: bool | None = None):
+        self.sync = sync
+        self.timing = bool(sync if timing is None else timing or sync)
+        self.metrics = None
+        self._start = None
+        self._mode = None
+
+    def _mode_name(self):
+        return "sync" if self.sync else ("dispatch" if self.timing else None)
+
+    def current(self) -> dict:
+        return metrics.structure(metrics.diff(metrics.snapshot(), self._start),
+                                 self._mode_name())
+
+    def __enter__(self):
+        if self.sync:
+            from ..device import module
+
+            module.synchronize()
+        self._start = metrics.snapshot()
+        if self.timing:
+            from ._timing import OpTimer
+
+            self._mode = OpTimer(sync=self.sync)
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        self.metrics = self.current()
+        return False
+
+    def report(self) -> str:
+        return metrics_report(self.metrics if self.metrics is not None else self.current())
+
+    def __getitem__(self, key):
+        return (self.metrics if self.metrics is not None else self.current())[key]
+
+
+def capture(sync: bool = False, timing: bool | None = None) -> Capture:
+    """Context manager capturing the metrics of its block.
+
+        with torch_tpu.debug.capture() as cap:
+            y = x + 1
+        cap.metrics["ops"]["aten.add.Tensor"]   # 1
+
+    timing=True times each op's host dispatch; sync=True (implies timing)
+    makes each op wait for its outputs, so times include device execution.
+    """
+    return Capture(sync=sync, timing=timing)
+
+
+# --------------------------------------------------------------------------
+# reports
+
+
+def _table(rows, head):
+    rows = [tuple(str(c) for c in r) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*r) for r in rows]
+    return "\n".join(out)
+
+
+def _bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def metrics_report(m: dict | None = None) -> str:
+    """A readable table of `metrics()` (or of the dict `m`, e.g. a capture's)."""
+    if m is None:
+        m = metrics()
+    c = m["compiles"]
+    cache = m["cache"]
+    lines = ["torch_tpu metrics", ""]
+    summary = [
+        ("ops executed", m["ops_total"]),
+        ("compiles", f"{c['count']} ({c['seconds'] * 1e3:.1f} ms)"),
+        ("cache hits / misses", f"{cache['hits']} / {cache['misses']}"),
+        ("disk cache hits / misses", f"{cache['tiers']['disk']['hits']} / "
+                                     f"{cache['tiers']['disk']['misses']}"),
+        ("CPU fallbacks", m["fallbacks_total"]),
+        ("synchronizations", m["synchronizations"]),
+        ("item() calls", m["item_calls"]),
+    ]
+    for kind, t in sorted(m["transfers"].items()):
+        summary.append((f"transfers {kind.replace('_', ' ')}", f"{t['count']} ({_bytes(t['bytes'])})"))
+    if m["execute"]["mode"]:
+        summary.append((f"execute seconds ({m['execute']['mode']})",
+                        f"{m['execute']['seconds'] * 1e3:.2f} ms"))
+    lines.append(_table(summary, ("metric", "value")))
+    ops = m["ops"]
+    names = sorted(set(ops) | set(c["per_op"]) | set(m["execute"]["per_op"]),
+                   key=lambda k: (-ops.get(k, 0), k))
+    if names:
+        rows = []
+        for k in names:
+            ex = m["execute"]["per_op"].get(k)
+            rows.append((k, ops.get(k, 0), c["per_op"].get(k, 0),
+                         f"{ex['seconds'] * 1e3:.3f}" if ex else "-"))
+        lines += ["", _table(rows, ("op", "calls", "compiles", "exec ms"))]
+    if m["fallbacks"]:
+        lines += ["", _table(sorted(m["fallbacks"].items(), key=lambda kv: -kv[1]),
+                             ("CPU fallback op", "calls"))]
+    return "\n".join(lines)
+
+
+class FallbackReport(dict):
+    """{op name: CPU fallback calls}; `.decomposed` holds the decomposed ops.
+
+    Its str() is a table with what to do about each op."""
+
+    def __init__(self, fallbacks, decomposed):
+        super().__init__(fallbacks)
+        self.decomposed = dict(decomposed)
+
+    def __str__(self):
+        if not self and not self.decomposed:
+            return "No CPU fallbacks and no decompositions."
+        parts = []
+        if self:
+            parts.append("Ops that ran on the CPU (inputs copied to the host and back):\n" + _table(
+                sorted(self.items(), key=lambda kv: -kv[1]), ("op", "calls")))
+            parts.append("Register a lowering for these in torch_tpu/ops (see "
+                         "torch_tpu.ops.registry.lower); TORCH_TPU_CPU_FALLBACK=0 makes them "
+                         "raise instead.")
+        if self.decomposed:
+            parts.append("Ops run through PyTorch decompositions (on the device):\n" + _table(
+                sorted(self.decomposed.items(), key=lambda kv: -kv[1]), ("op", "calls")))
+        return "\n\n".join(parts)
+
+    def __repr__(self):
+        return f"FallbackReport({dict(self)!r}, decomposed={self.decomposed!r})"
+
+
+def fallback_report() -> FallbackReport:
+    """The ops that fell back to the CPU (and those decomposed) since reset."""
+    m = metrics()
+    return FallbackReport(m["fallbacks"], m["decompositions"])
+
+
+# --------------------------------------------------------------------------
+# compile log
+
+
+def compile_log(kind: str | None = None, name: str | None = None) -> list:
+    """Recorded compile events (CompileEvent), oldest first.
+
+    Each has seq, name, key_hash, kind ('op'|'graph'|'other'), tier
+    ('compile'|'disk'), seconds, program_bytes, time, and `.program` (a
+    Program: optimized HLO, cost, memory) for the most recent ones.
+    """
+    return _events.events(kind=kind, name=name)
+
+
+def clear_compile_log() -> None:
+    _events.clear()
+
+
+@contextlib.contextmanager
+def dump_to(directory):
+    """Write every program compiled inside the block to `directory`."""
+    import os
+
+    old = os.environ.get("TORCH_TPU_DUMP_DIR")
+    os.environ["TORCH_TPU_DUMP_DIR"] = str(directory)
+    try:
+        yield directory
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_TPU_DUMP_DIR", None)
+        else:
+            os.environ["TORCH_TPU_DUMP_DIR"] = old
+
+
+_events.install()

@@ -1,15 +1,33 @@
 """Counters behind torch_tpu.debug.metrics(): transfers, syncs, fallbacks.
 
-Counting is a dict increment, cheap enough to stay on in every path.
+Counting is a dict increment, cheap enough to stay on in every path. The
+producers elsewhere in torch_tpu call `count`, `transfer` and `fallback`;
+the executor keeps its own per-op and cache statistics (`executor.STATS`),
+which `snapshot()` reads without touching.
+
+This module is also callable: `torch_tpu.debug.metrics()` returns the
+metrics dict (see `torch_tpu.debug` for its layout), while
+`from torch_tpu.debug import metrics; metrics.count(...)` keeps working.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import sys
+import types
 
 COUNTERS: collections.Counter = collections.Counter()
 TRANSFER_BYTES: collections.Counter = collections.Counter()
 FALLBACKS: collections.Counter = collections.Counter()
+# Host seconds per op, filled only while a timing capture is active
+# (torch_tpu.debug.capture(timing=True) or capture(sync=True)).
+OP_SECONDS: collections.Counter = collections.Counter()
+OP_TIMED: collections.Counter = collections.Counter()
+# Persistent (on-disk) compilation cache events reported by JAX.
+DISK_CACHE: collections.Counter = collections.Counter()
+
+_fallback_log = logging.getLogger("torch_tpu.fallback")
 
 
 def count(name: str, n: int = 1) -> None:
@@ -23,9 +41,162 @@ def transfer(kind: str, nbytes: int) -> None:
 
 def fallback(op_name: str) -> None:
     FALLBACKS[op_name] += 1
+    if _fallback_log.isEnabledFor(logging.INFO):
+        _fallback_log.info("CPU fallback: %s (call %d); inputs copied to the host and "
+                           "results back", op_name, FALLBACKS[op_name])
 
 
 def reset() -> None:
+    """Clear this module's counters (executor.STATS is left alone)."""
     COUNTERS.clear()
     TRANSFER_BYTES.clear()
     FALLBACKS.clear()
+    OP_SECONDS.clear()
+    OP_TIMED.clear()
+    DISK_CACHE.clear()
+
+
+# --------------------------------------------------------------------------
+# snapshots: flat {name: number} dicts that subtract cleanly
+
+
+def snapshot() -> dict:
+    """Every counter as one flat dict of monotonically growing numbers."""
+    flat: dict = {}
+    for k, v in COUNTERS.items():
+        flat["c:" + k] = v
+    for k, v in TRANSFER_BYTES.items():
+        flat["tb:" + k] = v
+    for k, v in FALLBACKS.items():
+        flat["fb:" + k] = v
+    for k, v in OP_SECONDS.items():
+        flat["ts:" + k] = v
+    for k, v in OP_TIMED.items():
+        flat["tn:" + k] = v
+    for k, v in DISK_CACHE.items():
+        flat["disk:" + k] = v
+    stats = _executor_stats()
+    if stats is not None:
+        flat["cache:requests"] = stats.requests
+        flat["cache:hits"] = stats.hits
+        flat["cache:misses"] = stats.misses
+        flat["cache:evictions"] = stats.evictions
+        flat["cache:compile_seconds"] = stats.compile_seconds
+        for k, v in stats.per_op.items():
+            flat["op:" + k] = v
+        for k, v in stats.compiles_per_op.items():
+            flat["co:" + k] = v
+    from . import _events
+
+    flat["events:compiles"] = _events.TOTALS["compiles"]
+    for k, v in _events.TOTALS_BY_TIER.items():
+        flat["tier:" + k] = v
+    return flat
+
+
+def diff(after: dict, before: dict) -> dict:
+    """after - before, per counter. A counter that went down was reset in
+    between (e.g. torch_tpu.cache.reset_stats()): its whole value counts."""
+    out = {}
+    for k, v in after.items():
+        b = before.get(k, 0)
+        d = v - b if v >= b else v
+        if d:
+            out[k] = d
+    return out
+
+
+def _executor_stats():
+    mod = sys.modules.get("torch_tpu.runtime.executor")
+    return getattr(mod, "STATS", None) if mod is not None else None
+
+
+def _cache_entries():
+    mod = sys.modules.get("torch_tpu.runtime.executor")
+    cache = getattr(mod, "_CACHE", None) if mod is not None else None
+    return len(cache) if cache is not None else 0
+
+
+def structure(flat: dict, timing_mode: str | None = None) -> dict:
+    """The public metrics dict built from a flat (difference) snapshot."""
+
+    def section(prefix):
+        n = len(prefix)
+        return {k[n:]: v for k, v in sorted(flat.items()) if k.startswith(prefix)}
+
+    ops = section("op:")
+    counters = section("c:")
+    transfers = {}
+    for kind, nbytes in section("tb:").items():
+        transfers[kind] = {"count": counters.get(f"transfer.{kind}", 0), "bytes": nbytes}
+    for name, n in counters.items():
+        if name.startswith("transfer."):
+            transfers.setdefault(name[len("transfer."):], {"count": n, "bytes": 0})
+    decomposed = {k[len("decomposed."):]: v for k, v in counters.items()
+                  if k.startswith("decomposed.")}
+    other = {k: v for k, v in counters.items()
+             if not k.startswith(("transfer.", "decomposed.")) and k not in ("synchronize", "item")}
+    seconds = section("ts:")
+    timed = section("tn:")
+    hits = flat.get("cache:hits", 0)
+    misses = flat.get("cache:misses", 0)
+    disk = section("disk:")
+    return {
+        "ops": ops,
+        "ops_total": sum(ops.values()),
+        "compiles": {
+            "count": misses,
+            "seconds": flat.get("cache:compile_seconds", 0.0),
+            "per_op": section("co:"),
+            "by_tier": section("tier:"),
+        },
+        "cache": {
+            "requests": flat.get("cache:requests", 0),
+            "hits": hits,
+            "misses": misses,
+            "evictions": flat.get("cache:evictions", 0),
+            "entries": _cache_entries(),
+            "tiers": {
+                "memory": {"hits": hits, "misses": misses},
+                "disk": {"hits": disk.get("hits", 0), "misses": disk.get("misses", 0)},
+            },
+        },
+        "fallbacks": section("fb:"),
+        "fallbacks_total": sum(section("fb:").values()),
+        "decompositions": decomposed,
+        "transfers": transfers,
+        "synchronizations": counters.get("synchronize", 0),
+        "item_calls": counters.get("item", 0),
+        "execute": {
+            "mode": timing_mode,
+            "seconds": float(sum(seconds.values())),
+            "per_op": {k: {"calls": timed.get(k, 0), "seconds": v} for k, v in seconds.items()},
+        },
+        "other": other,
+    }
+
+
+# --------------------------------------------------------------------------
+# `metrics()` : a callable module
+
+
+_BASELINE: dict = {}
+
+
+def current() -> dict:
+    """The metrics since the last reset_metrics() (or process start)."""
+    return structure(diff(snapshot(), _BASELINE))
+
+
+def set_baseline() -> None:
+    global _BASELINE
+    _BASELINE = snapshot()
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self):
+        """The metrics dict since the last `reset_metrics()`."""
+        return current()
+
+
+sys.modules[__name__].__class__ = _CallableModule
