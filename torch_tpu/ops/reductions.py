@@ -47,6 +47,15 @@ def _is_complex(x):
     return jnp.issubdtype(x.dtype, jnp.complexfloating)
 
 
+def wrap_dim(dim, ndim):
+    """`dim` in [0, ndim) (0 for a 0-dim tensor), or PyTorch's IndexError."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of "
+                         f"[{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
 def _axes(x, dim, empty_means_all=True):
     """Normalized, sorted reduction axes of `x` for an ATen `dim` argument."""
     if dim is None:
@@ -56,14 +65,16 @@ def _axes(x, dim, empty_means_all=True):
     dim = tuple(dim)
     if not dim:
         return tuple(range(x.ndim)) if empty_means_all else ()
+    axes = {wrap_dim(d, x.ndim) for d in dim}
     if x.ndim == 0:
         return ()
-    return tuple(sorted({d % x.ndim for d in dim}))
+    return tuple(sorted(axes))
 
 
 def _axis(x, dim):
     """One normalized axis (None for a 0-dim tensor)."""
-    return None if x.ndim == 0 else dim % x.ndim
+    d = wrap_dim(dim, x.ndim)
+    return None if x.ndim == 0 else d
 
 
 def _count(x, axes):
@@ -77,6 +88,39 @@ def _orderable(x):
 
 def _idx(i):
     return i.astype(jnp.int64)
+
+
+_TYPE_NAMES = {
+    "bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+    "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+    "float64": "Double", "complex64": "ComplexFloat", "complex128": "ComplexDouble",
+    "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64",
+}
+
+
+def type_name(dtype):
+    """PyTorch's C++ name of a dtype ('Float', 'Long', ...), as in its error messages."""
+    name = np.dtype(dtype).name
+    return _TYPE_NAMES.get(name, name)
+
+
+def reject(x, kernel, *, complex_=False, bool_=False, integer=False):
+    """Raise PyTorch CPU's NotImplementedError for dtypes its kernel does not have.
+
+    PyTorch's meta kernels accept these dtypes; its CPU kernels do not, and the
+    tpu device follows the CPU. `integer` covers bool too.
+    """
+    dt = x.dtype
+    bad = ((complex_ and jnp.issubdtype(dt, jnp.complexfloating))
+           or ((bool_ or integer) and dt == jnp.bool_)
+           or (integer and jnp.issubdtype(dt, jnp.integer)))
+    if bad:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{type_name(dt)}\'')
+
+
+def _no_complex(x, op):
+    if _is_complex(x):
+        raise RuntimeError(f"{op}(): does not support complex input")
 
 
 def _meta_dtype(i):
@@ -95,6 +139,8 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    if _is_complex(x):
+        raise RuntimeError("nansum does not support complex inputs")
     od = out_dtype()
     x = x.astype(_acc(od))
     if _is_float(x) or _is_complex(x):
@@ -119,28 +165,41 @@ def prod(x, dim=None, keepdim=False, *, dtype=None):
 # -- max/min -------------------------------------------------------------------
 
 
+def _full_reduction(x, name):
+    reject(x, f"{name}_all", complex_=True)
+    if x.size == 0:
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument.")
+
+
 @lower(aten.max.default)
 def max_(x):
+    _full_reduction(x, "max")
     return jnp.max(x)
 
 
 @lower(aten.min.default)
 def min_(x):
+    _full_reduction(x, "min")
     return jnp.min(x)
 
 
 @lower(aten.amax.default)
 def amax(x, dim=(), keepdim=False):
+    reject(x, "max_values", complex_=True)
     return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
 @lower(aten.amin.default)
 def amin(x, dim=(), keepdim=False):
+    reject(x, "min_values", complex_=True)
     return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
 @lower(aten.aminmax.default)
 def aminmax(x, *, dim=None, keepdim=False):
+    reject(x, "aminmax", complex_=True)
     axes = _axes(x, dim)
     return (jnp.min(x, axis=axes, keepdims=keepdim),
             jnp.max(x, axis=axes, keepdims=keepdim))
@@ -153,9 +212,10 @@ def _arg_extreme(x, axis, largest):
 
 
 def _value_and_index(x, dim, keepdim, largest):
+    _no_complex(x, "max" if largest else "min")
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     i = _arg_extreme(x, d, largest)
     v = jnp.take_along_axis(x, jnp.expand_dims(i, d), axis=d)
     if keepdim:
@@ -174,10 +234,16 @@ def min_dim(x, dim, keepdim=False):
 
 
 def _argminmax(x, dim, keepdim, largest):
+    name = "argmax" if largest else "argmin"
+    _no_complex(x, name)
+    if x.dtype == jnp.bool_:
+        raise RuntimeError(f"{name}(): does not support bool input")
+    if dim is not None:
+        wrap_dim(dim, x.ndim)
     if dim is None or x.ndim == 0:
         # Flattened index; with keepdim the executor broadcasts to all-ones shape.
         return _arg_extreme(x.reshape(-1), 0, largest)
-    d = dim % x.ndim
+    d = wrap_dim(dim, x.ndim)
     i = _arg_extreme(x, d, largest)
     return jnp.expand_dims(i, d) if keepdim else i
 
@@ -228,6 +294,8 @@ def count_nonzero(x, dim=None):
 
 
 def _var_mean(x, dim, correction, keepdim):
+    if not (_is_float(x) or _is_complex(x)):
+        raise RuntimeError("std and var only support floating point and complex dtypes")
     axes = _axes(x, dim)
     n = _count(x, axes)
     xa = x.astype(_acc(x.dtype))
@@ -330,11 +398,13 @@ def logsumexp(x, dim, keepdim=False):
 
 
 def _softmax_axes(x, dim):
-    return () if x.ndim == 0 else (dim % x.ndim,)
+    d = wrap_dim(dim, x.ndim)
+    return () if x.ndim == 0 else (d,)
 
 
 @lower(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
+    reject(x, "softmax", complex_=True, integer=True)
     xa = x.astype(_acc(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
@@ -345,6 +415,7 @@ def _softmax(x, dim, half_to_float):
 
 @lower(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
+    reject(x, "log_softmax", complex_=True, integer=True)
     xa = x.astype(_acc(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
@@ -388,6 +459,7 @@ def cumprod(x, dim, *, dtype=None):
 
 @lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def logcumsumexp(x, dim):
+    reject(x, "logcumsumexp", integer=True)
     xa = x.astype(_acc(out_dtype()))
     d = _axis(x, dim)
     if d is None or xa.shape[d] == 0:
@@ -413,9 +485,10 @@ def _cum_extreme(x, dim, largest):
     wins (PyTorch's CPU kernel uses >= / <=). Under these rules the combine is
     a max over a total order of (value, index) pairs, hence associative.
     """
+    reject(x, "cummax" if largest else "cummin", complex_=True)
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     xs = _orderable(x)
     idx = lax.broadcasted_iota(jnp.int32, xs.shape, d)
     if xs.shape[d] == 0:
@@ -471,29 +544,43 @@ def _median_pos(x, n, ignore_nan):
     nans = jnp.sum(jnp.isnan(x), axis=-1, keepdims=True, dtype=jnp.int32)
     if ignore_nan:
         valid = n - nans
+        # All NaN: the first NaN (PyTorch's index here depends on its
+        # nth_element's internals; its value is NaN either way).
         return jnp.where(valid > 0, (valid - 1) // 2, 0)
     # Any NaN: the result is the first NaN (stable sort keeps NaNs in order, last).
     return jnp.where(nans > 0, n - nans, (n - 1) // 2)
 
 
+def _check_reduced_size(x, d, name):
+    if x.ndim and x.shape[d] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+def _empty_pair(x, d, keepdim):
+    """(values, indices) of a selection along `d` when nothing is selected."""
+    shape = list(x.shape)
+    if keepdim:
+        shape[d] = 1
+    else:
+        del shape[d]
+    return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
+
+
 def _median_dim(x, dim, keepdim, ignore_nan):
+    reject(x, "median", complex_=True, bool_=True)
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
+    _check_reduced_size(x, d, "nanmedian" if ignore_nan else "median")
+    if x.size == 0:
+        return _empty_pair(x, d, keepdim)
     xm = jnp.moveaxis(x, d, -1)
-    n = xm.shape[-1]
-    if n == 0 or xm.size == 0:
-        shape = list(x.shape)
-        if keepdim:
-            shape[d] = 1
-        else:
-            del shape[d]
-        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
     v, i = _sorted_last(xm)
-    return _pick(v, i, _median_pos(xm, n, ignore_nan), keepdim, d)
+    return _pick(v, i, _median_pos(xm, xm.shape[-1], ignore_nan), keepdim, d)
 
 
 def _median_all(x, ignore_nan):
+    reject(x, "median", complex_=True, bool_=True)
     flat = x.reshape(-1)
     n = flat.shape[0]
     if n == 0:
@@ -524,12 +611,14 @@ def nanmedian_dim(x, dim, keepdim=False):
 
 @lower(aten.kthvalue.default)
 def kthvalue(x, k, dim=-1, keepdim=False):
+    reject(x, "kthvalue", complex_=True, bool_=True)
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     xm = jnp.moveaxis(x, d, -1)
+    _check_reduced_size(x, d, "kthvalue")
     if xm.size == 0:
-        return _median_dim(x, dim, keepdim, False)
+        return _empty_pair(x, d, keepdim)
     v, i = _sorted_last(xm)
     pos = jnp.full(xm.shape[:-1] + (1,), k - 1, jnp.int32)
     return _pick(v, i, pos, keepdim, d)
@@ -538,13 +627,15 @@ def kthvalue(x, k, dim=-1, keepdim=False):
 @lower(aten.mode.default)
 def mode(x, dim=-1, keepdim=False):
     """Most frequent value (smallest among ties) and its last index."""
+    reject(x, "mode", complex_=True)
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     xm = jnp.moveaxis(x, d, -1)
     n = xm.shape[-1]
+    _check_reduced_size(x, d, "mode")
     if xm.size == 0:
-        return _median_dim(x, dim, keepdim, False)
+        return _empty_pair(x, d, keepdim)
     v, i = _sorted_last(xm)
     last = xm.ndim - 1
     pos = lax.broadcasted_iota(jnp.int32, v.shape, last)

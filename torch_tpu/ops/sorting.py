@@ -14,6 +14,8 @@ eagerly on concrete arrays (`eager=True`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,7 @@ from jax import lax
 from ..runtime import executor, platform
 from ..runtime import storage as st
 from . import core
+from .reductions import reject, type_name, wrap_dim
 from .registry import LOWERINGS, lower, out_dtype
 
 aten = torch.ops.aten
@@ -58,9 +61,11 @@ def sort(x, dim=-1, descending=False):
 @lower(aten.sort.stable)
 def sort_stable(x, *, stable=None, dim=-1, descending=False):
     # The unstable sort is allowed to be stable (PyTorch's CPU sort is).
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise RuntimeError("Sort does not support complex dtypes")
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     if x.shape[d] == 0 or x.size == 0:
         return x, jnp.zeros(x.shape, jnp.int64)
     v, i = sort_last(jnp.moveaxis(x, d, -1), descending)
@@ -83,9 +88,13 @@ def _order_key(x):
 
 @lower(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise RuntimeError("topk does not support complex dtypes")
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("topk does not support bool dtypes")
+    d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = dim % x.ndim
     xm = jnp.moveaxis(x, d, -1)
     if k == 0 or xm.size == 0:
         shape = xm.shape[:-1] + (k,)
@@ -103,6 +112,8 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
 
 
 def _searchsorted(seq, values, right):
+    reject(seq, "searchsorted", complex_=True, bool_=True)
+    reject(values, "searchsorted", complex_=True, bool_=True)
     side = "right" if right else "left"
     if seq.ndim <= 1:
         return jnp.searchsorted(seq, values, side=side)
@@ -128,27 +139,41 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries.astype(t), jnp.asarray(x).astype(t), right)
 
 
+_HALF_BITS = {np.dtype(jnp.bfloat16): (8, 7), np.dtype(jnp.float16): (5, 10)}
+
+
 @lower(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
+    """PyTorch CPU's histc: bin edges in the input dtype, position by linear
+    interpolation computed in the input dtype (half types round every step)."""
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        reject(x, "aminmax", complex_=True)
+    if x.dtype == jnp.bool_:
+        reject(x, "linspace", bool_=True)
+    reject(x, "histogram", integer=True)
     od = out_dtype()
-    xf = x.reshape(-1)
-    acc = jnp.float32 if np.dtype(xf.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)) \
-        else xf.dtype
-    xf = xf.astype(acc)
-    lo = jnp.asarray(min, acc)
-    hi = jnp.asarray(max, acc)
+    half = _HALF_BITS.get(np.dtype(x.dtype))
+    acc = jnp.float32 if half else x.dtype
+
+    def rnd(v):  # round to the input dtype after each step, like c10::BFloat16/Half math
+        return lax.reduce_precision(v, *half) if half else v
+
+    xf = x.reshape(-1).astype(acc)
+    lo = jnp.asarray(min, jnp.float64 if acc == jnp.float64 else jnp.float32)
+    hi = jnp.asarray(max, lo.dtype)
     if xf.size:
         auto = lo == hi
-        lo = jnp.where(auto, jnp.min(xf), lo)
-        hi = jnp.where(auto, jnp.max(xf), hi)
+        lo = jnp.where(auto, jnp.min(xf).astype(lo.dtype), lo)
+        hi = jnp.where(auto, jnp.max(xf).astype(hi.dtype), hi)
     same = lo == hi
-    lo = jnp.where(same, lo - 1, lo)
-    hi = jnp.where(same, hi + 1, hi)
-    pos = ((xf - lo) * bins / (hi - lo)).astype(jnp.int32)
-    pos = jnp.where(xf == hi, bins - 1, pos)
-    inside = (xf >= lo) & (xf <= hi)
-    counts = jnp.zeros((bins,), acc).at[jnp.where(inside, pos, bins)].add(
-        jnp.ones((), acc), mode="drop")
+    lo = rnd(jnp.where(same, lo - 1, lo).astype(acc))
+    hi = rnd(jnp.where(same, hi + 1, hi).astype(acc))
+    pos = rnd(rnd(rnd(xf - lo) * rnd(jnp.asarray(bins, acc))) / rnd(hi - lo))
+    pos = jnp.trunc(pos).astype(jnp.int32)
+    pos = jnp.where(pos == bins, bins - 1, pos)
+    inside = (xf >= lo) & (xf <= hi)  # also drops NaN
+    counts = jnp.zeros((bins,), jnp.float32 if half else acc).at[
+        jnp.where(inside, pos, bins)].add(1, mode="drop")
     return counts.astype(od)
 
 
@@ -161,146 +186,169 @@ def nonzero_static(x, *, size, fill_value=-1):
 
 
 # -- data-dependent shapes (eager) ----------------------------------------------------
+#
+# Each runs one cached executable on padded (input-sized) outputs plus the
+# output size, reads the size on the host, and slices.
 
 
 def _truth(x):
     return x if x.dtype == jnp.bool_ else x != 0
 
 
+@jax.jit
+def _nonzero_padded(x):
+    t = _truth(x).reshape(x.shape)
+    idx = jnp.nonzero(t, size=t.size, fill_value=0)
+    return jnp.stack(idx, axis=1).astype(jnp.int64), jnp.sum(t, dtype=jnp.int64)
+
+
 @lower(aten.nonzero.default, eager=True)
 def nonzero(x):
     if x.ndim == 0:
         return jnp.zeros((int(_truth(x)), 0), jnp.int64)
-    idx = jnp.nonzero(_truth(x))
-    return jnp.stack(idx, axis=1).astype(jnp.int64)
+    idx, count = _nonzero_padded(x)
+    return idx[: int(count)]
+
+
+@jax.jit
+def _masked_select_padded(x, mask):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    xf = jnp.broadcast_to(x, shape).reshape(-1)
+    mf = jnp.broadcast_to(mask, shape).reshape(-1)
+    (idx,) = jnp.nonzero(mf, size=mf.size, fill_value=0)
+    return xf[idx], jnp.sum(mf, dtype=jnp.int64)
 
 
 @lower(aten.masked_select.default, eager=True)
 def masked_select(x, mask):
     torch._check(mask.dtype == jnp.bool_,
-                 lambda: f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
-    shape = jnp.broadcast_shapes(x.shape, mask.shape)
-    return jnp.broadcast_to(x, shape)[jnp.broadcast_to(mask, shape)]
+                 lambda: f"masked_select: expected BoolTensor for mask, got {type_name(mask.dtype)}")
+    try:
+        jnp.broadcast_shapes(x.shape, mask.shape)
+    except ValueError:
+        raise RuntimeError(
+            f"The size of tensor a ({x.shape}) must match the size of tensor b "
+            f"({mask.shape}) (masked_select)") from None
+    vals, count = _masked_select_padded(x, mask)
+    return vals[: int(count)]
 
 
-@lower(aten.bincount.default, eager=True)
-def bincount(x, weights=None, minlength=0):
-    torch._check(minlength >= 0, lambda: "minlength should be >= 0")
-    torch._check(x.ndim == 1 and jnp.issubdtype(x.dtype, jnp.integer)
-                 and (x.size == 0 or int(jnp.min(x)) >= 0),
-                 lambda: "bincount only supports 1-d non-negative integral inputs.")
-    if weights is not None:
-        torch._check(weights.ndim == 1 and weights.shape[0] == x.shape[0],
-                     lambda: "weights should be 1-d and have the same length as input")
-    length = max(int(jnp.max(x)) + 1 if x.size else 0, minlength)
+@jax.jit
+def _min_max(x):
+    return jnp.min(x), jnp.max(x)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _bincount_fixed(x, weights, length):
     if weights is None:
         return jnp.zeros((length,), jnp.int64).at[x].add(1)
     wdtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64
     return jnp.zeros((length,), wdtype).at[x].add(weights.astype(wdtype))
 
 
-def _unique_flat(flat):
-    """Sorted unique values of a 1-D array (NaNs distinct), inverse and counts."""
-    n = flat.shape[0]
-    if n == 0:
-        e = jnp.zeros((0,), jnp.int64)
-        return flat, e, e
-    v, perm = sort_last(flat)
-    vs = _orderable(v)
-    new = jnp.concatenate([jnp.ones((1,), bool), vs[1:] != vs[:-1]])
-    gid = jnp.cumsum(new.astype(jnp.int64)) - 1
-    inverse = jnp.zeros((n,), jnp.int64).at[perm].set(gid)
-    m = int(gid[-1]) + 1
-    counts = jnp.zeros((m,), jnp.int64).at[gid].add(1)
-    return v[new], inverse, counts
+@lower(aten.bincount.default, eager=True)
+def bincount(x, weights=None, minlength=0):
+    reject(x, "bincount", complex_=True)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(f'"bincount" not implemented for \'{type_name(x.dtype)}\'')
+    torch._check(minlength >= 0, lambda: "minlength should be >= 0")
+    lo, hi = (int(v) for v in _min_max(x)) if x.ndim == 1 and x.size else (0, -1)
+    torch._check(x.ndim == 1 and jnp.issubdtype(x.dtype, jnp.integer) and lo >= 0,
+                 lambda: "bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None:
+        torch._check(weights.ndim == 1 and weights.shape[0] == x.shape[0],
+                     lambda: "weights should be 1-d and have the same length as input")
+    return _bincount_fixed(x, weights, max(hi + 1, minlength))
 
 
-_EMPTY_I64 = (0,)
+@functools.partial(jax.jit, static_argnums=1)
+def _groups(rows, sort):
+    """Group equal rows of a (n, k) array (n >= 1; NaNs never equal).
+
+    Returns, padded to n groups: each group's representative row index, the
+    group of every row (inverse), group sizes, and the number of groups.
+    With `sort`, groups are in lexicographic row order, else runs of
+    consecutive equal rows.
+    """
+    n = rows.shape[0]
+    iota = jnp.arange(n, dtype=jnp.int32)
+    if sort:
+        cols = tuple(rows[:, j] for j in range(rows.shape[1]))
+        perm = lax.sort(cols + (iota,), dimension=0, is_stable=True, num_keys=len(cols))[-1]
+        srt = rows[perm]
+    else:
+        perm, srt = iota, rows
+    new = jnp.concatenate([jnp.ones((1,), bool), jnp.any(srt[1:] != srt[:-1], axis=1)])
+    gid = jnp.cumsum(new.astype(jnp.int32)) - 1
+    inverse = jnp.zeros((n,), jnp.int64).at[perm].set(gid.astype(jnp.int64))
+    counts = jnp.zeros((n,), jnp.int64).at[gid].add(1)
+    rep = jnp.zeros((n,), jnp.int32).at[jnp.where(new, gid, n)].set(perm, mode="drop")
+    return rep, inverse, counts, gid[-1] + 1
+
+
+def _group_rows(xm, sort):
+    """unique/unique_consecutive over the leading axis of `xm` (n >= 1 rows)."""
+    rows = _orderable(xm.reshape((xm.shape[0], int(np.prod(xm.shape[1:])))))
+    rep, inverse, counts, m = _groups(rows, sort)
+    m = int(m)
+    return jnp.take(xm, rep[:m], axis=0), inverse, counts[:m]
+
+
+_EMPTY = (0,)
+
+
+def _unique_flat(x, sort):
+    reject(x, "unique", complex_=True)
+    flat = x.reshape(-1)
+    if flat.shape[0] == 0:
+        e = jnp.zeros(_EMPTY, jnp.int64)
+        return flat, e.reshape(x.shape), e
+    u, inv, cnt = _group_rows(flat, sort)
+    return u, inv.reshape(x.shape), cnt
 
 
 @lower(aten._unique2.default, eager=True)
 def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
-    u, inv, cnt = _unique_flat(x.reshape(-1))
-    return (u,
-            inv.reshape(x.shape) if return_inverse else jnp.zeros(_EMPTY_I64, jnp.int64),
-            cnt if return_counts else jnp.zeros(_EMPTY_I64, jnp.int64))
+    # Like PyTorch's CPU kernel, the result is sorted even when sorted=False.
+    u, inv, cnt = _unique_flat(x, True)
+    empty = jnp.zeros(_EMPTY, jnp.int64)
+    return u, inv if return_inverse else empty, cnt if return_counts else empty
 
 
 @lower(aten._unique.default, eager=True)
 def _unique(x, sorted=True, return_inverse=False):
-    u, inv, _ = _unique_flat(x.reshape(-1))
-    return u, inv.reshape(x.shape) if return_inverse else jnp.zeros(_EMPTY_I64, jnp.int64)
+    u, inv, _ = _unique_flat(x, True)
+    return u, inv if return_inverse else jnp.zeros(_EMPTY, jnp.int64)
 
 
-def _rows(x, dim):
-    """`x` with `dim` first, the rest flattened: one row per slice."""
-    xm = jnp.moveaxis(x, dim, 0)
-    return xm, _orderable(xm.reshape((xm.shape[0], -1)))
-
-
-def _check_unique_dim(x, dim):
-    torch._check_index(-max(x.ndim, 1) <= dim < max(x.ndim, 1),
-                       lambda: f"Dimension out of range (expected to be in range of "
-                               f"[{-max(x.ndim, 1)}, {max(x.ndim, 1) - 1}], but got {dim})")
-    d = dim % max(x.ndim, 1)
+def _unique_along(x, dim, sort):
+    d = wrap_dim(dim, x.ndim)
     if x.size == 0:
         torch._check(x.shape[d] == 0 or sum(s == 0 for s in x.shape) == 0,
                      lambda: "There are 0 sized dimensions, and they aren't selected, so "
                              "unique cannot be applied")
-    return d
+    if x.ndim == 0:
+        return x, jnp.zeros((1,), jnp.int64), jnp.ones((1,), jnp.int64)
+    if x.shape[d] == 0:
+        e = jnp.zeros(_EMPTY, jnp.int64)
+        return x, e, e
+    u, inv, cnt = _group_rows(jnp.moveaxis(x, d, 0), sort)
+    return jnp.moveaxis(u, 0, d), inv, cnt
 
 
 @lower(aten.unique_dim.default, eager=True)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
-    d = _check_unique_dim(x, dim)
-    if x.ndim == 0:
-        return x, jnp.zeros((1,), jnp.int64), jnp.ones((1,), jnp.int64)
-    xm, rows = _rows(x, d)
-    n = rows.shape[0]
-    if n == 0:
-        e = jnp.zeros((0,), jnp.int64)
-        return x, e, e
-    # Lexicographic stable sort of the rows: the columns are the sort keys.
-    iota = jnp.arange(n, dtype=jnp.int32)
-    cols = tuple(rows[:, j] for j in range(rows.shape[1]))
-    out = lax.sort(cols + (iota,), dimension=0, is_stable=True, num_keys=len(cols))
-    perm = out[-1]
-    srt = rows[perm]
-    new = jnp.concatenate([jnp.ones((1,), bool), jnp.any(srt[1:] != srt[:-1], axis=1)])
-    gid = jnp.cumsum(new.astype(jnp.int64)) - 1
-    inverse = jnp.zeros((n,), jnp.int64).at[perm].set(gid)
-    counts = jnp.zeros((int(gid[-1]) + 1,), jnp.int64).at[gid].add(1)
-    u = jnp.moveaxis(xm[perm][new], 0, d)
-    return u, inverse, counts
+    # PyTorch returns the inverse and counts whether or not they were asked for.
+    return _unique_along(x, dim, True)
 
 
 @lower(aten.unique_consecutive.default, eager=True)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
-    if dim is None:
-        flat = x.reshape(-1)
-        n = flat.shape[0]
-        if n == 0:
-            e = jnp.zeros((0,), jnp.int64)
-            return flat, e.reshape(x.shape) if return_inverse else e, e
-        fo = _orderable(flat)
-        new = jnp.concatenate([jnp.ones((1,), bool), fo[1:] != fo[:-1]])
-        gid = jnp.cumsum(new.astype(jnp.int64)) - 1
-        counts = jnp.zeros((int(gid[-1]) + 1,), jnp.int64).at[gid].add(1)
-        empty = jnp.zeros((0,), jnp.int64)
-        return (flat[new], gid.reshape(x.shape) if return_inverse else empty,
-                counts if return_counts else empty)
-    d = _check_unique_dim(x, dim)
-    if x.ndim == 0:
-        return x, jnp.zeros((1,), jnp.int64), jnp.ones((1,), jnp.int64)
-    xm, rows = _rows(x, d)
-    n = rows.shape[0]
-    if n == 0:
-        e = jnp.zeros((0,), jnp.int64)
-        return x, e, e
-    new = jnp.concatenate([jnp.ones((1,), bool), jnp.any(rows[1:] != rows[:-1], axis=1)])
-    gid = jnp.cumsum(new.astype(jnp.int64)) - 1
-    counts = jnp.zeros((int(gid[-1]) + 1,), jnp.int64).at[gid].add(1)
-    return jnp.moveaxis(xm[new], 0, d), gid, counts
+    if dim is not None:
+        return _unique_along(x, dim, False)
+    u, inv, cnt = _unique_flat(x, False)
+    empty = jnp.zeros(_EMPTY, jnp.int64)
+    return u, inv if return_inverse else empty, cnt if return_counts else empty
 
 
 # -- eager kernels ---------------------------------------------------------------------
