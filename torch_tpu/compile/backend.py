@@ -37,6 +37,7 @@ from ..ops import registry
 from ..runtime import executor
 from ..runtime import storage as st
 from . import dynamic as dyn
+from . import padding
 from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
 
 aten = torch.ops.aten
@@ -110,9 +111,10 @@ def _device_of(example_inputs):
 class CompiledGraph:
     """One AOT graph (forward, backward or inference) as XLA executables."""
 
-    _boxed_call = True
-
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str, options=None):
+        # Boxed calling convention (one list of inputs, cleared after use). An
+        # instance attribute, so that wrappers made with functools.wraps keep it.
+        self._boxed_call = True
         self.gm = gm
         self.kind = kind
         self.options = options or {}
@@ -139,8 +141,21 @@ class CompiledGraph:
         self._analyze_outputs()
         code = gm.code
         self.fingerprint = hashlib.sha256(code.encode()).hexdigest()
-        self.executables = {}        # specialization key -> (executable, plan)
+        self.executables = collections.OrderedDict()  # specialization key -> entry
         self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
+        self.pad_ok = None       # False once padding to buckets proved unsafe
+        self.pad_plan = None
+        self.warned_cap = False
+        # Outputs [0, n_user_outputs) are what the user (or AOTAutograd's
+        # wrapper) sees; the rest of a forward graph's outputs are saved for
+        # the backward graph.
+        self.n_user_outputs = len(self.out_specs)
+        if kind == "forward":
+            try:
+                md = torch._guards.TracingContext.try_get().fw_metadata
+                self.n_user_outputs = int(md.num_forward)
+            except Exception:
+                pass
         self.eager = False
         self.consts = None
         with _lock:
@@ -152,6 +167,7 @@ class CompiledGraph:
         if not isinstance(outs, (list, tuple)):
             outs = (outs,)
         index = {n: i for i, n in enumerate(self.program.placeholders)}
+        self.output_nodes = list(outs)
         self.out_specs = []
         n_prog = 0
         for o in outs:
@@ -261,6 +277,8 @@ class CompiledGraph:
                 arrays.append(executor.value(t))
             else:
                 arrays.append(st.from_host(t, self.device))
+        if padding.SPECS and not self.symbolic:
+            self._unpad_inputs(args, arrays)
         ints = [int(args[p]) for p in self.int_pos]
         if self.consts is None:
             self.consts = [_const_value(v, self.device) for _, v in self.program.constants]
@@ -271,6 +289,13 @@ class CompiledGraph:
             entry = self.executables[None] = self._build(
                 arrays, ints, self.consts, self.signature(arrays, ints))
         return self._execute(entry, args, arrays)
+
+    def _unpad_inputs(self, args, arrays):
+        """Saved activations a padded graph produced padded, for an unpadded graph."""
+        for i, p in enumerate(self.tensor_pos):
+            reg = dyn._registered(args[p])
+            if reg is not None:
+                arrays[i] = padding.unpad(arrays[i], reg[0], reg[2])
 
     def signature(self, arrays, ints):
         """The specialization key of these input values."""

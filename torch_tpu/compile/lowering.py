@@ -315,8 +315,12 @@ class GraphProgram:
 
     # -- tracing -------------------------------------------------------------
 
-    def trace(self, inputs, consts, rng_raw, syms: SymEnv):
-        """Outputs and mutated-input values for placeholder values `inputs`."""
+    def trace(self, inputs, consts, rng_raw, syms: SymEnv, hook=None):
+        """Outputs and mutated-input values for placeholder values `inputs`.
+
+        `hook` (see padding.py) may watch and rewrite every call: it gets
+        `hook.node(n, args, kwargs, call)` and returns the node's value.
+        """
         tr = _Trace(rng_raw, syms)
         env = {}
         for n, v in zip(self.placeholders, inputs):
@@ -335,13 +339,19 @@ class GraphProgram:
             args = torch.fx.node.map_arg(n.args, lambda a: env[a])
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
             if n in self._mutation_nodes:
+                if hook is not None:
+                    hook.mutation(n)
                 m = syms.meta(n.args[0].meta["val"])
                 value = _conform(args[1], m, "copy_")
                 mutations[self._mutation_nodes[n]] = value
                 env[n] = value
                 env[n.args[0]] = value
                 continue
-            env[n] = self._call(n, args, kwargs, tr)
+            if hook is not None:
+                env[n] = hook.node(n, args, kwargs,
+                                   lambda a, k, n=n: self._call(n, a, k, tr))
+            else:
+                env[n] = self._call(n, args, kwargs, tr)
         else:  # pragma: no cover
             raise LoweringError("graph without output")
         if not isinstance(outs, (list, tuple)):

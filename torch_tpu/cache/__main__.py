@@ -1,0 +1,61 @@
+"""`python -m torch_tpu.cache {info,clear}`: inspect or empty the disk tier."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_tpu.cache",
+        description="The torch_tpu persistent compile cache (TORCH_TPU_CACHE_DIR).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info_p = sub.add_parser("info", help="where the cache is and what it holds")
+    info_p.add_argument("--json", action="store_true", help="print JSON")
+    info_p.add_argument("--dir", help="look at this directory instead")
+    clear_p = sub.add_parser("clear", help="delete every cached program")
+    clear_p.add_argument("--dir", help="clear this directory instead")
+    args = parser.parse_args(argv)
+
+    # The store alone: no JAX backend or device is needed to inspect files.
+    from .store import DiskStore, configured_dir
+
+    root = args.dir or configured_dir()
+    store = DiskStore(root) if root else None
+    if args.command == "info":
+        if store is None:
+            data = {"enabled": False, "dir": None, "status": "disabled (TORCH_TPU_CACHE_DIR='')",
+                    "entries": 0, "bytes": 0}
+        else:
+            full = store.info()
+            data = {k: full[k] for k in ("enabled", "writable", "dir", "status", "entries",
+                                          "bytes", "max_bytes")}
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(f"directory : {data['dir'] or '-'}")
+            print(f"status    : {data['status']}")
+            print(f"entries   : {data['entries']}")
+            print(f"size      : {_human(data['bytes'])}"
+                  + (f" (cap {_human(data['max_bytes'])})" if data.get("max_bytes") else ""))
+        return 0
+    if store is None or not store.enabled:
+        print("the disk cache is disabled; nothing to clear")
+        return 0
+    n = store.clear()
+    print(f"removed {n} cached program(s) from {store.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
