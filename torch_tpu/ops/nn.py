@@ -961,30 +961,34 @@ def native_dropout_backward(grad_output, mask, scale):
 # attention
 
 
-def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
-    """softmax(q k^T * scale + bias) v, with GQA when k has fewer heads.
+def _heads(x):
+    return x.shape[-3] if x.ndim >= 3 else 1
 
-    Fully masked rows give zeros (PyTorch's CPU kernels and its math path's
-    _safe_softmax do the same). Returns (out, logsumexp).
-    """
-    out_dtype = q.dtype
-    prec = _precision(q, k, v)
-    L, E = q.shape[-2], q.shape[-1]
-    S = k.shape[-2]
-    scale = 1.0 / math.sqrt(E) if scale is None else scale
-    hq = q.shape[-3] if q.ndim >= 3 else 1
-    hk = k.shape[-3] if k.ndim >= 3 else 1
-    grp = hq // hk if hq != hk else 1
-    half_v = _is_half(v)
-    # P @ V runs in V's dtype (float32 accumulation) for half types.
-    qa, ka, va = _acc(q), _acc(k), (v if half_v else _acc(v))
-    if grp > 1:
-        # (..., Hk, G, L, E): query head h uses key/value head h // G.
-        qa = qa.reshape(qa.shape[:-3] + (hk, grp) + qa.shape[-2:])
-        ka, va = ka[..., :, None, :, :], va[..., :, None, :, :]
-    s = jnp.einsum("...le,...se->...ls", qa, ka, precision=prec) * scale
-    if grp > 1:
-        s = s.reshape(s.shape[:-4] + (hq,) + s.shape[-2:])
+
+def _group(x, grp):
+    """(..., Hq, A, B) -> (..., Hk, G, A, B): query head h uses kv head h // G."""
+    if grp == 1:
+        return x
+    return x.reshape(x.shape[:-3] + (x.shape[-3] // grp, grp) + x.shape[-2:])
+
+
+def _ungroup(x, grp):
+    if grp == 1:
+        return x
+    return x.reshape(x.shape[:-4] + (x.shape[-4] * x.shape[-3],) + x.shape[-2:])
+
+
+def _kv(x, grp):
+    """(..., Hk, S, E) -> (..., Hk, 1, S, E), to pair with grouped queries."""
+    return x if grp == 1 else x[..., :, None, :, :]
+
+
+def _attn_scores(q, k, bias, is_causal, scale, grp):
+    """Masked, scaled scores q k^T in float32, shape (..., Hq, L, S)."""
+    L, S = q.shape[-2], k.shape[-2]
+    s = jnp.einsum("...le,...se->...ls", _group(_acc(q), grp), _kv(_acc(k), grp),
+                   precision=_precision(q, k))
+    s = _ungroup(s, grp) * scale
     masked = None
     if is_causal:
         masked = ~jnp.tril(jnp.ones((L, S), jnp.bool_))
@@ -995,22 +999,70 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
             s = s + _acc(bias)
     if masked is not None:
         s = jnp.where(masked, -jnp.inf, s)
-    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    return s
+
+
+def _attn_setup(q, k, scale):
+    E = q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    hq, hk = _heads(q), _heads(k)
+    return scale, (hq // hk if hq != hk else 1)
+
+
+def _attn_keep(key, dropout_p, shape):
+    return jax.random.bernoulli(key, 1.0 - dropout_p, shape)
+
+
+def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
+    """softmax(q k^T * scale + bias) v, with GQA when k has fewer heads.
+
+    Fully masked rows give zeros (PyTorch's CPU kernels and its math path's
+    _safe_softmax do the same). Returns (out, logsumexp).
+    """
+    scale, grp = _attn_setup(q, k, scale)
+    s = _attn_scores(q, k, bias, is_causal, scale, grp)
+    m = jnp.max(s, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     e = jnp.exp(s - m)
     denom = jnp.sum(e, axis=-1, keepdims=True)
     lse = (jnp.log(denom) + m)[..., 0]
     p = e / jnp.where(denom == 0, 1.0, denom)
     if dropout_p > 0:
-        keep = jax.random.bernoulli(key, 1.0 - dropout_p, p.shape)
-        p = jnp.where(keep, p / (1.0 - dropout_p), 0.0)
-    if grp > 1:
-        p = p.reshape(p.shape[:-3] + (hk, grp) + p.shape[-2:])
-    out = jnp.einsum("...ls,...sd->...ld", p.astype(va.dtype), va, precision=prec,
-                     preferred_element_type=jnp.float32 if half_v else None)
-    if grp > 1:
-        out = out.reshape(out.shape[:-4] + (hq,) + out.shape[-2:])
-    return out.astype(out_dtype), lse.astype(jnp.float32)
+        p = jnp.where(_attn_keep(key, dropout_p, p.shape), p / (1.0 - dropout_p), 0.0)
+    half_v = _is_half(v)
+    # P @ V runs in V's dtype (float32 accumulation) for half types.
+    va = v if half_v else _acc(v)
+    out = jnp.einsum("...ls,...sd->...ld", _group(p.astype(va.dtype), grp), _kv(va, grp),
+                     precision=_precision(v), preferred_element_type=jnp.float32
+                     if half_v else None)
+    return _ungroup(out, grp), lse
+
+
+def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key):
+    """Gradients of _attention from the saved logsumexp (no second softmax)."""
+    scale, grp = _attn_setup(q, k, scale)
+    s = _attn_scores(q, k, bias, is_causal, scale, grp)
+    lse = lse.reshape(s.shape[:-1])[..., None]
+    p = jnp.where(jnp.isfinite(lse), jnp.exp(s - lse), 0.0)
+    ga = _acc(g)
+    prec = _precision(q, k, v)
+    pd = p
+    if dropout_p > 0:
+        z = jnp.where(_attn_keep(key, dropout_p, p.shape), 1.0 / (1.0 - dropout_p), 0.0)
+        pd = p * z
+    gg = _group(ga, grp)
+    # With GQA, the G query heads of a kv head sum into its gradients.
+    gsum = "...gls,...gld->...sd" if grp > 1 else "...ls,...ld->...sd"
+    dv = jnp.einsum(gsum, _group(pd, grp), gg, precision=prec)
+    dp = _ungroup(jnp.einsum("...ld,...sd->...ls", gg, _kv(_acc(v), grp), precision=prec), grp)
+    if dropout_p > 0:
+        dp = dp * z
+    ds = p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
+    dsg = _group(ds, grp)
+    dq = _ungroup(jnp.einsum("...ls,...se->...le", dsg, _kv(_acc(k), grp), precision=prec),
+                  grp) * scale
+    dk = jnp.einsum(gsum.replace("d", "e"), dsg, _group(_acc(q), grp), precision=prec) * scale
+    return dq, dk, dv, ds
 
 
 def _pack_key(rng_key):
@@ -1044,22 +1096,16 @@ def _sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask
                          logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                          philox_seed, philox_offset, *, scale=None):
     rkey = _unpack_key(philox_seed, philox_offset) if dropout_p > 0 else None
-    float_bias = attn_bias is not None and attn_bias.dtype != jnp.bool_
-    want_bias = float_bias and grad_input_mask[3]
-
-    def f(q, k, v, b):
-        return _attention(q, k, v, b if float_bias else attn_bias, dropout_p, is_causal,
-                          scale, rkey)[0]
-
-    primals = (query, key, value, attn_bias if float_bias else jnp.zeros((), jnp.float32))
-    _, vjp = jax.vjp(f, *primals)
-    gq, gk, gv, gb = vjp(grad_out.astype(query.dtype))
-    if attn_bias is None:
-        gb = None
-    elif not want_bias:
-        # PyTorch's meta gives the bias gradient the bias' shape whenever a
-        # bias is passed, even when it is not wanted (or is a bool mask).
-        gb = jnp.zeros(attn_bias.shape, attn_bias.dtype)
+    gq, gk, gv, ds = _attention_backward(grad_out, query, key, value, attn_bias, logsumexp,
+                                         dropout_p, is_causal, scale, rkey)
+    gb = None
+    if attn_bias is not None:
+        if attn_bias.dtype != jnp.bool_ and grad_input_mask[3]:
+            gb = _sum_to(ds, attn_bias.shape)
+        else:
+            # PyTorch's meta gives the bias gradient the bias' shape whenever a
+            # bias is passed, even when it is not wanted (or is a bool mask).
+            gb = jnp.zeros(attn_bias.shape, attn_bias.dtype)
     # The meta kernel returns all three input gradients whatever the mask.
     gq, gk, gv = (g if want else jnp.zeros(g.shape, g.dtype)
                   for g, want in zip((gq, gk, gv), grad_input_mask[:3]))
