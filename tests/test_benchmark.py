@@ -173,3 +173,28 @@ def test_cli_list_and_unknown(capsys):
     assert "mlp-train" in out and "matmul" in out
     assert main(["definitely-not-a-model"]) == 2
     assert "unknown benchmark model" in capsys.readouterr().err
+
+
+def test_example_models_found_by_name(tmp_path, monkeypatch):
+    pkg = tmp_path / "examples" / "tinybench"
+    pkg.mkdir(parents=True)
+    (tmp_path / "examples" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .model import double\n")
+    (pkg / "model.py").write_text("def double(x):\n    return x * 2\n")
+    (pkg / "benchmark.py").write_text(textwrap.dedent("""
+        import torch
+        from .model import double
+        def benchmark_case(device="tpu", batch_size=None):
+            return double, (torch.ones(batch_size or 5, device=device),)
+    """))
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        assert bm.models()["tinybench"] == "examples/tinybench"
+        case = bm.get_case("tinybench", batch_size=2)
+        assert case.name == "tinybench"
+        torch.testing.assert_close(case.fn(*case.args).cpu(), torch.full((2,), 2.0))
+    finally:
+        for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+            del sys.modules[name]

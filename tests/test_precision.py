@@ -99,8 +99,6 @@ def test_precision_changes_hlo_precision_config():
         assert "precision = [HIGHEST, HIGHEST]" in dbg.hlo(mm, a, b)
 
 
-@pytest.mark.xfail(reason="the linalg/nn lowerings hard-code precision=HIGHEST; they need to "
-                          "call torch_tpu.precision.lax_precision()", strict=False)
 def test_precision_changes_hlo_of_aten_mm():
     if aten.mm.default not in registry.LOWERINGS:
         pytest.skip("aten.mm has no lowering")
@@ -108,6 +106,9 @@ def test_precision_changes_hlo_of_aten_mm():
     with torch.tpu.matmul_precision("default"):
         text = dbg.hlo(torch.mm, a, a, stage="hlo")
     assert ("highest", "highest") not in _dot_precisions(text)
+    with torch.tpu.matmul_precision("highest"):
+        text = dbg.hlo(torch.mm, a, a, stage="hlo")
+    assert _dot_precisions(text) == [("highest", "highest")]
 
 
 @pytest.mark.xfail(reason="the executor's cache key does not include precision.cache_token() "

@@ -10,10 +10,11 @@ A case is a callable and its arguments, built for a device:
 
 Built in: 'matmul', 'mlp', 'mlp-train'. The example models (`examples/<name>`,
 e.g. llama, resnet) are found by name when they provide the same protocol:
-a function `benchmark_case(device="tpu", batch_size=None)` in
-`examples/<name>/benchmark.py`, `examples/<name>/__init__.py` or
-`examples/<name>.py` (looked up from the current directory and from the
-repository that holds torch_tpu).
+a function `benchmark_case(device="tpu", batch_size=None)` returning a
+BenchmarkCase or `(fn, args)`, defined in `examples/<name>/benchmark.py`,
+`examples/<name>/__init__.py` or `examples/<name>.py` and imported as
+`examples.<name>[.benchmark]` (looked up from the current directory and from
+the repository that holds torch_tpu).
 
 A script path works too (`python -m torch_tpu.benchmark train.py`): if the
 script defines `benchmark_case(...)` it is used; else its `main()` is timed;
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import os
 import runpy
 import sys
@@ -73,10 +73,23 @@ def register_model(name: str, factory=None, *, description: str = "", replace: b
 def models() -> dict:
     """{name: description} of registered models and available examples."""
     out = {n: e.description for n, e in sorted(_REGISTRY.items())}
-    for name in EXAMPLES:
+    for name in _example_names():
         if name not in out and _find_example(name) is not None:
             out[name] = f"examples/{name}"
     return out
+
+
+def _example_names():
+    names = list(EXAMPLES)
+    for root in _repo_roots():
+        d = os.path.join(root, "examples")
+        if not os.path.isdir(d):
+            continue
+        for entry in sorted(os.listdir(d)):
+            name = entry[:-3] if entry.endswith(".py") else entry
+            if name.isidentifier() and not name.startswith("_") and name not in names:
+                names.append(name)
+    return names
 
 
 def _as_case(obj, name, description="") -> BenchmarkCase:
@@ -106,31 +119,35 @@ def _repo_roots():
 
 
 def _find_example(name):
-    """Path of the file defining examples/<name>'s benchmark_case, or None."""
+    """(root, module name) of the examples module defining <name>'s
+    benchmark_case, or None."""
     for root in _repo_roots():
-        for rel in (os.path.join("examples", name, "benchmark.py"),
-                    os.path.join("examples", name, "__init__.py"),
-                    os.path.join("examples", f"{name}.py")):
+        for rel, mod in ((os.path.join("examples", name, "benchmark.py"), f"examples.{name}.benchmark"),
+                         (os.path.join("examples", name, "__init__.py"), f"examples.{name}"),
+                         (os.path.join("examples", f"{name}.py"), f"examples.{name}")):
             path = os.path.join(root, rel)
-            if os.path.isfile(path):
-                return path
+            if os.path.isfile(path) and _defines_case(path):
+                return root, mod
     return None
 
 
-def _load_file(path, module_name):
-    directory = os.path.dirname(os.path.abspath(path))
-    added = directory not in sys.path
-    if added:
-        sys.path.insert(0, directory)
+def _defines_case(path):
     try:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = mod
-        spec.loader.exec_module(mod)
-        return mod
+        with open(path, encoding="utf-8") as f:
+            return "def benchmark_case" in f.read()
+    except OSError:
+        return False
+
+
+def _import_example(root, module):
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        return importlib.import_module(module)
     finally:
         if added:
-            sys.path.remove(directory)
+            sys.path.remove(root)
 
 
 def get_case(target: str, device: str = "tpu", batch_size=None, **options) -> BenchmarkCase:
@@ -141,13 +158,13 @@ def get_case(target: str, device: str = "tpu", batch_size=None, **options) -> Be
                         target, e.description)
     if target.endswith(".py") or os.path.sep in target:
         return script_case(target, device=device, batch_size=batch_size, **options)
-    path = _find_example(target)
-    if path is not None:
-        mod = _load_file(path, f"_torch_tpu_bench_example_{target}")
+    found = _find_example(target)
+    if found is not None:
+        mod = _import_example(*found)
         factory = getattr(mod, "benchmark_case", None)
         if factory is None:
-            raise ValueError(f"example {target!r} ({path}) defines no benchmark_case(device, "
-                             "batch_size) function")
+            raise ValueError(f"example {target!r} ({found[1]}) defines no "
+                             "benchmark_case(device, batch_size) function")
         return _as_case(factory(device=device, batch_size=batch_size, **options), target,
                         f"examples/{target}")
     known = ", ".join(models()) or "(none)"

@@ -13,7 +13,11 @@ The metrics dict::
      "ops_total": 3,
      "compiles": {"count", "seconds", "per_op", "by_tier"},
      "cache": {"requests", "hits", "misses", "evictions", "entries",
-               "tiers": {"memory": {"hits", "misses"}, "disk": {"hits", "misses"}}},
+               "tiers": {"memory": {"hits", "misses"}, "disk": {"hits", "misses"}},
+               "graphs": {"requests", "hits", "misses", "eager_fallbacks"}},
+                                           # memory-tier hits include compiled-graph
+                                           # hits; every miss compiled or loaded a
+                                           # program; the disk tier served `disk.hits`
      "fallbacks": {"aten.foo.default": 1}, "fallbacks_total": 1,   # CPU fallbacks
      "decompositions": {...},              # ops run through torch._decomp
      "transfers": {"host_to_device": {"count", "bytes"}, "device_to_host": ...},

@@ -86,6 +86,12 @@ def snapshot() -> dict:
             flat["op:" + k] = v
         for k, v in stats.compiles_per_op.items():
             flat["co:" + k] = v
+        if hasattr(stats, "disk_loads"):
+            flat["cache:disk_loads"] = stats.disk_loads
+    graph = _graph_stats()
+    if graph is not None:
+        for k in ("requests", "hits", "misses", "eager_fallbacks"):
+            flat["graph:" + k] = getattr(graph, k, 0)
     from . import _events
 
     flat["events:compiles"] = _events.TOTALS["compiles"]
@@ -109,6 +115,11 @@ def diff(after: dict, before: dict) -> dict:
 def _executor_stats():
     mod = sys.modules.get("torch_tpu.runtime.executor")
     return getattr(mod, "STATS", None) if mod is not None else None
+
+
+def _graph_stats():
+    mod = sys.modules.get("torch_tpu.compile.backend")
+    return getattr(mod, "GRAPH_STATS", None) if mod is not None else None
 
 
 def _cache_entries():
@@ -138,9 +149,18 @@ def structure(flat: dict, timing_mode: str | None = None) -> dict:
              if not k.startswith(("transfer.", "decomposed.")) and k not in ("synchronize", "item")}
     seconds = section("ts:")
     timed = section("tn:")
-    hits = flat.get("cache:hits", 0)
+    graphs = section("graph:")
+    hits = flat.get("cache:hits", 0) + graphs.get("hits", 0)
     misses = flat.get("cache:misses", 0)
-    disk = section("disk:")
+    stats = _executor_stats()
+    if stats is not None and hasattr(stats, "disk_loads"):
+        # The executor says which misses the disk tier served.
+        disk_hits = flat.get("cache:disk_loads", 0)
+        disk_misses = misses - disk_hits
+    else:  # JAX's persistent-cache events
+        disk = section("disk:")
+        disk_hits = disk.get("hits", 0)
+        disk_misses = max(disk.get("requests", 0) - disk_hits, 0)
     return {
         "ops": ops,
         "ops_total": sum(ops.values()),
@@ -151,15 +171,18 @@ def structure(flat: dict, timing_mode: str | None = None) -> dict:
             "by_tier": section("tier:"),
         },
         "cache": {
-            "requests": flat.get("cache:requests", 0),
+            "requests": flat.get("cache:requests", 0) + graphs.get("requests", 0),
             "hits": hits,
             "misses": misses,
             "evictions": flat.get("cache:evictions", 0),
             "entries": _cache_entries(),
             "tiers": {
                 "memory": {"hits": hits, "misses": misses},
-                "disk": {"hits": disk.get("hits", 0), "misses": disk.get("misses", 0)},
+                "disk": {"hits": disk_hits, "misses": disk_misses},
             },
+            "graphs": {"requests": graphs.get("requests", 0), "hits": graphs.get("hits", 0),
+                       "misses": graphs.get("misses", 0),
+                       "eager_fallbacks": graphs.get("eager_fallbacks", 0)},
         },
         "fallbacks": section("fb:"),
         "fallbacks_total": sum(section("fb:").values()),
