@@ -75,7 +75,7 @@ def _index_tuple(x, indices):
 def _index_result_shape(x_shape, indices):
     """Shape of x[indices] (numpy/PyTorch advanced indexing rules)."""
     adv = [i for i, idx in enumerate(indices) if idx is not None]
-    bshape = jnp.broadcast_shapes(*[jnp.shape(indices[i]) for i in adv]) if adv else ()
+    bshape = jnp.broadcast_shapes(*[tuple(indices[i].shape) for i in adv]) if adv else ()
     rest = list(x_shape[len(indices):])
     if not adv:
         return tuple(x_shape)
@@ -139,6 +139,8 @@ def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
         v = jnp.broadcast_to(v, pre + (1,) + post).reshape(pre + (1,) * k + post)
         m = mask.reshape((1,) * p + mask.shape + (1,) * len(post))
         if accumulate:
+            if x.dtype == jnp.bool_:
+                return x | (m & v)
             return x + jnp.where(m, v, jnp.zeros((), x.dtype))
         return jnp.where(m, v, x)
     tup = _index_tuple(x, indices)
@@ -147,6 +149,8 @@ def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     values = _strip_leading_ones(values, len(rshape))
     values = jnp.broadcast_to(values, rshape)
     if accumulate:
+        if x.dtype == jnp.bool_:  # bool accumulation is a logical or
+            return x.at[tup].max(values, mode="drop")
         return x.at[tup].add(values, mode="drop")
     return x.at[tup].set(values, mode="drop")
 
@@ -229,6 +233,42 @@ def _prepare_indices(x: torch.Tensor, indices, values=None):
     return (new if changed else None), False
 
 
+# The executable cache keys a `Tensor?[]` argument by its length and its
+# tensors, not by where its Nones are, so [i, None, j] and [None, i, j] would
+# share an executable. Until the executor keys the None positions, the kernels
+# below drop trailing Nones (which change nothing) and, for the rare lists
+# that are still ambiguous (a None before the last of several tensors), index
+# a permuted view whose indexed dims come first (no Nones at all).
+
+
+def _strip(indices):
+    indices = list(indices)
+    while indices and indices[-1] is None:
+        indices.pop()
+    return indices
+
+
+def _ambiguous(indices):
+    n_t = sum(i is not None for i in indices)
+    return n_t >= 2 and any(i is None for i in indices)
+
+
+def _front_plan(x, indices):
+    """(perm, tensors, p, nb, adjacent) to index x.permute(perm) with tensors only."""
+    T = [d for d, i in enumerate(indices) if i is not None]
+    N = [d for d, i in enumerate(indices) if i is None]
+    rest = list(range(len(indices), x.dim()))
+    tensors = [indices[d] for d in T]
+    nb = len(torch.broadcast_shapes(*[tuple(t.shape) for t in tensors]))
+    adjacent = T == list(range(T[0], T[-1] + 1))
+    return T + N + rest, tensors, T[0], nb, adjacent
+
+
+def _to_front(res, p, nb):
+    """Result of the permuted indexing -> PyTorch's layout (adjacent case)."""
+    return res.movedim(tuple(range(nb)), tuple(range(p, p + nb)))
+
+
 def _index_kernel(op):
     def kernel(self, indices):
         new, cpu = _prepare_indices(self, indices)
@@ -238,10 +278,19 @@ def _index_kernel(op):
             return cpu_fallback(op, self, indices)
         from ..runtime import executor
 
-        return executor.runner_for(op)(self, indices if new is None else new)
+        runner = executor.runner_for(op)
+        indices = _strip(indices if new is None else new)
+        if not _ambiguous(indices):
+            return runner(self, indices)
+        perm, tensors, p, nb, adjacent = _front_plan(self, indices)
+        res = runner(self.permute(perm), tensors)
+        return _to_front(res, p, nb) if adjacent and p else res
 
     kernel.__name__ = str(op)
     return kernel
+
+
+_INPLACE_PUT = (aten.index_put_.default, aten._index_put_impl_.default)
 
 
 def _index_put_kernel(op):
@@ -253,8 +302,27 @@ def _index_put_kernel(op):
             return cpu_fallback(op, self, indices, values, *args, **kwargs)
         from ..runtime import executor
 
-        return executor.runner_for(op)(self, indices if new is None else new, values,
-                                       *args, **kwargs)
+        runner = executor.runner_for(op)
+        indices = _strip(indices if new is None else new)
+        if not _ambiguous(indices):
+            return runner(self, indices, values, *args, **kwargs)
+        perm, tensors, p, nb, adjacent = _front_plan(self, indices)
+        xp = self.permute(perm)
+        shape = _index_result_shape(tuple(self.shape), [
+            None if i is None else torch.empty(tuple(i.shape), device="meta") for i in indices])
+        v = values
+        while v.dim() > len(shape) and v.shape[0] == 1:
+            v = v.squeeze(0)
+        v = v.expand(shape)
+        if adjacent and p:
+            v = v.movedim(tuple(range(p, p + nb)), tuple(range(nb)))
+        res = runner(xp, tensors, v, *args, **kwargs)
+        if op in _INPLACE_PUT:
+            return self
+        inv = [0] * len(perm)
+        for k, d in enumerate(perm):
+            inv[d] = k
+        return res.permute(inv)
 
     kernel.__name__ = str(op)
     return kernel
@@ -504,6 +572,33 @@ def masked_fill(x, mask, value):
     return jnp.where(jnp.asarray(mask), v, x.astype(dtype))
 
 
+def _cpu_value_kernel(op, scalar_op, pos):
+    """op's Tensor `value` (argument `pos`) may be a CPU 0-dim tensor, as on
+    CUDA; PyTorch's meta check rejects that, so use the Scalar overload."""
+    def kernel(*args, **kwargs):
+        from ..runtime import executor
+
+        value = args[pos] if len(args) > pos else kwargs.get("value")
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
+            args = list(args)
+            if len(args) > pos:
+                args[pos] = value.item()
+            else:
+                kwargs = dict(kwargs, value=value.item())
+            return executor.runner_for(scalar_op)(*args, **kwargs)
+        return executor.runner_for(op)(*args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+for _op, _sop, _pos in ((aten.masked_fill.Tensor, aten.masked_fill.Scalar, 2),
+                        (aten.masked_fill_.Tensor, aten.masked_fill_.Scalar, 2),
+                        (aten.index_fill.int_Tensor, aten.index_fill.int_Scalar, 3),
+                        (aten.index_fill_.int_Tensor, aten.index_fill_.int_Scalar, 3)):
+    core.KERNELS[_op] = _cpu_value_kernel(_op, _sop, _pos)
+
+
 @lower(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     shape = tuple(out_meta().shape)
@@ -537,5 +632,7 @@ def put(x, index, source, accumulate=False):
     if index.size == 0:
         return x
     if accumulate:
+        if x.dtype == jnp.bool_:
+            return flat.at[index].max(src, mode="drop").reshape(x.shape)
         return flat.at[index].add(src, mode="drop").reshape(x.shape)
     return flat.at[index].set(src, mode="drop").reshape(x.shape)

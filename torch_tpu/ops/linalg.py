@@ -22,10 +22,11 @@ from jax import lax
 
 from . import core
 from .registry import lower, out_dtype, out_meta
+from ..precision import lax_precision
 
 aten = torch.ops.aten
 
-_HIGHEST = lax.Precision.HIGHEST
+
 
 
 def _acc(dtype):
@@ -39,7 +40,7 @@ def _matmul(a, b, acc=None):
     acc = acc or _acc(a.dtype)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
-    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=acc)
+    return jnp.matmul(a, b, precision=lax_precision(), preferred_element_type=acc)
 
 
 def _beta_alpha(self, prod, beta, alpha):
@@ -99,7 +100,7 @@ def addbmm(self, b1, b2, *, beta=1, alpha=1):
     if jnp.issubdtype(b1.dtype, jnp.integer):
         prod = jnp.einsum("bij,bjk->ik", b1, b2, preferred_element_type=b1.dtype)
     else:
-        prod = jnp.einsum("bij,bjk->ik", b1, b2, precision=_HIGHEST,
+        prod = jnp.einsum("bij,bjk->ik", b1, b2, precision=lax_precision(),
                           preferred_element_type=acc)
     return _beta_alpha(self, prod, beta, alpha)
 
@@ -485,9 +486,9 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     s_inv = jnp.where(s > thresh, 1 / jnp.where(s > thresh, s, 1), 0).astype(real)
     if hermitian:
         w_inv = jnp.where(s > thresh, 1 / jnp.where(s > thresh, w, 1), 0).astype(a.dtype)
-        return jnp.matmul(v * w_inv[..., None, :], jnp.conj(_mT(v)), precision=_HIGHEST)
+        return jnp.matmul(v * w_inv[..., None, :], jnp.conj(_mT(v)), precision=lax_precision())
     return jnp.matmul(jnp.conj(_mT(vh)) * s_inv.astype(a.dtype)[..., None, :],
-                      jnp.conj(_mT(u)), precision=_HIGHEST)
+                      jnp.conj(_mT(u)), precision=lax_precision())
 
 
 @lower(aten.linalg_matrix_exp.default)
