@@ -255,6 +255,9 @@ def test_hlo_of_single_op_and_module_and_graph():
     gm = torch.fx.symbolic_trace(M())
     text = dbg.hlo(gm, a, stage="hlo")
     assert "exponential(" in text and "multiply(" in text
+    # a torch.compile'd callable: the program of the function it wraps
+    compiled = torch.compile(M(), backend="tpu")
+    assert "stablehlo.exponential" in dbg.hlo(compiled, a)
 
 
 def test_hlo_module_parameters_are_program_inputs():
@@ -291,6 +294,10 @@ def test_last_graphs_forward_and_backward():
     assert "sine" in fw.optimized
     assert "cosine" in bw.optimized
     torch.testing.assert_close(x.grad.cpu(), 3 * torch.cos(x.detach().cpu()))
+    # Timing captures (and the profiler) leave compiled code compiled.
+    with dbg.capture(timing=True) as cap:
+        cf(x.detach())
+    assert "aten.sin.default" not in cap.metrics["ops"]
 
 
 # --------------------------------------------------------------------------

@@ -212,6 +212,9 @@ class JaxOp:
 
     # -- calling ----------------------------------------------------------------
 
+    # torch_tpu is a dynamo skip directory (its kernels run between graphs);
+    # this method is the exception: dynamo traces it and records the op.
+    @torch._dynamo.dont_skip_tracing
     def __call__(self, *tensors):
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
