@@ -50,7 +50,7 @@ __all__ = [
     "metrics", "metrics_report", "reset_metrics", "capture", "Capture",
     "hlo", "lower", "Program", "cost_analysis", "memory_analysis", "last_graphs",
     "last_programs", "STAGES", "compile_log", "clear_compile_log", "CompileEvent",
-    "set_log", "fallback_report", "FallbackReport", "parity", "ParityReport",
+    "set_log", "dump_to", "fallback_report", "FallbackReport", "parity", "ParityReport",
 ]
 
 
