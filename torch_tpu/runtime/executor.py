@@ -379,6 +379,7 @@ class _Runner:
         else:
             self.targets = tuple(i for i, w in enumerate(self.plan.writes) if w)
         self.rng = lowering.random
+        self.returns_nothing = len(op._schema.returns) == 0
 
     def __call__(self, *args, **kwargs):
         plan = self.plan
@@ -506,6 +507,8 @@ class _Runner:
     # -- results ----------------------------------------------------------
 
     def _wrap(self, entry, outs, vals, device):
+        if self.returns_nothing:  # e.g. _foreach_add_ returns ()
+            return None
         if self.functional is not None:
             # The op returns its written arguments (self, or the out tensors).
             res = [vals[i] for i in self.targets]
