@@ -258,22 +258,26 @@ def _solve_is_vector_rhs(a_shape, b_shape):
                                  and tuple(b_shape) == tuple(a_shape[:-1]))
 
 
-def _solve_ex_kernel(A, B, *, left=True, check_errors=False):
-    # As PyTorch: LU of A^T when A is contiguous and real, then an adjoint
-    # solve; the backward reads LU/pivots with the same convention.
-    use_A_T = A.is_contiguous() and not A.is_complex()
-    LU, pivots, info = torch.ops.aten.linalg_lu_factor_ex.default(A.mT if use_A_T else A)
-    if check_errors:
-        torch.ops.aten._linalg_check_errors.default(info, "torch.linalg.solve_ex", A.dim() == 2)
-    vector_case = _solve_is_vector_rhs(tuple(LU.shape), tuple(B.shape))
-    B_ = B.unsqueeze(-1) if vector_case else B
-    result = torch.ops.aten.linalg_lu_solve.default(LU, pivots, B_, left=left, adjoint=use_A_T)
+@lower(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    # PyTorch (2.13) returns the LU of A itself here (unlike _linalg_det,
+    # which factors A^T when A is contiguous); the backward solves with it.
+    outs = out_meta()
+    n = a.shape[-1]
+    vector_case = _solve_is_vector_rhs(a.shape, b.shape)
+    b2 = b[..., None] if vector_case else b
+    if a.size == 0 or b.size == 0:
+        lu = jnp.broadcast_to(a, tuple(outs[1].shape))
+        return (jnp.zeros(tuple(outs[0].shape), a.dtype), lu,
+                jnp.zeros(tuple(outs[2].shape), jnp.int32), jnp.zeros(tuple(outs[3].shape), jnp.int32))
+    lu, piv, perm = _lu(a)
+    rshape = jnp.broadcast_shapes(lu.shape[:-2], b2.shape[:-2])
+    x = _lu_solve(jnp.broadcast_to(lu, rshape + lu.shape[-2:]),
+                  jnp.broadcast_to(perm, rshape + perm.shape[-1:]),
+                  jnp.broadcast_to(b2, rshape + b2.shape[-2:]), left=left)
     if vector_case:
-        result = result.squeeze(-1)
-    return result, LU, pivots, info
-
-
-core.KERNELS[aten._linalg_solve_ex.default] = _solve_ex_kernel
+        x = x[..., 0]
+    return x, lu, piv + 1, _lu_info(lu)
 
 
 def _det_parts(a):
