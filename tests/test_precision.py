@@ -111,8 +111,6 @@ def test_precision_changes_hlo_of_aten_mm():
     assert _dot_precisions(text) == [("highest", "highest")]
 
 
-@pytest.mark.xfail(reason="the executor's cache key does not include precision.cache_token() "
-                          "yet", strict=False)
 def test_eager_executables_are_not_reused_across_precisions():
     mm = torch_tpu.jax_op(jnp.matmul, name="precision_test_eager_matmul")
     a = torch.randn(9, 9, device="tpu")

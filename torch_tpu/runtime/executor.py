@@ -79,7 +79,19 @@ STATS = CacheStats()
 # Observers of compile events: callables (name, key, seconds, compiled).
 COMPILE_LISTENERS: list = []
 
+# Observers of lowered programs, before XLA compiles them: callables
+# (name, key, lowered) — the debug tools keep StableHLO and unoptimized HLO.
+LOWERED_LISTENERS: list = []
+
 _CACHE: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _precision_token():
+    from ..precision import cache_token
+
+    global _precision_token
+    _precision_token = cache_token
+    return cache_token()
 
 
 def _capacity() -> int:
@@ -103,7 +115,10 @@ def _compile(name: str, key, fn, args, **jit_kwargs):
     token = _tiers.begin_compile()
     t0 = time.perf_counter()
     try:
-        compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
+        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        for listener in LOWERED_LISTENERS:
+            listener(name, key, lowered)
+        compiled = lowered.compile()
     finally:
         seconds = time.perf_counter() - t0
         source = _tiers.end_compile(token, name, seconds)
@@ -398,6 +413,8 @@ class _Runner:
         if plan.has_dtype_arg:
             # dtype=None means the default dtype, which the user may change.
             sig.key.append(torch.get_default_dtype())
+        # Programs traced under another matmul precision differ.
+        sig.key.append(_precision_token())
         key = tuple(sig.key)
         STATS.requests += 1
         entry = _CACHE.get(key)
@@ -482,6 +499,7 @@ class _Runner:
                 bases[r[1]] = _write(bases[r[1]], r[2], val, m, name)
             return outs, [bases[s] for s in out_slots]
 
+        program.__name__ = name.replace(".", "_")
         arrays = [d.array for d in sig.slot_data]
         if lowering.eager:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
