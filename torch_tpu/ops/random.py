@@ -234,17 +234,61 @@ def _standard_gamma(x, generator=None, *, rng_key):
     return jax.random.gamma(jax_key(rng_key), a, x.shape)
 
 
-@lower(aten._sample_dirichlet.default, random=True)
-def _sample_dirichlet(x, generator=None, *, rng_key):
-    a = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
-    g = jax.random.gamma(jax_key(rng_key), a, x.shape)
+# -- ops without a meta kernel -------------------------------------------------------------
+#
+# The executor asks PyTorch's meta kernel for shapes and dtypes; _sample_dirichlet
+# and binomial have none. Their kernels run a cached jitted function of the
+# input values and a fresh key directly (outputs: the first input's shape/dtype).
+
+_direct_cache: dict = {}
+
+
+def _direct_kernel(name, fn):
+    def kernel(*tensors, generator=None):
+        from ..device import random as tpu_random
+        from ..runtime import executor
+        from ..runtime import storage as st
+
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        first = tensors[0]
+        index = first.device.index
+        for t in tensors:
+            if t.device != first.device:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two "
+                    f"devices, {first.device} and {t.device}! (when checking arguments for {name})")
+        if name == "aten.binomial.default":
+            torch._check(tensors[0].shape == tensors[1].shape, lambda: (
+                f"{name}: count and prob must have the same shape"))
+        values = [executor.value(t) for t in tensors]
+        key = (name, tuple((v.shape, v.dtype) for v in values))
+        compiled = _direct_cache.get(key)
+        raw = tpu_random.next_key(index)
+        if compiled is None:
+            compiled = executor._compile(
+                name, key, lambda vals, raw: fn(jax_key(raw), *vals).astype(vals[0].dtype),
+                (values, raw))
+            _direct_cache[key] = compiled
+        return st.wrap(compiled(values, raw), index, first.dtype)
+
+    kernel.__name__ = name
+    return kernel
+
+
+def _dirichlet_fn(key, alpha):
+    a = alpha.astype(jnp.float32) if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha
+    g = jax.random.gamma(key, a, a.shape)
     return g / jnp.sum(g, axis=-1, keepdims=True)
 
 
-@lower(aten.binomial.default, random=True)
-def binomial(count, prob, generator=None, *, rng_key):
+def _binomial_fn(key, count, prob):
     f = jnp.float32 if count.dtype in (jnp.bfloat16, jnp.float16) else count.dtype
-    return jax.random.binomial(jax_key(rng_key), count.astype(f), prob.astype(f), _shape())
+    return jax.random.binomial(key, count.astype(f), prob.astype(f), count.shape)
+
+
+core.KERNELS[aten._sample_dirichlet.default] = _direct_kernel(
+    "aten._sample_dirichlet.default", _dirichlet_fn)
+core.KERNELS[aten.binomial.default] = _direct_kernel("aten.binomial.default", _binomial_fn)
 
 
 # -- multinomial ------------------------------------------------------------------------------------
