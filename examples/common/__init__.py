@@ -1,0 +1,1 @@
+"""Pieces shared by the examples: command line, training loop, data, checkpoints."""
