@@ -47,7 +47,7 @@ _RECORDS: collections.deque = collections.deque(maxlen=4096)
 _TOTALS = {"compiled": [0, 0.0], "disk": [0, 0.0], "uncached": [0, 0.0]}
 
 
-def store() -> DiskStore:
+def disk_store() -> DiskStore:
     """The disk tier (created and installed into JAX on first use)."""
     global _store
     if _store is None:
@@ -83,15 +83,15 @@ def _install(s: DiskStore) -> None:
 
 def begin_compile():
     """Called by the executor before compiling: starts collecting tier events."""
-    return store().begin()
+    return disk_store().begin()
 
 
 def end_compile(token, name: str, seconds: float) -> str:
     """Called after compiling: records the compile and says which tier served it."""
-    events = store().end(token)
+    events = disk_store().end(token)
     if "hit" in events:
         source = "disk"
-    elif "miss" in events or "write" in events or not store().enabled:
+    elif "miss" in events or "write" in events or not disk_store().enabled:
         source = "compiled"
     else:
         source = "uncached"
@@ -139,7 +139,7 @@ def stats() -> dict:
             "capacity": executor._capacity(),
             "evictions": s.evictions + graph.get("evictions", 0),
         },
-        "disk": store().info(),
+        "disk": disk_store().info(),
         "compile_seconds": s.compile_seconds,
         "compile_seconds_by_source": by_source,
         "compiles": mem_misses,
@@ -150,7 +150,7 @@ def stats() -> dict:
 
 def info() -> dict:
     """Where the disk tier is and what it holds (no process statistics)."""
-    d = store().info()
+    d = disk_store().info()
     return {k: d[k] for k in ("enabled", "writable", "dir", "status", "entries", "bytes",
                               "max_bytes")}
 
@@ -168,7 +168,7 @@ def reset_stats() -> None:
     from ..runtime import executor
 
     executor.STATS.reset()
-    store().stats.reset()
+    disk_store().stats.reset()
     with _lock:
         _RECORDS.clear()
         for v in _TOTALS.values():
@@ -200,7 +200,7 @@ def clear(memory: bool = True, disk: bool = True) -> int:
         except Exception:  # pragma: no cover
             pass
     if disk:
-        removed = store().clear()
+        removed = disk_store().clear()
     return removed
 
 
@@ -208,12 +208,12 @@ def set_dir(path: str | None) -> None:
     """Use `path` for the disk tier from now on (None or "" turns it off)."""
     import os
 
-    store().set_dir(os.path.abspath(os.path.expanduser(path)) if path else None)
+    disk_store().set_dir(os.path.abspath(os.path.expanduser(path)) if path else None)
 
 
 def cache_dir() -> str | None:
     """The disk tier's directory, or None when it is off."""
-    s = store()
+    s = disk_store()
     return s.root if s.enabled else None
 
 
@@ -224,13 +224,13 @@ def enable(path: str | None = None) -> None:
 
 def disable() -> None:
     """Turn the disk tier off for this process (memory only)."""
-    store().set_dir(None)
+    disk_store().set_dir(None)
 
 
 def is_enabled() -> bool:
-    return store().enabled
+    return disk_store().enabled
 
 
 def set_max_bytes(max_bytes: int) -> None:
     """Cap the disk tier at `max_bytes`, evicting least recently used entries."""
-    store().set_max_bytes(max_bytes)
+    disk_store().set_max_bytes(max_bytes)

@@ -145,6 +145,7 @@ class CompiledGraph:
         self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
         self.pad_ok = None       # False once padding to buckets proved unsafe
         self.pad_plan = None
+        self.seen_sizes = {}     # symbol -> values seen (only changing ones are padded)
         self.warned_cap = False
         # Outputs [0, n_user_outputs) are what the user (or AOTAutograd's
         # wrapper) sees; the rest of a forward graph's outputs are saved for
@@ -270,6 +271,16 @@ class CompiledGraph:
             return self._run_eager(args)
 
     def _run(self, args):
+        if self.consts is None:
+            self.consts = [_const_value(v, self.device) for _, v in self.program.constants]
+        ints = [int(args[p]) for p in self.int_pos]
+        if self.symbolic:
+            # The policy reads the inputs itself (padded inputs are not re-read).
+            return self.policy.run(self, args, None, ints)
+        return self._run_static(args, self.read_inputs(args), ints)
+
+    def read_inputs(self, args):
+        """The jax values of the tensor inputs."""
         arrays = []
         for p in self.tensor_pos:
             t = args[p]
@@ -277,13 +288,11 @@ class CompiledGraph:
                 arrays.append(executor.value(t))
             else:
                 arrays.append(st.from_host(t, self.device))
-        if padding.SPECS and not self.symbolic:
+        if padding.SPECS:
             self._unpad_inputs(args, arrays)
-        ints = [int(args[p]) for p in self.int_pos]
-        if self.consts is None:
-            self.consts = [_const_value(v, self.device) for _, v in self.program.constants]
-        if self.symbolic:
-            return self.policy.run(self, args, arrays, ints)
+        return arrays
+
+    def _run_static(self, args, arrays, ints):
         entry = self.executables.get(None)
         if entry is None:
             entry = self.executables[None] = self._build(
@@ -425,6 +434,11 @@ def register() -> None:
 
     if "tpu" not in _COMPILER_FNS:
         register_backend(name="tpu")(tpu_backend)
+    # Dynamo must never trace torch_tpu's own Python (the device kernels run
+    # eagerly between graphs, e.g. `.item()` at a graph break).
+    from torch._dynamo import trace_rules
+
+    trace_rules.add("torch_tpu")
     _redirect_inductor()
     _registered = True
 

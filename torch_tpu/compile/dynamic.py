@@ -92,8 +92,8 @@ class Policy:
     # -- exact shapes ------------------------------------------------------
 
     def _run_exact(self, graph, args, arrays, ints):
-        if padding.SPECS:
-            graph._unpad_inputs(args, arrays)
+        if arrays is None:
+            arrays = graph.read_inputs(args)
         key = graph.signature(arrays, ints)
         exes = graph.executables
         entry = exes.get(key)
@@ -160,9 +160,19 @@ class Policy:
             true.setdefault(sym, v)
         if any(s not in true for s in symbols):
             raise PadUnsafe("a dynamic size is not given by any input")
-        buckets = {s: padding.next_bucket(true[s], self.buckets) for s in symbols}
+        # Only sizes seen to change are padded; the others (a hidden size
+        # under dynamic=True, say) stay exact and part of the key.
+        seen = graph.seen_sizes
+        for s in symbols:
+            seen.setdefault(s, set()).add(true[s])
+        varying = [s for s in symbols if len(seen[s]) > 1]
+        if not varying:
+            raise _CallUnsafe()
+        buckets = {s: padding.next_bucket(true[s], self.buckets) for s in varying}
+        exact = {s: true[s] for s in symbols if s not in buckets}
         true_env, pad_env = SymEnv(), SymEnv()
         true_env.values.update(true)
+        pad_env.values.update(exact)
         pad_env.values.update(buckets)
         # 2. inputs at bucket size
         arrays, specs = [], []
@@ -178,7 +188,7 @@ class Policy:
                 specs.append(reg[0])
                 continue
             try:
-                spec = padding.meta_spec(val, buckets)
+                spec = padding.meta_spec(val, buckets, exact)
             except PadUnsafe:  # merged dims: only readable when produced padded
                 raise _CallUnsafe() from None
             shape = tuple(t.shape)
@@ -194,14 +204,15 @@ class Policy:
             arrays.append(arr)
             specs.append(spec)
         ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in graph.int_pos]
-        key = ("bucket", tuple(buckets[s] for s in symbols),
+        key = ("bucket", tuple((str(s), buckets[s]) for s in varying),
+               tuple(sorted((str(s), v) for s, v in exact.items())),
                tuple((a.shape, str(a.dtype)) for a in arrays), tuple(map(_spec_key, specs)))
         entry = graph.executables.get(key)
         if entry is None:
             entry = graph.executables[key] = self._build_padded(
-                graph, arrays, ints, specs, buckets, symbols, key)
+                graph, arrays, ints, specs, buckets, exact, varying, key)
         compiled, out_specs = entry
-        sizes = np.asarray([true[s] for s in symbols], np.int32)
+        sizes = np.asarray([true[s] for s in varying], np.int32)
         rng = None
         if program.uses_rng:
             from ..device import random as tpu_random
@@ -238,7 +249,7 @@ class Policy:
         args.clear()
         return results
 
-    def _build_padded(self, graph, arrays, ints, specs, buckets, symbols, key):
+    def _build_padded(self, graph, arrays, ints, specs, buckets, exact, symbols, key):
         program = graph.program
         placeholders = program.placeholders
         sym_index = {s: i for i, s in enumerate(symbols)}
@@ -246,17 +257,21 @@ class Policy:
 
         def fn(arrays, consts, rng, sizes):
             inputs = [None] * len(graph.specs)
-            hook = PadHook(program, buckets, sizes, sym_index)
+            hook = PadHook(program, buckets, sizes, sym_index, exact)
             for p, a, spec in zip(graph.tensor_pos, arrays, specs):
                 inputs[p] = a
                 hook.set_input(placeholders[p], a, spec)
             for p, v in zip(graph.int_pos, ints):
                 inputs[p] = v
-                hook.tainted.add(placeholders[p])
+                val = placeholders[p].meta.get("val")
+                if isinstance(val, torch.SymInt) and \
+                        val.node.expr.free_symbols & set(buckets):
+                    hook.tainted.add(placeholders[p])
             for p, s in enumerate(graph.specs):
                 if s.kind == "x":
                     inputs[p] = s.static
             syms = SymEnv()
+            syms.values.update(exact)
             syms.values.update(buckets)
             outs, muts = program.trace(inputs, consts, rng if program.uses_rng else None,
                                        syms, hook=hook)

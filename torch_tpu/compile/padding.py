@@ -83,11 +83,18 @@ def _is_sym(x):
     return isinstance(x, torch.SymInt)
 
 
-def dim_spec(size, buckets):
-    """The spec of one dimension of symbolic size `size` (exact symbols only)."""
+def dim_spec(size, buckets, exact=None):
+    """The spec of one dimension of symbolic size `size`.
+
+    `buckets` maps the padded symbols to their bucket; `exact` the other
+    symbols to their values. A dim that is one padded symbol is padded; a dim
+    that mixes a padded symbol with anything else cannot be described.
+    """
     if not _is_sym(size):
         return None
     expr = size.node.expr
+    if exact:
+        expr = expr.xreplace(exact)
     free = getattr(expr, "free_symbols", set())
     if not free & set(buckets):
         return None
@@ -96,10 +103,10 @@ def dim_spec(size, buckets):
     raise PadUnsafe(f"a dimension of size {expr} mixes a padded size with others")
 
 
-def meta_spec(val, buckets):
+def meta_spec(val, buckets, exact=None):
     if not isinstance(val, torch.Tensor):
         return None
-    return _norm(tuple(dim_spec(s, buckets) for s in val.shape))
+    return _norm(tuple(dim_spec(s, buckets, exact) for s in val.shape))
 
 
 _POINTWISE_EXTRA = {
@@ -121,9 +128,10 @@ _SIZE_ARG_OPS = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 class PadHook:
     """Watches a trace of `program` at bucket sizes and keeps padding out of results."""
 
-    def __init__(self, program, buckets: dict, true_sizes, sym_index: dict):
+    def __init__(self, program, buckets: dict, true_sizes, sym_index: dict, exact=None):
         self.program = program
         self.buckets = buckets          # symbol -> bucket size
+        self.exact = exact or {}        # symbol -> value, for the symbols not padded
         self.true_sizes = true_sizes    # traced int32[n]: the real sizes
         self.sym_index = sym_index      # symbol -> position in true_sizes
         self.specs = {}                 # node -> spec (or tuple of specs)
@@ -229,8 +237,8 @@ class PadHook:
     def _meta_specs(self, n):
         val = n.meta.get("val")
         if isinstance(val, (list, tuple)):
-            return tuple(meta_spec(v, self.buckets) for v in val)
-        return meta_spec(val, self.buckets)
+            return tuple(meta_spec(v, self.buckets, self.exact) for v in val)
+        return meta_spec(val, self.buckets, self.exact)
 
     def _check_sizes(self, n, op):
         """A padded size may only be used as a size (shape argument)."""
@@ -388,7 +396,7 @@ def _expand_rule(hook, n, op, args, kwargs, call):
         if i >= 0 and x.shape[i] == out_shape[j]:
             result.append(spec[i])
         else:
-            result.append(dim_spec(val.shape[j], hook.buckets))
+            result.append(dim_spec(val.shape[j], hook.buckets, hook.exact))
     return value, _norm(tuple(result))
 
 
@@ -738,7 +746,27 @@ def _cat_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(merged))
 
 
+def _stack_rule(hook, n, op, args, kwargs, call):
+    tensors = args[0]
+    value = call(args, kwargs)
+    d = _get(op, args, kwargs, "dim", 0) % value.ndim
+    merged = None
+    for node, x in zip(n.args[0], tensors):
+        spec = _full(hook.specs.get(node), x.ndim)
+        if merged is None:
+            merged = list(spec)
+        for i, dim in enumerate(spec):
+            if _masked(dim) or _masked(merged[i]):
+                if merged[i] != dim and _masked(merged[i]) and _masked(dim):
+                    raise PadUnsafe("stack of differently padded operands")
+                merged[i] = dim if _masked(dim) else merged[i]
+    merged = list(merged or [])
+    merged.insert(d, None)
+    return value, _norm(tuple(merged))
+
+
 RULES = {
+    aten.stack.default: _stack_rule,
     aten.cat.default: _cat_rule,
     aten.alias.default: _same, aten.detach.default: _same, aten.clone.default: _same,
     aten.contiguous.default: _same, aten.lift_fresh_copy.default: _same,
