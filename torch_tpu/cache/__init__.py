@@ -40,7 +40,7 @@ __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cac
 _lock = threading.Lock()
 _store: DiskStore | None = None
 _installed = False
-# Per-compile records: (name, seconds, source) where source is "compiled"
+# Per-compile records: (name, seconds, source, trace_seconds); source is "compiled"
 # (XLA compiled it), "disk" (loaded from the persistent tier) or "uncached"
 # (the program cannot be stored, e.g. it calls back into Python).
 _RECORDS: collections.deque = collections.deque(maxlen=4096)
@@ -86,8 +86,13 @@ def begin_compile():
     return disk_store().begin()
 
 
-def end_compile(token, name: str, seconds: float) -> str:
-    """Called after compiling: records the compile and says which tier served it."""
+def end_compile(token, name: str, seconds: float, trace_seconds: float = 0.0) -> str:
+    """Called after compiling: records the compile and says which tier served it.
+
+    `seconds` is the whole time to produce the executable; `trace_seconds`
+    the part spent tracing and lowering to StableHLO (before any tier could
+    answer), the rest is XLA compilation or loading from disk.
+    """
     events = disk_store().end(token)
     if "hit" in events:
         source = "disk"
@@ -96,7 +101,7 @@ def end_compile(token, name: str, seconds: float) -> str:
     else:
         source = "uncached"
     with _lock:
-        _RECORDS.append((name, seconds, source))
+        _RECORDS.append((name, seconds, source, trace_seconds))
         tot = _TOTALS[source]
         tot[0] += 1
         tot[1] += seconds
@@ -118,7 +123,8 @@ def stats() -> dict:
     - ``compile_seconds``: total seconds spent producing executables;
       ``compile_seconds_by_source``: split into XLA compiles ("compiled"),
       loads from disk ("disk") and programs the disk tier cannot hold.
-    - ``per_entry``: the most recent compiles, ``(name, seconds, source)``.
+    - ``per_entry``: the most recent compiles (up to 4096): name, seconds,
+      source, and trace_seconds (tracing + lowering, part of seconds).
     """
     from ..runtime import executor
 
@@ -128,7 +134,8 @@ def stats() -> dict:
     graph = _graph_stats()
     mem_hits += graph.get("hits", 0)
     with _lock:
-        per_entry = [{"name": n, "seconds": sec, "source": src} for n, sec, src in _RECORDS]
+        per_entry = [{"name": n, "seconds": sec, "source": src, "trace_seconds": tr}
+                     for n, sec, src, tr in _RECORDS]
         by_source = {k: {"count": v[0], "seconds": v[1]} for k, v in _TOTALS.items()}
     return {
         "requests": mem_hits + mem_misses,

@@ -114,14 +114,17 @@ def _compile(name: str, key, fn, args, **jit_kwargs):
 
     token = _tiers.begin_compile()
     t0 = time.perf_counter()
+    t1 = None
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        t1 = time.perf_counter()
         for listener in LOWERED_LISTENERS:
             listener(name, key, lowered)
         compiled = lowered.compile()
     finally:
         seconds = time.perf_counter() - t0
-        source = _tiers.end_compile(token, name, seconds)
+        source = _tiers.end_compile(token, name, seconds,
+                                    trace_seconds=(t1 - t0) if t1 is not None else seconds)
     STATS.misses += 1
     STATS.compile_seconds += seconds
     STATS.compiles_per_op[name] += 1
