@@ -343,6 +343,15 @@ def test_softmax(dtype, dim):
             compare(op(x.to(DEV), dim, True), op(x.float(), dim, False), rtol=1e-5, atol=1e-5)
 
 
+def test_safe_softmax():
+    x = make((3, 4), torch.float32)
+    x[1] = -INF
+    x[2, 0] = -INF
+    check(torch.ops.aten._safe_softmax, x, 1)
+    check(torch.ops.aten._safe_softmax, x, 0, torch.float32)
+    check(torch.ops.aten._safe_softmax, x.to(torch.bfloat16), -1)
+
+
 # -- scans ------------------------------------------------------------------------------------------
 
 
@@ -597,6 +606,7 @@ def test_unique(dtype):
     check(torch.unique_consecutive, rows, return_inverse=True, return_counts=True, dim=0)
     check(torch.unique_consecutive, rows, dim=1)
     check(torch.unique, rows, dim=0, return_inverse=True, return_counts=True)
+    check(torch.ops.aten.unique_dim_consecutive, rows, 0, True, True)
     check(torch.unique, torch.empty(0, dtype=dtype), return_inverse=True, return_counts=True)
     check(torch.unique, torch.empty(0, 3, dtype=dtype), dim=0)
     check(torch.unique, torch.empty(0, 3, dtype=dtype), dim=1)

@@ -424,6 +424,19 @@ def _log_softmax(x, dim, half_to_float):
     return s - jnp.log(jnp.sum(jnp.exp(s), axis=axes, keepdims=True))
 
 
+@lower(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    """Softmax whose fully masked (all -inf) rows are 0 instead of NaN (SDPA)."""
+    if dtype is not None:
+        x = x.astype(st.TORCH_TO_JAX[dtype])
+    y = _softmax(x, dim, False)
+    if y.size == 0:
+        return y
+    axes = _softmax_axes(x, dim)
+    masked = jnp.all(x == -jnp.inf, axis=axes, keepdims=True)
+    return jnp.where(masked, jnp.zeros((), y.dtype), y)
+
+
 @lower(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
     acc = _acc(grad_output.dtype)

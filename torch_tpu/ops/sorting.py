@@ -351,6 +351,11 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     return u, inv if return_inverse else empty, cnt if return_counts else empty
 
 
+@lower(aten.unique_dim_consecutive.default, eager=True)
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    return _unique_along(x, dim, False)
+
+
 # -- eager kernels ---------------------------------------------------------------------
 #
 # The executor runs every lowering through PyTorch's meta kernel first, which
@@ -447,7 +452,7 @@ def _eager_out_kernel(out_op, functional):
 
 _EAGER_OPS = (aten.nonzero.default, aten.masked_select.default, aten.bincount.default,
               aten._unique2.default, aten._unique.default, aten.unique_dim.default,
-              aten.unique_consecutive.default)
+              aten.unique_consecutive.default, aten.unique_dim_consecutive.default)
 
 
 def _register_eager():
