@@ -211,16 +211,49 @@ def _arg_extreme(x, axis, largest):
     return _idx(f(_orderable(x), axis, jnp.int32))
 
 
+def _extreme_with_index(x, axis, largest):
+    """(max, first index of it) along `axis` in one variadic reduction.
+
+    NaN counts as the extreme; among equal values the lower index wins. The
+    choice is a max over a total order of (value, index), so XLA may combine
+    in any order.
+    """
+    xs = _orderable(x)
+    idx = lax.broadcasted_iota(jnp.int32, xs.shape, axis)
+    floating = _is_float(xs)
+    if floating:
+        init = -jnp.inf if largest else jnp.inf
+    else:
+        info = jnp.iinfo(xs.dtype)
+        init = info.min if largest else info.max
+    init_v = jnp.asarray(init, xs.dtype)
+    init_i = jnp.asarray(np.iinfo(np.int32).max, jnp.int32)
+
+    def combine(a, b):
+        av, ai = a
+        bv, bi = b
+        strict = av > bv if largest else av < bv
+        tie = (av == bv) & (ai < bi)
+        if floating:
+            an, bn = jnp.isnan(av), jnp.isnan(bv)
+            tie = tie | (an & bn & (ai < bi))
+            strict = (strict & ~bn) | (an & ~bn)
+        take_a = strict | tie
+        return jnp.where(take_a, av, bv), jnp.where(take_a, ai, bi)
+
+    v, i = lax.reduce((xs, idx), (init_v, init_i), combine, (axis,))
+    return v.astype(x.dtype), _idx(i)
+
+
 def _value_and_index(x, dim, keepdim, largest):
     _no_complex(x, "max" if largest else "min")
     d = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    i = _arg_extreme(x, d, largest)
-    v = jnp.take_along_axis(x, jnp.expand_dims(i, d), axis=d)
+    v, i = _extreme_with_index(x, d, largest)
     if keepdim:
-        return v, jnp.expand_dims(i, d)
-    return jnp.squeeze(v, d), i
+        return jnp.expand_dims(v, d), jnp.expand_dims(i, d)
+    return v, i
 
 
 @lower(aten.max.dim)
