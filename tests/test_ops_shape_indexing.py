@@ -480,3 +480,74 @@ def test_empty_indexing():
     check(lambda t: t[torch.tensor([], dtype=torch.long).to(t.device)], y)
     check(lambda t: t.index_put((torch.tensor([], dtype=torch.long).to(t.device),),
                                 torch.tensor(1.0).to(t.device)), y)
+
+
+# -- factories --------------------------------------------------------------------------------
+
+
+def _factory(fn, exact=True, **tol):
+    want = fn("cpu")
+    got = fn("tpu")
+    compare(got, want, exact=exact, **tol)
+
+
+@pytest.mark.parametrize("args", [(10,), (2, 11), (0, 1, 0.1), (-3.5, 4, 1.25), (5, -3, -2),
+                                  (0, 0), (1.0, 1e3, 3.7)])
+def test_arange(args):
+    # CPU's vectorized kernel rounds twice for float32: allow 1 ulp.
+    _factory(lambda d: torch.arange(*args, device=d), exact=False, rtol=1e-6, atol=0)
+    for dtype in (torch.float32, torch.int32, torch.bfloat16, torch.float64):
+        if dtype.is_floating_point or all(float(a).is_integer() for a in args):
+            r = 1e-2 if dtype == torch.bfloat16 else 1e-6  # CPU: bf16 arithmetic, 1 ulp
+            _factory(lambda d: torch.arange(*args, device=d, dtype=dtype), exact=False,
+                     rtol=r, atol=1e-6)
+
+
+def test_arange_out_and_cache():
+    out = torch.empty(3, device="tpu")
+    r = torch.arange(2, 8, out=out)
+    assert r is out and out.shape == (6,)
+    torch.testing.assert_close(out.cpu(), torch.arange(2.0, 8.0))
+    torch.arange(0, 5, device="tpu")
+    misses = executor.STATS.misses
+    for start in range(1, 4):  # same length, new start: no compile
+        torch.testing.assert_close(torch.arange(start, start + 5, device="tpu").cpu(),
+                                   torch.arange(start, start + 5))
+    assert executor.STATS.misses == misses
+    with pytest.raises(RuntimeError):
+        torch.arange(0, 5, -1, device="tpu")
+
+
+def test_linspace_logspace_eye_full():
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.complex64):
+        for s, e, n in ((0, 1, 5), (-3, 10, 7), (0.5, 10, 1), (2, 2, 4), (0, 1, 0)):
+            _factory(lambda d: torch.linspace(s, e, n, device=d, dtype=dtype), exact=False,
+                     rtol=1e-6, atol=1e-6)
+    _factory(lambda d: torch.linspace(torch.tensor(1.0, device=d), 4, 6, device=d))
+    _factory(lambda d: torch.logspace(0, 3, 4, device=d), exact=False, rtol=1e-6, atol=1e-6)
+    _factory(lambda d: torch.logspace(1, 5, 5, base=2, device=d, dtype=torch.int64))
+    _factory(lambda d: torch.eye(3, device=d))
+    _factory(lambda d: torch.eye(2, 4, device=d, dtype=torch.bool))
+    _factory(lambda d: torch.full((2, 3), 7, device=d))
+    _factory(lambda d: torch.full((2,), True, device=d))
+    _factory(lambda d: torch.full((2, 2), 1.5 + 2j, device=d))
+    _factory(lambda d: torch.full((3,), 2.7, device=d, dtype=torch.int32))
+    _factory(lambda d: torch.zeros(2, 0, device=d))
+    _factory(lambda d: torch.ones(3, device=d, dtype=torch.int8))
+    _factory(lambda d: torch.scalar_tensor(3.5, device=d))
+    _factory(lambda d: torch.tril_indices(4, 3, device=d))
+    _factory(lambda d: torch.tril_indices(3, 5, -1, device=d))
+    _factory(lambda d: torch.triu_indices(4, 4, 1, device=d, dtype=torch.int32))
+    _factory(lambda d: torch.triu_indices(0, 3, device=d))
+
+
+def test_like_factories_keep_layout():
+    base = make((3, 4, 5))
+    for fn in (torch.zeros_like, torch.ones_like, torch.empty_like,
+               lambda t: torch.full_like(t, 2.5), lambda t: torch.rand_like(t)):
+        for view in (lambda t: t, lambda t: t.transpose(0, 2)):
+            want = fn(view(base))
+            got = fn(view(base.to("tpu")))
+            assert got.shape == want.shape and got.stride() == want.stride()
+            assert got.dtype == want.dtype and got.device.type == "tpu"
+    torch.testing.assert_close(torch.full_like(base.to("tpu"), 2.5).cpu(), torch.full_like(base, 2.5))
