@@ -87,6 +87,8 @@ def tpu_compile_available() -> tuple[bool, str]:
     if getattr(mod, "__file__", None) is None:
         return False, "torch_tpu.compile is not a package yet (the compile issue has not landed)"
     try:
+        if hasattr(mod, "register"):  # the backend registers with dynamo lazily
+            mod.register()
         import torch._dynamo
 
         backends = torch._dynamo.list_backends(exclude_tags=())
@@ -212,3 +214,39 @@ def average_gradients(model: torch.nn.Module, ctx: ParallelContext) -> None:
         local = g.to_local() if hasattr(g, "to_local") else g
         dist.all_reduce(local, op=dist.ReduceOp.SUM, group=ctx.dp_group)
         local.div_(ctx.dp)
+
+
+def mean_over_dp(loss: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """The mean of a per-rank scalar over the data-parallel group (for logging)."""
+    if ctx.dp <= 1:
+        return loss
+    import torch.distributed as dist
+
+    loss = loss.clone()
+    dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=ctx.dp_group)
+    return loss / ctx.dp
+
+
+def clip_grad_norm_tp(model: torch.nn.Module, max_norm: float, ctx: ParallelContext):
+    """`clip_grad_norm_` for a model with tensor-parallel (DTensor) and replicated parameters.
+
+    The squared norm of the sharded gradients is summed over the tensor-parallel
+    group, replicated gradients are counted once; the scale factor is PyTorch's
+    (max_norm / (norm + 1e-6), at most 1).
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    dev = (sharded or plain)[0].device
+    sq_sharded = sum((g.float().pow(2).sum() for g in sharded), torch.zeros((), device=dev))
+    if ctx.tp > 1:
+        dist.all_reduce(sq_sharded, op=dist.ReduceOp.SUM, group=ctx.mesh.get_group("tp"))
+    sq_plain = sum((g.float().pow(2).sum() for g in plain), torch.zeros((), device=dev))
+    total = (sq_sharded + sq_plain).sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in sharded + plain:
+        g.mul_(coef.to(g.dtype))
+    return total

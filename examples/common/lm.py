@@ -146,6 +146,8 @@ def train_main(family: LMFamily, argv=None):
     def after_backward():
         sync_tp_partial_grads(model, family, ctx)
         cli.average_gradients(model, ctx)
+        if ctx.tp > 1 and args.grad_clip is not None:
+            cli.clip_grad_norm_tp(model, args.grad_clip, ctx)
 
     stats = loop.train(
         name=f"{family.name} {args.config}", model=model, optimizer=optimizer,
@@ -154,6 +156,7 @@ def train_main(family: LMFamily, argv=None):
         log_interval=args.log_interval, show_progress=not args.no_progress and ctx.is_main,
         compiled=args.compile, grad_clip=args.grad_clip if ctx.tp == 1 else None,
         after_backward=after_backward if ctx.enabled else None,
+        reduce_loss=(lambda loss: cli.mean_over_dp(loss, ctx)) if ctx.dp > 1 else None,
         forward=lambda inputs: fwd_model(*inputs), verbose=ctx.is_main)
     if ctx.is_main:
         if args.save is not None:

@@ -113,12 +113,15 @@ def _compile_time(device, before_s):
 def train(*, name: str, model, optimizer, batch_fn, loss_fn, steps: int, device,
           items_per_step: int, unit: str, log_interval: int = 10, show_progress: bool = True,
           compiled: bool = False, grad_clip: float | None = None, scheduler=None,
-          after_backward=None, forward=None, verbose: bool = True) -> RunStats:
+          after_backward=None, forward=None, verbose: bool = True,
+          reduce_loss=None) -> RunStats:
     """Run `steps` optimizer steps and return what was measured.
 
     - ``batch_fn(step) -> (inputs: tuple, target)``, already on the device;
     - ``forward(inputs) -> output`` (default ``model(*inputs)``);
-    - ``loss_fn(output, target) -> scalar loss``.
+    - ``loss_fn(output, target) -> scalar loss``;
+    - ``reduce_loss(loss) -> loss`` (optional): what is recorded, e.g. the mean
+      over data-parallel ranks.
 
     Nothing waits for the device inside a step except the logging interval
     (``loss.item()``), so steps are dispatched asynchronously.
@@ -142,7 +145,10 @@ def train(*, name: str, model, optimizer, batch_fn, loss_fn, steps: int, device,
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        loss_values.append(loss.detach())
+        loss = loss.detach()
+        if reduce_loss is not None:
+            loss = reduce_loss(loss)
+        loss_values.append(loss)
         if step == 0:
             synchronize(device)
             t_first = time.perf_counter()
