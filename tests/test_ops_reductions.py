@@ -324,6 +324,12 @@ def test_logsumexp(dtype):
     check(torch.logsumexp, torch.empty(0, 3, dtype=dtype), 0)
 
 
+def test_logsumexp_complex():
+    x = make((3, 5), torch.complex64) * 3
+    check(torch.logsumexp, x, 1)
+    check(torch.logsumexp, x, (0, 1))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("dim", [0, -1])
 def test_softmax(dtype, dim):
@@ -565,6 +571,7 @@ def test_nonzero(dtype):
     check(torch.argwhere, x)
     check(torch.nonzero_static, x.reshape(-1), size=10)
     check(torch.nonzero_static, x, size=100, fill_value=-7)
+    check(torch.nonzero_static, torch.empty(5, 0, 5, dtype=dtype), size=2)
 
 
 def test_nonzero_out():

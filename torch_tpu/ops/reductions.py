@@ -424,7 +424,9 @@ def logsumexp(x, dim, keepdim=False):
     od = out_dtype()
     xa = x.astype(_acc(od))
     axes = _axes(xa, dim)
-    m = jnp.max(xa, axis=axes, keepdims=True, initial=-jnp.inf)
+    # Complex: shift by the largest real part (the result's imaginary part is
+    # then the principal argument of the sum, as on CPU).
+    m = jnp.max(xa.real, axis=axes, keepdims=True, initial=-jnp.inf)
     m = jnp.where(jnp.isinf(m), jnp.zeros((), m.dtype), m)
     r = jnp.log(jnp.sum(jnp.exp(xa - m), axis=axes, keepdims=True)) + m
     return r if keepdim else jnp.squeeze(r, axes)

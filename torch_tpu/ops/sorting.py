@@ -181,6 +181,8 @@ def histc(x, bins=100, min=0, max=0):
 def nonzero_static(x, *, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
+    if x.size == 0:
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
     idx = jnp.nonzero(_truth(x), size=size, fill_value=fill_value)
     return jnp.stack(idx, axis=1).astype(jnp.int64)
 
@@ -399,6 +401,8 @@ def _eager_kernel(op):
                     arr = executor.value(v)
                     if v.is_conj():
                         arr = jnp.conj(arr)
+                    if v.is_neg():
+                        arr = -arr
                 elif v.dim() == 0:
                     arr = jnp.asarray(v.item(), st.TORCH_TO_JAX[v.dtype])
                 else:
