@@ -1,0 +1,371 @@
+# /// script
+# [tool.marimo.runtime]
+# reactive_tests = false
+# ///
+"""04 · torch.compile(backend="tpu"): graphs, their HLO, compile vs step time, graph breaks, dynamic shapes."""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium", app_title="04 · torch.compile")
+
+
+@app.cell(hide_code=True)
+def _():
+    import marimo as mo
+
+    return (mo,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    # 04 · `torch.compile(backend="tpu")`
+
+    Eager mode runs one executable per op. `torch.compile` captures a whole
+    function as a graph instead:
+
+    1. **dynamo** traces the Python function into an FX graph of ATen ops
+       (breaking the graph where it cannot trace, e.g. at `.item()`);
+    2. **AOTAutograd** splits it into a forward and a backward graph,
+       decomposed to PyTorch's core ATen ops;
+    3. torch_tpu lowers each graph with the **same lowering table** eager mode
+       uses, into **one XLA program** per graph, which XLA optimizes as a whole
+       (fusing elementwise ops into their producers, removing intermediates).
+
+    Parameters stay on the device between calls; the executables live in the
+    same cache as eager ops (memory, then disk — notebook 05).
+    """)
+    return
+
+
+@app.cell
+def _():
+    import re
+    import time
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import torch
+    import torch._dynamo
+
+    import torch_tpu
+    import torch_tpu.debug as dbg
+
+    return dbg, plt, re, time, torch, torch_tpu, warnings
+
+
+@app.cell(hide_code=True)
+def _(mo, torch, torch_tpu):
+    mo.md(f"""
+    **This run:** {torch.tpu.device_count()} `tpu` device(s), kind
+    **{torch.tpu.get_device_properties().device_kind}**, platform
+    **{torch_tpu.runtime.platform.platform()}**.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 1. A model, eager and compiled
+
+    A small transformer-style block (attention + MLP + layer norms). Choose its
+    width and batch; the cells below time eager and compiled training steps.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    dim = mo.ui.slider(32, 256, step=32, value=64, label="width")
+    batch = mo.ui.slider(2, 32, step=2, value=8, label="batch")
+    mo.hstack([dim, batch], justify="start")
+    return batch, dim
+
+
+@app.cell
+def _(torch):
+    class Block(torch.nn.Module):
+        def __init__(self, dim, heads=4):
+            super().__init__()
+            self.heads = heads
+            self.norm1 = torch.nn.LayerNorm(dim)
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.proj = torch.nn.Linear(dim, dim)
+            self.norm2 = torch.nn.LayerNorm(dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * dim, dim))
+
+        def attention(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))          # b, heads, t, d/heads
+            scores = (q @ k.transpose(-1, -2)) / (d // self.heads) ** 0.5
+            out = torch.softmax(scores, dim=-1) @ v
+            return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+        def forward(self, x):
+            x = x + self.attention(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    return (Block,)
+
+
+@app.cell
+def _(Block, batch, dim, time, torch):
+    torch.manual_seed(0)
+    block = Block(dim.value).to("tpu")
+    block_inputs = torch.randn(batch.value, 16, dim.value, device="tpu")
+    compiled_block = torch.compile(block, backend="tpu")
+
+    def train_step(fn, x):
+        out = fn(x)
+        loss = out.float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    def timed_steps(fn, n):
+        times = []
+        for _ in range(n):
+            torch.tpu.synchronize()
+            t0 = time.perf_counter()
+            train_step(fn, block_inputs).item()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    eager_times = timed_steps(block, 6)
+    compiled_times = timed_steps(compiled_block, 6)
+    eager_loss = train_step(block, block_inputs).item()
+    compiled_loss = train_step(compiled_block, block_inputs).item()
+    print(f"eager:    first step {eager_times[0] * 1e3:8.1f} ms, then {min(eager_times[1:]) * 1e3:6.2f} ms")
+    print(f"compiled: first step {compiled_times[0] * 1e3:8.1f} ms, then {min(compiled_times[1:]) * 1e3:6.2f} ms")
+    print(f"loss eager {eager_loss:.6f} vs compiled {compiled_loss:.6f}")
+    return block, block_inputs, compiled_block, compiled_loss, compiled_times, eager_loss, eager_times, train_step
+
+
+@app.cell
+def _(compiled_times, eager_times, plt):
+    _fig, _ax = plt.subplots(figsize=(7, 3))
+    _labels = ["eager\nfirst step", "eager\nsteady", "compiled\nfirst step", "compiled\nsteady"]
+    _vals = [eager_times[0], min(eager_times[1:]), compiled_times[0], min(compiled_times[1:])]
+    _bars = _ax.bar(_labels, [v * 1e3 for v in _vals],
+                    color=["tab:orange", "tab:green", "tab:red", "tab:blue"])
+    _ax.bar_label(_bars, fmt="%.1f ms", fontsize=8)
+    _ax.set_yscale("log")
+    _ax.set_ylabel("ms per training step")
+    _ax.set_title("compile once, then run one program per graph")
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 2. One executable per graph
+
+    The compile log shows what the compiled step produced: a forward and a
+    backward program, each compiled once, each with XLA's cost analysis.
+    """)
+    return
+
+
+@app.cell
+def _(dbg):
+    graph_events = dbg.compile_log(kind="graph")
+    for _e in graph_events:
+        _cost = _e.program.cost if _e.program is not None else {}
+        print(f"{_e.name:<18} tier={_e.tier:<8} {_e.seconds * 1e3:8.1f} ms  "
+              f"{_cost.get('flops', 0) / 1e6:8.2f} MFLOP  {_e.program_bytes:>7} bytes of HLO")
+    return (graph_events,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 3. The forward graph's HLO, before and after XLA's passes
+
+    Left, the program as lowered (every ATen op of the graph is there); right,
+    what XLA made of it: elementwise chains fused into `fusion` computations
+    that run as single kernels.
+    """)
+    return
+
+
+@app.cell
+def _(dbg, mo, re):
+    def short_hlo(text, max_lines=70):
+        keep, skipping = [], False
+        for line in text.splitlines():
+            if line.strip() in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+                skipping = True
+                continue
+            if skipping and (not line.strip() or line[:1].isdigit() or line.startswith(" ")):
+                continue
+            skipping = False
+            line = re.sub(r",? ?metadata=\{[^}]*\}", "", line)
+            line = re.sub(r",? ?frontend_attributes=\{[^}]*\}", "", line)
+            line = re.sub(r",? ?sharding=\{[^}]*\}", "", line)
+            keep.append(line)
+        if len(keep) > max_lines:
+            keep = keep[:max_lines] + [f"... ({len(keep) - max_lines} more lines)"]
+        return "\n".join(keep)
+
+    def count_instructions(text):
+        return sum(1 for line in text.splitlines() if " = " in line and "ENTRY" not in line)
+
+    forward_program = next(p for p in dbg.last_graphs() if "forward" in p.name)
+    hlo_before = forward_program.hlo
+    hlo_after = forward_program.optimized
+    mo.vstack([
+        mo.md(f"`{forward_program.name}`: **{count_instructions(hlo_before)}** HLO instructions "
+              f"before optimization, **{count_instructions(hlo_after)}** after "
+              f"({hlo_after.count('fusion(')} fusion calls)."),
+        mo.hstack([
+            mo.vstack([mo.md("**before XLA's passes**"), mo.plain_text(short_hlo(hlo_before))]),
+            mo.vstack([mo.md("**after (what runs)**"), mo.plain_text(short_hlo(hlo_after))]),
+        ], widths="equal"),
+    ])
+    return count_instructions, forward_program, hlo_after, hlo_before, short_hlo
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 4. Graph breaks
+
+    Code dynamo cannot put in a graph — here a Python `if` on a tensor's value —
+    splits the function into several graphs, with eager execution in between.
+    `torch._dynamo.explain` says where and why:
+    """)
+    return
+
+
+@app.cell
+def _(torch, warnings):
+    def with_break(x):
+        y = torch.relu(x) * 2
+        if y.sum().item() > 0:          # reading a value: the graph must end here
+            y = y + 1
+        return y.softmax(-1)
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import logging as _logging
+        _log = _logging.getLogger("torch._dynamo")
+        _level = _log.level
+        _log.setLevel(_logging.ERROR)
+        try:
+            explanation = torch._dynamo.explain(with_break)(torch.randn(4, 4, device="tpu"))
+        finally:
+            _log.setLevel(_level)
+    print(f"graphs: {explanation.graph_count}, graph breaks: {explanation.graph_break_count}")
+    for _r in explanation.break_reasons:
+        print("break:", str(_r.reason).splitlines()[0])
+    compiled_break = torch.compile(with_break, backend="tpu")
+    _x = torch.randn(4, 4, device="tpu")
+    break_ok = torch.allclose(compiled_break(_x).cpu(), with_break(_x).cpu(), atol=1e-6)
+    print("compiled result equals eager:", break_ok)
+    return break_ok, explanation
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. Dynamic shapes
+
+    XLA compiles for static shapes. When a size changes between calls (a new
+    sequence length), dynamo retraces with a symbolic size, and torch_tpu's
+    default policy, `"bucket"`, rounds the size up to a bucket (the next power
+    of two, at least 8), pads the inputs and masks the padding out of every
+    reduction, softmax and matmul so results equal the unpadded ones. A sweep
+    over many lengths therefore compiles about log₂(N) programs, not N.
+    `options={"dynamic": "exact"}` (or `TORCH_TPU_DYNAMIC=exact`) compiles one
+    program per shape instead; see `torch_tpu.compile.dynamic`.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    max_len = mo.ui.slider(16, 128, step=16, value=64, label="longest sequence")
+    max_len
+    return (max_len,)
+
+
+@app.cell
+def _(dbg, max_len, torch):
+    torch.manual_seed(0)
+    _proj = torch.randn(16, 16, device="tpu")
+
+    def attention_scores(x):
+        s = (x @ _proj) @ x.transpose(-1, -2) / 4.0
+        return torch.softmax(s, dim=-1).sum(dim=-1)
+
+    compiled_scores = torch.compile(attention_scores, backend="tpu")
+    lengths = list(range(3, max_len.value + 1, 3))
+    programs_after = []
+    max_err = 0.0
+    _before = len(dbg.compile_log(kind="graph"))
+    for _n in lengths:
+        _x = torch.randn(2, _n, 16, device="tpu")
+        _got = compiled_scores(_x)
+        max_err = max(max_err, (_got - attention_scores(_x)).abs().max().item())
+        programs_after.append(len(dbg.compile_log(kind="graph")) - _before)
+    print(f"{len(lengths)} sequence lengths -> {programs_after[-1]} graph programs compiled; "
+          f"largest difference from eager {max_err:.1e}")
+    return attention_scores, compiled_scores, lengths, max_err, programs_after
+
+
+@app.cell
+def _(lengths, plt, programs_after):
+    _fig, _ax = plt.subplots(figsize=(7, 3))
+    _ax.step(lengths, programs_after, where="post", label="graph programs compiled (bucket policy)")
+    _ax.plot(lengths, range(1, len(lengths) + 1), "--", color="gray", label="one per shape")
+    _ax.set_xlabel("sequence length")
+    _ax.set_ylabel("programs compiled so far")
+    _ax.legend()
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell
+def test_compiled_matches_eager(compiled_loss, eager_loss):
+    assert abs(compiled_loss - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss))
+    return
+
+
+@app.cell
+def test_one_program_per_graph(graph_events):
+    names = [e.name for e in graph_events]
+    assert any("forward" in n for n in names) and any("backward" in n for n in names), names
+    return
+
+
+@app.cell
+def test_hlo_before_after(count_instructions, hlo_after, hlo_before):
+    assert "dot" in hlo_before and "dot" in hlo_after
+    assert "fusion" in hlo_after
+    assert count_instructions(hlo_before) > 0
+    return
+
+
+@app.cell
+def test_graph_break(break_ok, explanation):
+    assert explanation.graph_break_count >= 1
+    assert break_ok
+    return
+
+
+@app.cell
+def test_dynamic_shapes_bounded(lengths, max_err, programs_after):
+    assert max_err < 1e-4
+    assert programs_after[-1] < len(lengths) // 2, programs_after
+    return
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,296 @@
+# /// script
+# [tool.marimo.runtime]
+# reactive_tests = false
+# ///
+"""05 · The compile cache: memory and disk tiers, cold vs warm start of a new process, stats, clearing."""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium", app_title="05 · The compile cache")
+
+
+@app.cell(hide_code=True)
+def _():
+    import marimo as mo
+
+    return (mo,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    # 05 · The compile cache
+
+    Every executable — an eager op's or a `torch.compile` graph's — goes through
+    one cache with two tiers:
+
+    | tier | lives | holds | on a miss |
+    |---|---|---|---|
+    | **memory** | this process | loaded executables (LRU, `TORCH_TPU_CACHE_SIZE` entries) | ask the disk tier |
+    | **disk** | `~/.cache/torch_tpu` (`TORCH_TPU_CACHE_DIR`) | serialized executables, checksummed | XLA compiles, the result is written |
+
+    The disk tier is JAX's persistent compilation cache machinery (its key
+    covers the program text, compile options, devices, backend, jaxlib version
+    and XLA flags) on top of torch_tpu's own store: checksummed entries, atomic
+    writes, a size cap (`TORCH_TPU_CACHE_MAX_BYTES`), and degradation to
+    memory-only if the directory is unwritable. A second process therefore
+    skips XLA compilation entirely.
+
+    This notebook uses a temporary cache directory so that what it shows does
+    not depend on what your own cache already holds (and so that it never
+    clears your cache).
+    """)
+    return
+
+
+@app.cell
+def _():
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    import time
+
+    import matplotlib.pyplot as plt
+    import torch
+
+    import torch_tpu
+    import torch_tpu.cache
+
+    return json, os, plt, subprocess, sys, tempfile, textwrap, time, torch, torch_tpu
+
+
+@app.cell(hide_code=True)
+def _(mo, torch, torch_tpu):
+    mo.md(f"""
+    **This run:** {torch.tpu.device_count()} `tpu` device(s), kind
+    **{torch.tpu.get_device_properties().device_kind}**, platform
+    **{torch_tpu.runtime.platform.platform()}**. Your cache directory is
+    `{torch_tpu.cache.cache_dir()}`.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 1. The tiers in one process
+
+    One op, called four times: the first call compiles (and writes the disk
+    tier); then the memory tier is dropped with `torch_tpu.cache.clear(disk=False)`,
+    so the next call is served by the disk tier (loading a serialized
+    executable instead of compiling); after that it is a memory hit.
+    """)
+    return
+
+
+@app.cell
+def _(tempfile, time, torch, torch_tpu):
+    user_cache_dir = torch_tpu.cache.cache_dir()
+    guide_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_cache_")
+    torch_tpu.cache.set_dir(guide_cache)
+    torch_tpu.cache.reset_stats()
+
+    _x = torch.randn(384, 384, device="tpu")
+
+    def one_call():
+        torch.tpu.synchronize()
+        t0 = time.perf_counter()
+        torch.nn.functional.gelu(_x @ _x.T).sum().item()
+        return time.perf_counter() - t0
+
+    tier_times = {}
+    tier_times["1st call: compile"] = one_call()
+    tier_times["2nd call: memory hit"] = one_call()
+    torch_tpu.cache.clear(memory=True, disk=False)     # forget the loaded executables
+    tier_times["3rd call: disk hit"] = one_call()
+    tier_times["4th call: memory hit"] = one_call()
+    tier_stats = torch_tpu.cache.stats()
+    for _k, _v in tier_times.items():
+        print(f"{_k:<22} {_v * 1e3:9.2f} ms")
+    print()
+    print("memory:", tier_stats["memory"]["hits"], "hits,", tier_stats["memory"]["misses"], "misses")
+    print("disk:  ", tier_stats["disk"]["hits"], "hits,", tier_stats["disk"]["misses"], "misses,",
+          tier_stats["disk"]["writes"], "writes")
+    print("seconds producing executables:",
+          {k: round(v["seconds"], 3) for k, v in tier_stats["compile_seconds_by_source"].items()})
+    return guide_cache, one_call, tier_stats, tier_times, user_cache_dir
+
+
+@app.cell
+def _(plt, tier_times):
+    _fig, _ax = plt.subplots(figsize=(7, 2.8))
+    _bars = _ax.barh(list(tier_times)[::-1], [v * 1e3 for v in tier_times.values()][::-1],
+                     color=["tab:green", "tab:blue", "tab:green", "tab:red"])
+    _ax.bar_label(_bars, fmt="%.2f ms", fontsize=8)
+    _ax.set_xscale("log")
+    _ax.set_xlabel("ms (log scale)")
+    _ax.set_title("matmul + gelu + sum: the same call through each tier")
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 2. Cold and warm start of a new process
+
+    What matters in practice is the *second run of a script*. Below, the same
+    small workload — an MLP training step in eager mode plus a `torch.compile`d
+    forward — runs in two fresh Python processes that share a new cache
+    directory: the first (cold) compiles everything, the second (warm) loads
+    every executable from disk.
+    """)
+    return
+
+
+@app.cell
+def _(textwrap):
+    WORKLOAD = textwrap.dedent('''
+        import json, time
+        t0 = time.perf_counter()
+        import torch, torch_tpu, torch_tpu.cache
+        t_import = time.perf_counter() - t0
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 10)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(32, 64, device="tpu")
+        y = torch.randint(0, 10, (32,), device="tpu")
+        t1 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        t_eager = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        compiled = torch.compile(model, backend="tpu")
+        compiled(x).sum().item()
+        t_compiled = time.perf_counter() - t2
+        s = torch_tpu.cache.stats()
+        print(json.dumps({"import": t_import, "eager_step": t_eager, "compiled_call": t_compiled,
+                          "disk_hits": s["disk"]["hits"], "disk_misses": s["disk"]["misses"],
+                          "executables": s["memory"]["misses"],
+                          "compile_seconds": s["compile_seconds"]}))
+    ''')
+    return (WORKLOAD,)
+
+
+@app.cell
+def _(WORKLOAD, json, os, subprocess, sys, tempfile):
+    process_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_process_cache_")
+
+    def run_workload(cache_dir):
+        env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir)
+        proc = subprocess.run([sys.executable, "-c", WORKLOAD], env=env, capture_output=True,
+                              text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-3000:])
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold = run_workload(process_cache)
+    warm = run_workload(process_cache)
+    for _name, _r in (("cold", cold), ("warm", warm)):
+        print(f"{_name}: import {_r['import']:.2f} s | eager step {_r['eager_step']:.2f} s | "
+              f"compiled call {_r['compiled_call']:.2f} s | {_r['executables']} executables, "
+              f"{_r['disk_hits']} from disk, {_r['compile_seconds']:.2f} s producing them")
+    speedup = (cold["eager_step"] + cold["compiled_call"]) / (warm["eager_step"] + warm["compiled_call"])
+    print(f"first eager step + first compiled call: {speedup:.1f}x faster warm")
+    return cold, process_cache, run_workload, speedup, warm
+
+
+@app.cell
+def _(cold, plt, warm):
+    _fig, _ax = plt.subplots(figsize=(7, 2.8))
+    _parts = [("import", "tab:gray"), ("eager_step", "tab:orange"), ("compiled_call", "tab:blue")]
+    for _row, _r in enumerate((warm, cold)):
+        _left = 0.0
+        for _key, _color in _parts:
+            _ax.barh(_row, _r[_key], left=_left, color=_color,
+                     label=_key.replace("_", " ") if _row == 0 else None)
+            _left += _r[_key]
+    _ax.set_yticks([0, 1], ["warm\n(2nd process)", "cold\n(1st process)"])
+    _ax.set_xlabel("seconds from process start")
+    _ax.legend(loc="lower right", fontsize=8)
+    _ax.set_title("a new process: compile everything, or load it from the disk tier")
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 3. Statistics and clearing
+
+    `torch_tpu.cache.stats()` has requests, hits and misses per tier, compile
+    seconds in total and per entry, and what is on disk; `python -m
+    torch_tpu.cache info` shows the disk tier from a shell, and `clear` (or
+    `torch_tpu.cache.clear()`) empties it.
+    """)
+    return
+
+
+@app.cell
+def _(json, tier_stats):
+    _shown = {k: v for k, v in tier_stats.items() if k != "per_entry"}
+    _shown["per_entry (last 3)"] = tier_stats["per_entry"][-3:]
+    print(json.dumps(_shown, indent=1, default=str))
+    return
+
+
+@app.cell
+def _(os, process_cache, subprocess, sys):
+    def cache_cli(*args):
+        return subprocess.run([sys.executable, "-m", "torch_tpu.cache", *args, "--dir", process_cache],
+                              capture_output=True, text=True, env=dict(os.environ)).stdout
+
+    info_before = cache_cli("info")
+    cleared = cache_cli("clear")
+    info_after = cache_cli("info")
+    print("$ python -m torch_tpu.cache info\n" + info_before)
+    print("$ python -m torch_tpu.cache clear\n" + cleared)
+    print("$ python -m torch_tpu.cache info\n" + info_after)
+    return cache_cli, cleared, info_after, info_before
+
+
+@app.cell
+def _(guide_cache, torch_tpu, user_cache_dir):
+    removed_guide_entries = torch_tpu.cache.clear(memory=False, disk=True)  # the temporary dir
+    torch_tpu.cache.set_dir(user_cache_dir)                                # back to yours
+    print(f"removed {removed_guide_entries} entries from {guide_cache}; "
+          f"disk tier back at {torch_tpu.cache.cache_dir()}")
+    return (removed_guide_entries,)
+
+
+@app.cell
+def test_tiers(tier_stats, tier_times):
+    t = list(tier_times.values())
+    assert tier_stats["disk"]["hits"] >= 1, tier_stats["disk"]
+    assert tier_stats["disk"]["writes"] >= 1
+    assert t[1] < t[0] and t[3] < t[0], tier_times
+    return
+
+
+@app.cell
+def test_warm_start(cold, warm):
+    assert cold["disk_hits"] == 0 and cold["disk_misses"] > 0
+    assert warm["disk_hits"] > 0 and warm["disk_misses"] == 0, warm
+    assert warm["eager_step"] + warm["compiled_call"] < cold["eager_step"] + cold["compiled_call"]
+    return
+
+
+@app.cell
+def test_cli_clear(info_after, info_before):
+    assert "entries   : 0" not in info_before
+    assert "entries   : 0" in info_after
+    return
+
+
+if __name__ == "__main__":
+    app.run()

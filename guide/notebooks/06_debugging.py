@@ -1,0 +1,345 @@
+# /// script
+# [tool.marimo.runtime]
+# reactive_tests = false
+# ///
+"""06 · Debugging: metrics, the compile log, program dumps, per-layer parity vs CPU, common errors."""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium", app_title="06 · Debugging")
+
+
+@app.cell(hide_code=True)
+def _():
+    import marimo as mo
+
+    return (mo,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    # 06 · Debugging
+
+    `torch_tpu.debug` answers the questions you have when a model is slow or
+    wrong on the device:
+
+    | question | tool |
+    |---|---|
+    | what ran, how often, what compiled, what moved? | `metrics()`, `metrics_report()`, `capture()` |
+    | what was compiled, when, how long did it take? | `compile_log()`, `TORCH_TPU_LOG=compile` |
+    | what exactly did XLA get? | `TORCH_TPU_DUMP_DIR=dir` / `dump_to(dir)`, `hlo(...)` |
+    | what ran on the CPU instead? | `fallback_report()`, `TORCH_TPU_CPU_FALLBACK=0` |
+    | which layer diverges from the CPU? | `parity(model, *inputs)` |
+    """)
+    return
+
+
+@app.cell
+def _():
+    import io
+    import logging
+    import os
+    import tempfile
+
+    import torch
+
+    import torch_tpu
+    import torch_tpu.debug as dbg
+
+    return dbg, io, logging, os, tempfile, torch, torch_tpu
+
+
+@app.cell(hide_code=True)
+def _(mo, torch, torch_tpu):
+    mo.md(f"""
+    **This run:** {torch.tpu.device_count()} `tpu` device(s), kind
+    **{torch.tpu.get_device_properties().device_kind}**, platform
+    **{torch_tpu.runtime.platform.platform()}**.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 1. Metrics of a training step
+
+    A small CNN, one SGD step, captured. `capture(sync=True)` also times each op
+    including its device execution (it waits after every op, so use it to
+    profile, not in production).
+    """)
+    return
+
+
+@app.cell
+def _(torch):
+    def make_cnn():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+    images = torch.randn(8, 3, 16, 16)
+    labels = torch.randint(0, 10, (8,))
+    return images, labels, make_cnn
+
+
+@app.cell
+def _(dbg, images, labels, make_cnn, torch):
+    cnn = make_cnn().to("tpu")
+    _opt = torch.optim.SGD(cnn.parameters(), lr=0.1, momentum=0.9)
+    _x, _y = images.to("tpu"), labels.to("tpu")
+
+    def cnn_step():
+        loss = torch.nn.functional.cross_entropy(cnn(_x), _y)
+        _opt.zero_grad()
+        loss.backward()
+        _opt.step()
+        return loss
+
+    cnn_step()                                   # compile outside the capture (step 1:
+    cnn_step()                                   # forward/backward; step 2: momentum update)
+    with dbg.capture(sync=True) as step_capture:
+        cnn_step().item()
+    print(step_capture.report())
+    return cnn, cnn_step, step_capture
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 2. The compile log
+
+    Every program the process produced is an event: name, cache-key hash, tier
+    (`compile` or `disk`), seconds, program size. `TORCH_TPU_LOG=compile`
+    (or `torch_tpu.debug.set_log("compile")`) prints them as they happen
+    through Python's `logging`. Here a new batch size makes the step recompile
+    — the log shows which ops:
+    """)
+    return
+
+
+@app.cell
+def _(cnn, dbg, io, logging, torch):
+    _stream = io.StringIO()
+    _handler = logging.StreamHandler(_stream)
+    _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    _logger = logging.getLogger("torch_tpu.compile")
+    _logger.addHandler(_handler)
+    dbg.set_log("compile")
+    _n_before = len(dbg.compile_log())
+    try:
+        _out = cnn(torch.randn(5, 3, 16, 16, device="tpu"))   # batch 5: new shapes
+        _out.sum().item()
+    finally:
+        dbg.set_log(None)
+        _logger.removeHandler(_handler)
+    recompile_events = dbg.compile_log()[_n_before:]
+    compile_log_text = _stream.getvalue()
+    print(f"{len(recompile_events)} programs compiled for batch 5; the first lines of the log:\n")
+    print("\n".join(compile_log_text.splitlines()[:8]))
+    return compile_log_text, recompile_events
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 3. Dumping programs
+
+    `TORCH_TPU_DUMP_DIR=dir` (or the `dump_to(dir)` context manager) writes
+    every program compiled in its scope, with readable names: op or graph name,
+    key hash, stage.
+    """)
+    return
+
+
+@app.cell
+def _(dbg, os, tempfile, torch):
+    dump_dir = tempfile.mkdtemp(prefix="torch_tpu_dump_")
+    with dbg.dump_to(dump_dir):
+        _a = torch.randn(7, 9, device="tpu")
+        torch.nn.functional.softplus(_a @ _a.T).cpu()
+    dumped = sorted(os.listdir(dump_dir))
+    for _f in dumped:
+        print(f"{_f:<70} {os.path.getsize(os.path.join(dump_dir, _f)):>7} bytes")
+    return dump_dir, dumped
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 4. Which layer diverges? Per-layer parity with the CPU
+
+    `parity(model, *inputs)` runs deep copies of the model on the CPU and on
+    `tpu`, records every submodule's output with forward hooks, and reports the
+    largest absolute and relative difference per layer, in call order.
+
+    To have something to find, the model below contains a layer with a
+    device-dependent bug: on `tpu` it uses an approximate GELU, on the CPU the
+    exact one. `first_divergence()` points at it.
+    """)
+    return
+
+
+@app.cell
+def _(torch):
+    class SuspiciousGELU(torch.nn.Module):
+        """A bug planted for the demo: a different GELU on the device."""
+
+        def forward(self, x):
+            approximate = "tanh" if x.device.type == "tpu" else "none"
+            return torch.nn.functional.gelu(x, approximate=approximate)
+
+    def make_mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 64), torch.nn.LayerNorm(64),
+            torch.nn.Linear(64, 64), SuspiciousGELU(),
+            torch.nn.Linear(64, 8))
+
+    return SuspiciousGELU, make_mlp
+
+
+@app.cell
+def _(dbg, make_mlp, torch):
+    parity_report = dbg.parity(make_mlp(), torch.randn(16, 32))
+    first_bad = parity_report.first_divergence(atol=1e-5, rtol=1e-5)
+    print(parity_report)
+    print()
+    print(f"first divergence: layer {first_bad.name!r} ({first_bad.module}), "
+          f"max abs diff {first_bad.max_abs:.2e}")
+    return first_bad, parity_report
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. Common errors, live
+
+    What you will see when something is off — each is PyTorch's error type
+    with a message that says what to do (never a JAX traceback):
+    """)
+    return
+
+
+@app.cell
+def _(mo, os, torch):
+    def error_of(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - shown to the reader
+            return type(e).__name__, str(e).splitlines()[0][:160]
+        return ("no error", "")
+
+    def strict_fallback():
+        if not hasattr(torch.ops.guide06, "cpu_only"):
+            @torch.library.custom_op("guide06::cpu_only", mutates_args=(), device_types="cpu")
+            def _cpu_only(x: torch.Tensor) -> torch.Tensor:
+                return x.clone()
+        os.environ["TORCH_TPU_CPU_FALLBACK"] = "0"
+        try:
+            torch.ops.guide06.cpu_only(torch.ones(2, device="tpu"))
+        finally:
+            os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+
+    common_errors = {
+        "mixing devices: tpu + cpu tensor": error_of(
+            lambda: torch.ones(2, device="tpu") + torch.ones(2)),
+        "tensor.numpy() on a device tensor": error_of(
+            lambda: torch.ones(2, device="tpu").numpy()),
+        "a device index that does not exist": error_of(
+            lambda: torch.ones(2).to(f"tpu:{torch.tpu.device_count() + 3}")),
+        "shapes that do not match": error_of(
+            lambda: torch.ones(2, 3, device="tpu") @ torch.ones(4, 5, device="tpu")),
+        "a CPU fallback under strict mode": error_of(strict_fallback),
+        "backward through a non-scalar": error_of(
+            lambda: torch.ones(3, device="tpu", requires_grad=True).mul(2).backward()),
+    }
+    mo.md("\n".join(["| what | error | message |", "|---|---|---|"] + [
+        f"| {k} | `{t}` | {m.replace('|', '/')} |" for k, (t, m) in common_errors.items()]))
+    return common_errors, error_of, strict_fallback
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    And one that is not an error but is the most common performance bug:
+    **shapes that change every step** (a last partial batch, variable-length
+    sequences in eager mode). Each new shape compiles every op again — watch
+    the compile count; pad or bucket the inputs, or use `torch.compile`, whose
+    dynamic-shape policy buckets sizes (notebook 04).
+    """)
+    return
+
+
+@app.cell
+def _(dbg, torch):
+    _lin = torch.nn.Linear(16, 16).to("tpu")
+    compiles_per_batch = []
+    for _b in (8, 8, 8, 9, 10, 11, 8):
+        with dbg.capture() as _cap:
+            _lin(torch.randn(_b, 16, device="tpu")).relu().sum().item()
+        compiles_per_batch.append((_b, _cap["compiles"]["count"]))
+    for _b, _c in compiles_per_batch:
+        print(f"batch {_b:>2}: {_c} programs compiled")
+    return (compiles_per_batch,)
+
+
+@app.cell
+def test_metrics(step_capture):
+    m = step_capture.metrics
+    assert m["ops_total"] > 10
+    assert m["compiles"]["count"] == 0, "the captured step must be all cache hits"
+    assert m["fallbacks_total"] == 0
+    assert m["execute"]["mode"] == "sync" and m["execute"]["seconds"] > 0
+    return
+
+
+@app.cell
+def test_compile_log(compile_log_text, recompile_events):
+    assert len(recompile_events) > 0
+    assert any(e.name.startswith("aten.") for e in recompile_events)
+    assert "aten." in compile_log_text
+    return
+
+
+@app.cell
+def test_dump(dumped):
+    assert dumped, "the dump directory must receive files"
+    assert any("aten" in f for f in dumped)
+    return
+
+
+@app.cell
+def test_parity_finds_the_bug(first_bad, parity_report):
+    assert first_bad is not None and first_bad.module == "SuspiciousGELU"
+    before = [r for r in parity_report.rows if r.name and int(r.name) < int(first_bad.name)]
+    assert all(r.max_abs < 1e-4 for r in before)
+    return
+
+
+@app.cell
+def test_common_errors(common_errors):
+    for what, (etype, msg) in common_errors.items():
+        assert etype not in ("no error",) and "jax" not in etype.lower(), (what, etype, msg)
+    assert common_errors["a CPU fallback under strict mode"][0] == "NotImplementedError"
+    return
+
+
+@app.cell
+def test_recompiles_on_new_shapes(compiles_per_batch):
+    counts = dict()
+    for b, c in compiles_per_batch:
+        counts.setdefault(b, []).append(c)
+    assert all(c == 0 for c in counts[8][1:]), "a seen shape must not recompile"
+    assert counts[9][0] > 0 and counts[10][0] > 0
+    return
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,340 @@
+# /// script
+# [tool.marimo.runtime]
+# reactive_tests = false
+# ///
+"""07 · Performance: sync-aware benchmarks, eager vs compiled vs CPU, FLOPs, matmul precision, a profiler trace."""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium", app_title="07 · Performance")
+
+
+@app.cell(hide_code=True)
+def _():
+    import marimo as mo
+
+    return (mo,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    # 07 · Performance
+
+    Timing device code needs care: ops dispatch asynchronously (notebook 01), so
+    `time.perf_counter()` around a call measures how fast the host *queues*
+    work, and the first call includes compilation. `torch_tpu.benchmark`
+    handles both: warm-up calls (compile time reported separately), then timed
+    calls that each wait for their outputs; median, min and p90; FLOPs from
+    XLA's cost analysis and the achieved FLOP/s.
+
+    On a laptop CPU the absolute numbers are CPU numbers; the *methods* are
+    the ones to use on a TPU.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import collections
+    import os
+    import tempfile
+
+    import matplotlib.pyplot as plt
+    import torch
+
+    import torch_tpu
+    import torch_tpu.debug as dbg
+    import torch_tpu.profiler
+    from torch_tpu.benchmark import benchmark, format_table
+
+    return benchmark, collections, dbg, format_table, os, plt, tempfile, torch, torch_tpu
+
+
+@app.cell(hide_code=True)
+def _(mo, torch, torch_tpu):
+    mo.md(f"""
+    **This run:** {torch.tpu.device_count()} `tpu` device(s), kind
+    **{torch.tpu.get_device_properties().device_kind}**, platform
+    **{torch_tpu.runtime.platform.platform()}**, {__import__("os").cpu_count()} host CPU cores.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 1. Benchmarking one call
+
+    A matrix multiply of the size you choose. The result object prints a
+    summary and plots its per-iteration times.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    n = mo.ui.slider(64, 1024, step=64, value=256, label="matrix size n")
+    n
+    return (n,)
+
+
+@app.cell
+def _(benchmark, n, torch):
+    _a = torch.randn(n.value, n.value, device="tpu")
+    _b = torch.randn(n.value, n.value, device="tpu")
+
+    def matmul(a, b):
+        return a @ b
+
+    matmul_result = benchmark(matmul, _a, _b, warmup=3, iters=30)
+    print(matmul_result)
+    print(f"XLA counts {matmul_result.flops:.3g} FLOPs per call (2·n³ = {2 * n.value ** 3:.3g})")
+    return matmul, matmul_result
+
+
+@app.cell
+def _(matmul_result, plt):
+    _fig, _axes = plt.subplots(1, 2, figsize=(9, 2.8))
+    matmul_result.plot(ax=_axes[0])
+    matmul_result.plot(ax=_axes[1], kind="hist")
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 2. Eager vs compiled vs CPU
+
+    One training step (forward, backward, SGD update) of an MLP, three ways:
+    eager on `tpu`, `torch.compile(backend="tpu")` (forward and backward as
+    two programs; the optimizer stays eager), and plain PyTorch on the CPU.
+    Which one wins depends on the sizes and the machine: a compiled graph saves
+    per-op dispatch and lets XLA fuse, but each call also pays dynamo's guard
+    checks and the autograd wrapper around the two programs. Measure, with
+    your sizes, on your hardware — that is what the sliders are for.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    width = mo.ui.slider(128, 1024, step=128, value=256, label="MLP width")
+    batch = mo.ui.slider(16, 256, step=16, value=64, label="batch")
+    mo.hstack([width, batch], justify="start")
+    return batch, width
+
+
+@app.cell
+def _(batch, benchmark, torch, width):
+    def make_step(device, compiled=False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width.value, width.value), torch.nn.ReLU(),
+            torch.nn.Linear(width.value, width.value), torch.nn.ReLU(),
+            torch.nn.Linear(width.value, 10)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        fwd = torch.compile(model, backend="tpu") if compiled else model
+        x = torch.randn(batch.value, width.value, device=device)
+        y = torch.randint(0, 10, (batch.value,), device=device)
+
+        def step():
+            loss = torch.nn.functional.cross_entropy(fwd(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    variants = {
+        "tpu eager": make_step("tpu"),
+        "tpu compiled": make_step("tpu", compiled=True),
+        "cpu eager (torch)": make_step("cpu"),
+    }
+    step_results = {name: benchmark(fn, warmup=3, iters=15, flops=None, name=name)
+                    for name, fn in variants.items()}
+    return make_step, step_results, variants
+
+
+@app.cell
+def _(format_table, plt, step_results):
+    print(format_table(step_results.values()))
+    _fig, _ax = plt.subplots(figsize=(7, 2.8))
+    _names = list(step_results)
+    _bars = _ax.barh(_names, [r.median * 1e3 for r in step_results.values()],
+                     xerr=[[0] * len(_names), [(r.p90 - r.median) * 1e3 for r in step_results.values()]],
+                     color=["tab:orange", "tab:blue", "tab:gray"])
+    _ax.bar_label(_bars, fmt="%.2f ms", fontsize=8, padding=4)
+    _ax.set_xlabel("median ms per training step (bar: median, whisker: p90)")
+    _ax.invert_yaxis()
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 3. FLOPs and bytes from XLA's cost analysis
+
+    `torch_tpu.debug.lower(fn, *args)` lowers a function into one XLA program
+    without running it; its `.cost` is XLA's own count. Dividing by the
+    measured step time gives the achieved FLOP/s — the number to compare with
+    your chip's peak.
+    """)
+    return
+
+
+@app.cell
+def _(batch, dbg, step_results, torch, width):
+    torch.manual_seed(0)
+    _mlp = torch.nn.Sequential(
+        torch.nn.Linear(width.value, width.value), torch.nn.ReLU(),
+        torch.nn.Linear(width.value, width.value), torch.nn.ReLU(),
+        torch.nn.Linear(width.value, 10)).to("tpu")
+    forward_program = dbg.lower(_mlp, torch.randn(batch.value, width.value, device="tpu"))
+    forward_cost = forward_program.cost
+    _expected = 2 * batch.value * (2 * width.value * width.value + width.value * 10)
+    print(f"forward FLOPs (XLA):        {forward_cost['flops']:.4g}")
+    print(f"forward FLOPs (2·b·Σ in·out): {_expected:.4g}")
+    print(f"bytes accessed:             {forward_cost['bytes_accessed']:.4g}")
+    print(f"arithmetic intensity:       {forward_cost['flops'] / forward_cost['bytes_accessed']:.1f} FLOP/byte")
+    _step = step_results["tpu compiled"].median
+    print(f"training step ≈ 3× forward: {3 * forward_cost['flops'] / _step / 1e9:.2f} GFLOP/s achieved "
+          f"by the compiled step")
+    return forward_cost, forward_program
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 4. Matmul precision
+
+    float32 matmuls on a TPU can run as one bfloat16 pass of the MXU
+    (`"default"`, fastest), three passes (`"high"`) or six (`"highest"`, float32
+    accuracy — PyTorch's CPU behaviour, and torch_tpu's default). The setting is
+    XLA's `PrecisionConfig`, visible in every dot of the HLO, and part of every
+    executable's cache key:
+
+        torch.tpu.set_matmul_precision("high")      # process-wide
+        with torch.tpu.matmul_precision("default"):  # this block
+            y = a @ b
+
+    `torch.autocast("tpu", dtype=torch.bfloat16)` instead runs matmuls in
+    bfloat16 and keeps sensitive ops (softmax, norms, losses) in float32.
+    On XLA:CPU the precision setting changes the HLO but not the arithmetic,
+    which is always float32 there; autocast does change the arithmetic.
+    """)
+    return
+
+
+@app.cell
+def _(dbg, torch):
+    torch.manual_seed(0)
+    _a = torch.randn(128, 128, device="tpu")
+    _b = torch.randn(128, 128, device="tpu")
+    _exact = (_a.cpu().double() @ _b.cpu().double())
+
+    def matmul_fn(a, b):
+        return a @ b
+
+    precision_rows = []
+    for _p in ("default", "high", "highest"):
+        with torch.tpu.matmul_precision(_p):
+            _text = dbg.hlo(matmul_fn, _a, _b, stage="stablehlo")
+            _err = ((_a @ _b).cpu().double() - _exact).abs().max().item()
+        _cfg = _text[_text.find("precision = ["):].split("]")[0] + "]" if "precision = [" in _text \
+            else "(no explicit precision: default)"
+        precision_rows.append((f"matmul_precision('{_p}')", _cfg, _err, "float32"))
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        _y = _a @ _b
+    precision_rows.append(("autocast(bfloat16)", "bf16 operands",
+                           (_y.float().cpu().double() - _exact).abs().max().item(), str(_y.dtype)))
+    for _row in precision_rows:
+        print(f"{_row[0]:<28} {_row[1]:<40} max error {_row[2]:.2e}  result {_row[3]}")
+    return matmul_fn, precision_rows
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. A profiler trace
+
+    `torch_tpu.profiler.trace(dir)` records JAX's device trace (host activity,
+    XLA compilation, every executable's execution) with each PyTorch op named
+    in it (`aten.addmm.default`), and `profiler.step(n)` marks training steps.
+    Open the directory with `tensorboard --logdir dir` (Profile tab) or
+    `xprof --logdir dir`. Here we read the trace file directly:
+    """)
+    return
+
+
+@app.cell
+def _(collections, os, tempfile, torch_tpu, variants):
+    trace_dir = tempfile.mkdtemp(prefix="torch_tpu_trace_")
+    _step = variants["tpu eager"]
+    with torch_tpu.profiler.trace(trace_dir, perfetto=True) as trace:
+        for _i in range(3):
+            with torch_tpu.profiler.step(_i):
+                _step()
+    trace_files = trace.files
+    _json = [f for f in trace_files if f.endswith(".trace.json.gz")]
+    trace_ops = collections.Counter()
+    if _json:
+        for _e in torch_tpu.profiler.trace_events(_json[0]):
+            if _e.get("ph") == "X" and str(_e.get("name", "")).startswith("aten."):
+                trace_ops[_e["name"]] += _e.get("dur", 0)
+    for _f in trace_files:
+        print(f"{os.path.relpath(_f, trace_dir):<60} {os.path.getsize(_f):>8} bytes")
+    print("\nPyTorch ops in the trace, by host time (µs):")
+    for _name, _us in trace_ops.most_common(8):
+        print(f"  {_name:<36} {_us:10.0f}")
+    return trace, trace_dir, trace_files, trace_ops
+
+
+@app.cell
+def test_benchmark(matmul_result, n):
+    assert matmul_result.iters == 30 and matmul_result.median > 0
+    assert matmul_result.compiles >= 1 and matmul_result.recompiles == 0
+    assert abs(matmul_result.flops - 2 * n.value ** 3) / (2 * n.value ** 3) < 0.01
+    return
+
+
+@app.cell
+def test_eager_compiled_cpu(step_results):
+    assert set(step_results) == {"tpu eager", "tpu compiled", "cpu eager (torch)"}
+    assert all(r.median > 0 and r.recompiles == 0 for r in step_results.values())
+    return
+
+
+@app.cell
+def test_cost_analysis(batch, forward_cost, width):
+    expected = 2 * batch.value * (2 * width.value * width.value + width.value * 10)
+    assert abs(forward_cost["flops"] - expected) / expected < 0.1
+    assert forward_cost["bytes_accessed"] > 0
+    return
+
+
+@app.cell
+def test_precision(precision_rows):
+    configs = {row[0]: row[1] for row in precision_rows}
+    assert "HIGHEST" in configs["matmul_precision('highest')"]
+    assert configs["matmul_precision('highest')"] != configs["matmul_precision('default')"]
+    assert precision_rows[-1][3] == "torch.bfloat16"
+    assert precision_rows[-1][2] > precision_rows[2][2]
+    return
+
+
+@app.cell
+def test_trace(trace_files, trace_ops):
+    assert any(f.endswith(".xplane.pb") for f in trace_files)
+    assert any(name.startswith("aten.") for name in trace_ops)
+    return
+
+
+if __name__ == "__main__":
+    app.run()
