@@ -25,6 +25,7 @@ import collections
 import functools
 import hashlib
 import os
+import sys
 import threading
 import warnings
 
@@ -57,6 +58,7 @@ class _GraphCacheStats:
         self.evictions = 0
         self.graphs = 0          # CompiledGraph objects created
         self.eager_fallbacks = 0  # graphs that run op by op
+        self.donating_calls = 0   # calls that gave their overwritten inputs' buffers to XLA
 
 
 GRAPH_STATS = _GraphCacheStats()
@@ -72,7 +74,7 @@ def cache_stats() -> dict:
     s = GRAPH_STATS
     return {"requests": s.requests, "hits": s.hits, "misses": s.misses,
             "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
-            "eager_fallbacks": s.eager_fallbacks}
+            "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls}
 
 
 def reset_cache_stats() -> None:
@@ -151,6 +153,8 @@ class CompiledGraph:
         # wrapper) sees; the rest of a forward graph's outputs are saved for
         # the backward graph.
         self.n_user_outputs = len(self.out_specs)
+        mutated = set(self.program.mutated_inputs)
+        self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
         if kind == "forward":
             try:
                 md = torch._guards.TracingContext.try_get().fw_metadata
@@ -211,8 +215,15 @@ class CompiledGraph:
             return syms
 
         static_ints = tuple(ints)
+        donate_idx = self.donate_idx
+        keep_idx = [i for i in range(len(tensor_pos)) if i not in set(donate_idx)]
 
-        def fn(arrays, consts, rng):
+        def fn(donated, kept, consts, rng):
+            arrays = [None] * len(tensor_pos)
+            for i, a in zip(donate_idx, donated):
+                arrays[i] = a
+            for i, a in zip(keep_idx, kept):
+                arrays[i] = a
             inputs = [None] * len(specs)
             for p, a in zip(tensor_pos, arrays):
                 inputs[p] = a
@@ -232,8 +243,9 @@ class CompiledGraph:
         value_results = {}
 
         rng = np.zeros((4,), np.uint32) if uses_rng else None
-        lower_args = (list(arrays), list(consts), rng)
-        gkey = (self.fingerprint, self.kind, key, self.device,
+        lower_args = ([arrays[i] for i in donate_idx], [arrays[i] for i in keep_idx],
+                      list(consts), rng)
+        gkey = (self.fingerprint, self.kind, key, self.device, tuple(donate_idx),
                 tuple(tuple(c.shape) + (str(c.dtype),) if hasattr(c, "shape") else repr(c)
                       for c in consts))
         with _lock:
@@ -244,8 +256,15 @@ class CompiledGraph:
                 _GRAPH_CACHE.move_to_end(gkey)
                 return hit
             GRAPH_STATS.misses += 1
-        compiled = executor._compile(self.name, gkey, fn, lower_args)
-        entry = (compiled, value_results)
+        entry = _Entry(fn, lower_args, self.name, gkey, value_results, donate_idx, keep_idx)
+        # Inputs the graph overwrites (an optimizer's parameters) are donated:
+        # XLA writes the new values into their buffers instead of new ones.
+        if donate_idx and _donation_enabled():
+            entry.donating = executor._compile(self.name, gkey + ("donate",), fn, lower_args,
+                                               donate_argnums=(0,))
+        else:
+            entry.plain = executor._compile(self.name, gkey, fn, lower_args)
+        entry.release_trace()
         with _lock:
             _GRAPH_CACHE[gkey] = entry
             if len(_GRAPH_CACHE) > _graph_cache_capacity():
@@ -293,9 +312,12 @@ class CompiledGraph:
         return arrays
 
     def _run_static(self, args, arrays, ints):
-        entry = self.executables.get(None)
+        # Dynamo's guards fix the shapes of a static graph; what can still
+        # change the program is the matmul precision setting.
+        token = _precision_token()
+        entry = self.executables.get(token)
         if entry is None:
-            entry = self.executables[None] = self._build(
+            entry = self.executables[token] = self._build(
                 arrays, ints, self.consts, self.signature(arrays, ints))
         return self._execute(entry, args, arrays)
 
@@ -309,16 +331,16 @@ class CompiledGraph:
     def signature(self, arrays, ints):
         """The specialization key of these input values."""
         return (tuple((a.shape, str(a.dtype)) for a in arrays), tuple(ints),
-                tuple(repr(s.static) for s in self.specs if s.kind == "x"))
+                tuple(repr(s.static) for s in self.specs if s.kind == "x"), _precision_token())
 
     def _execute(self, entry, args, arrays, out_slices=None):
-        compiled, value_results = entry
+        value_results = entry.values
         rng = None
         if self.program.uses_rng:
             from ..device import random as tpu_random
 
             rng = tpu_random.next_key(self.device)
-        outs, muts = compiled(arrays, self.consts, rng)
+        outs, muts = entry.run(self, args, arrays, self.consts, rng)
         for pos, arr in zip(self.program.mutated_inputs, muts):
             _write_back(args[pos], arr)
         results = []
@@ -357,6 +379,80 @@ class CompiledGraph:
             out = self.gm(*args)
         args.clear()
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _donation_enabled() -> bool:
+    return os.environ.get("TORCH_TPU_DONATE", "1") not in ("0", "false", "False")
+
+
+class _Entry:
+    """The executable(s) of one graph specialization.
+
+    `donating` takes the buffers of the inputs the graph overwrites; it is
+    used when nothing else can see those buffers (checked per call), else
+    `plain` (compiled on first need).
+    """
+
+    __slots__ = ("fn", "lower_args", "name", "key", "values", "donate_idx", "keep_idx",
+                 "plain", "donating")
+
+    def __init__(self, fn, lower_args, name, key, values, donate_idx, keep_idx):
+        self.fn = fn
+        self.lower_args = lower_args
+        self.name = name
+        self.key = key
+        self.values = values
+        self.donate_idx = donate_idx
+        self.keep_idx = keep_idx
+        self.plain = None
+        self.donating = None
+
+    def release_trace(self):
+        # Keep only abstract values for a later compile of the other variant.
+        self.lower_args = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
+            if hasattr(a, "shape") else a, self.lower_args)
+
+    def run(self, graph, args, arrays, consts, rng):
+        donated = [arrays[i] for i in self.donate_idx]
+        kept = [arrays[i] for i in self.keep_idx]
+        if self.donating is not None and _can_donate(graph, args, donated):
+            GRAPH_STATS.donating_calls += 1
+            return self.donating(donated, kept, consts, rng)
+        if self.plain is None:
+            self.plain = executor._compile(self.name, self.key, self.fn, self.lower_args)
+        return self.plain(donated, kept, consts, rng)
+
+
+_OWN_REFS = 6
+
+
+def _can_donate(graph, args, donated) -> bool:
+    """Are the donated arrays only held by their own (plain) input tensors?"""
+    seen = set()
+    for i, arr in zip(graph.donate_idx, donated):
+        t = args[graph.tensor_pos[i]]
+        if t.device.type != "tpu":
+            return False
+        data = st.data_of(t)
+        if data.array is not arr or id(arr) in seen:
+            return False
+        seen.add(id(arr))
+        # Our own references: the storage's slot, the `arrays` and `donated`
+        # lists, zip's tuple, `arr` and getrefcount's argument. One more is
+        # someone else's (another storage sharing this array, a user's handle).
+        if sys.getrefcount(arr) > _OWN_REFS:
+            return False
+    return True
+
+
+def _precision_token():
+    """The matmul precision setting: part of every graph executable's key."""
+    try:
+        from ..precision import cache_token
+    except ImportError:  # pragma: no cover - no precision module
+        return None
+    return cache_token()
 
 
 def _write_back(t: torch.Tensor, arr) -> None:

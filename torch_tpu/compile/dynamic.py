@@ -204,7 +204,9 @@ class Policy:
             arrays.append(arr)
             specs.append(spec)
         ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in graph.int_pos]
-        key = ("bucket", tuple((str(s), buckets[s]) for s in varying),
+        from .backend import _precision_token
+
+        key = ("bucket", _precision_token(), tuple((str(s), buckets[s]) for s in varying),
                tuple(sorted((str(s), v) for s, v in exact.items())),
                tuple((a.shape, str(a.dtype)) for a in arrays), tuple(map(_spec_key, specs)))
         entry = graph.executables.get(key)
