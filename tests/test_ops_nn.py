@@ -342,7 +342,9 @@ def test_rms_norm(dtype):
     x, w = rand(2, 5, 8), rand(8)
     gt = None if dtype == F32 else dict(rtol=4e-2, atol=4e-2)
     check(lambda x, w: F.rms_norm(x, (8,), w, eps=1e-6), x, w, dtype=dtype, gtol=gt)
+    n = executor.STATS.per_op["aten._fused_rms_norm.default"]
     check(lambda x: F.rms_norm(x, (5, 8)), x, dtype=dtype, gtol=gt)
+    assert executor.STATS.per_op["aten._fused_rms_norm.default"] > n
 
 
 # --------------------------------------------------------------------------
@@ -440,6 +442,24 @@ def test_embedding_module():
     md.load_state_dict(m.state_dict())
     idx = torch.tensor([2, 5, 5, 9])
     torch.testing.assert_close(md(idx.to(DEV)).cpu(), m(idx))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode):
+    w = rand(6, 3)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 0])
+    off = torch.tensor([0, 2, 2, 5])  # bag 1 is empty
+    for pad in (None, 4):
+        check(lambda w: F.embedding_bag(idx.to(w.device), w, off.to(w.device), mode=mode,
+                                        padding_idx=pad), w)
+    check(lambda w: F.embedding_bag(torch.tensor([[1, 2, 4], [5, 4, 0]], device=w.device), w,
+                                    mode=mode), w)
+    if mode == "sum":
+        check(lambda w, p: F.embedding_bag(idx.to(w.device), w, off.to(w.device), mode=mode,
+                                           per_sample_weights=p), w, rand(8, seed=3))
+    ends = torch.tensor([0, 2, 2, 8])
+    check(lambda w: F.embedding_bag(idx.to(w.device), w, ends.to(w.device), mode=mode,
+                                    include_last_offset=True), w)
 
 
 # --------------------------------------------------------------------------
