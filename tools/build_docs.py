@@ -34,6 +34,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -151,26 +152,49 @@ def run_notebook(nb: Path, force: bool = True, timeout: float | None = None,
     if env:
         run_env.update(env)
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True,
-                              timeout=timeout)
-        rc, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = -9
-        output = f"timed out after {timeout} s\n{e.stdout or ''}{e.stderr or ''}"
+    cpu = None
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
+        deadline = None if timeout is None else t0 + timeout
+        rc = None
+        while rc is None:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                rc = os.waitstatus_to_exitcode(status)
+                proc.returncode = rc
+                cpu = usage.ru_utime + usage.ru_stime
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                proc.kill()
+                proc.wait()
+                rc = -9
+                out.write(f"\ntimed out after {timeout} s\n")
+                break
+            time.sleep(0.2)
+        out.seek(0)
+        output = out.read()
     seconds = time.perf_counter() - t0
-    _record_time(nb.stem, seconds, rc)
-    return {"notebook": nb.stem, "returncode": rc, "seconds": seconds, "output": output,
-            "skipped": False}
+    _record_time(nb.stem, seconds, rc, cpu)
+    return {"notebook": nb.stem, "returncode": rc, "seconds": seconds, "cpu_seconds": cpu,
+            "output": output, "skipped": False}
 
 
-def _record_time(stem, seconds, rc):
+def _record_time(stem, seconds, rc, cpu=None):
+    """Remember a run's wall and CPU seconds (user+sys of marimo and its kernel)."""
     try:
         TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-        data = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
-        data[stem] = {"seconds": round(seconds, 2), "returncode": rc, "when": time.time()}
-        TIMINGS.write_text(json.dumps(data, indent=1, sort_keys=True))
-    except (OSError, ValueError):
+        try:
+            data = json.loads(TIMINGS.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[stem] = {"seconds": round(seconds, 2), "returncode": rc, "when": time.time(),
+                      "cpu_seconds": None if cpu is None else round(cpu, 2)}
+        fd, tmp = tempfile.mkstemp(dir=TIMINGS.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, TIMINGS)
+    except OSError:
         pass
 
 
@@ -192,7 +216,9 @@ def run_all(nbs=None, force=False, jobs=2, timeout=None, echo=print) -> list[dic
             if echo:
                 state = ("up to date" if r["skipped"] else
                          "ok" if r["returncode"] == 0 else f"FAILED (rc {r['returncode']})")
-                echo(f"{r['notebook']:<28} {state:<16} {r['seconds']:7.1f} s")
+                cpu = r.get("cpu_seconds")
+                echo(f"{r['notebook']:<28} {state:<16} {r['seconds']:7.1f} s wall"
+                     + (f", {cpu:6.1f} s CPU" if cpu is not None else ""))
     return sorted(results, key=lambda r: r["notebook"])
 
 

@@ -69,6 +69,35 @@ def _run_notebooks():
         raise PluginError("guide notebooks failed:\n" + "\n".join(msg))
 
 
+def _tpu_module_page() -> str:
+    """The torch.tpu reference, from the live module (a namespace package that
+    mkdocstrings' static collector cannot find)."""
+    import inspect
+
+    import torch_tpu  # noqa: F401  (registers torch.tpu)
+    from torch_tpu.device import module
+
+    lines = ["# `torch.tpu`", "",
+             "`import torch` (with torch_tpu installed) or `import torch_tpu` makes `torch.tpu` "
+             "available. Its names follow `torch.cuda`; see also "
+             "[Porting from CUDA](../porting.md).", ""]
+    if module.__doc__:
+        lines += [inspect.cleandoc(module.__doc__), ""]
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        try:
+            sig = str(inspect.signature(obj))
+        except (TypeError, ValueError):
+            sig = "(...)"
+        kind = "class" if inspect.isclass(obj) else "function"
+        lines += [f"## `torch.tpu.{name}`", "", f"```python\n{name}{sig}\n```", "",
+                  f"*{kind}*" + (": " + inspect.cleandoc(obj.__doc__) if obj.__doc__ else ""), ""]
+    return "\n".join(lines)
+
+
 def on_files(files, config):
     _run_notebooks()
     for nb in build_docs.notebooks():
@@ -82,6 +111,7 @@ def on_files(files, config):
         # the notebook itself, downloadable next to its page
         files.append(File.generated(config, f"guide/notebooks/{nb.name}",
                                     abs_src_path=str(nb)))
+    files.append(File.generated(config, "api/tpu.md", content=_tpu_module_page()))
     if files.get_file_from_path("ops.md") is None:
         files.append(File.generated(config, "ops.md", content=OPS_PLACEHOLDER))
     return files
