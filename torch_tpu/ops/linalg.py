@@ -50,6 +50,10 @@ def _beta_alpha(self, prod, beta, alpha):
     if dt == jnp.bool_:
         return jnp.logical_or(jnp.logical_and(self, beta != 0),
                               jnp.logical_and(prod, alpha != 0))
+    if jnp.issubdtype(dt, jnp.integer):
+        # PyTorch converts beta and alpha to the integer type (truncation).
+        beta = jnp.trunc(jnp.asarray(beta)).astype(dt)
+        alpha = jnp.trunc(jnp.asarray(alpha)).astype(dt)
     scaled = prod if (isinstance(alpha, (int, float)) and alpha == 1) else prod * alpha
     if isinstance(beta, (int, float)) and not isinstance(beta, bool):
         if beta == 0:
@@ -97,6 +101,17 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
     acc = _acc(b1.dtype)
+    if acc is not None and b1.shape[0] > 0:
+        # PyTorch's CPU kernel runs one addmm_ per batch, rounding the
+        # half-precision result after each: do the same.
+        dt = b1.dtype
+        out = _beta_alpha(jnp.broadcast_to(self, (b1.shape[1], b2.shape[2])),
+                          _matmul(b1[0], b2[0]), beta, alpha).astype(dt)
+
+        def step(i, out):
+            return _beta_alpha(out, _matmul(b1[i], b2[i]), 1, alpha).astype(dt)
+
+        return lax.fori_loop(1, b1.shape[0], step, out)
     if jnp.issubdtype(b1.dtype, jnp.integer):
         prod = jnp.einsum("bij,bjk->ik", b1, b2, preferred_element_type=b1.dtype)
     else:
@@ -110,9 +125,16 @@ def addr(self, v1, v2, *, beta=1, alpha=1):
     dt = out_dtype()
     if dt == jnp.bool_:
         prod = jnp.logical_and(v1[:, None], v2[None, :])
+    elif dt in (jnp.bfloat16, jnp.float16):
+        # PyTorch's CPU kernel: beta * self + alpha * v1 * v2 with every
+        # operation rounded to the half type.
+        al = jnp.asarray(alpha).astype(dt)
+        be = jnp.asarray(beta).astype(dt)
+        prod = (al * v1.astype(dt))[:, None] * v2.astype(dt)[None, :]
+        self = jnp.asarray(self).astype(dt)
+        return jnp.where(be == 0, prod, be * self + prod)
     else:
-        acc = _acc(dt) or dt
-        prod = v1.astype(acc)[:, None] * v2.astype(acc)[None, :]
+        prod = v1.astype(dt)[:, None] * v2.astype(dt)[None, :]
     return _beta_alpha(self, prod, beta, alpha)
 
 
@@ -499,7 +521,19 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
 def linalg_matrix_exp(a):
     if a.size == 0:
         return a
-    return jax.scipy.linalg.expm(a)
+    # jax's expm (Pade 13) in float32 is ~1e-3 relative from PyTorch's; where the
+    # platform has float64, compute in it (TPUs do not: float32 there).
+    dt = a.dtype
+    wide = {jnp.dtype(jnp.float32): jnp.float64, jnp.dtype(jnp.complex64): jnp.complex128}
+    from ..runtime import platform
+
+    if dt in (jnp.bfloat16, jnp.float16):
+        work = jnp.float64 if platform.supports_float64() else jnp.float32
+    elif platform.supports_float64():
+        work = wide.get(jnp.dtype(dt), dt)
+    else:
+        work = dt
+    return jax.scipy.linalg.expm(a.astype(work)).astype(dt)
 
 
 # -- PyTorch's CPU error messages for the matrix products ---------------------------------------
