@@ -324,8 +324,8 @@ def _fence(text: str, lang: str = "text") -> str:
 
 
 def _html_block(inner: str, cls: str = "nb-output") -> str:
-    # A <div> at the start of a line makes Python-Markdown keep the block as raw
-    # HTML; blank lines inside are kept by squeezing them out of non-<pre> parts.
+    # A <div> at the start of a line is kept by Python-Markdown as one raw HTML
+    # block (to its closing tag); markdown="0" keeps md_in_html out of it.
     return f'<div class="{cls}" markdown="0">\n{inner}\n</div>'
 
 
@@ -397,7 +397,9 @@ def render(nb: Path, source_url: str | None = None) -> str:
     lines = []
     header = [f"Rendered from [`{rel}`]({source_url})" if source_url else f"Rendered from `{rel}`"]
     if times.get("seconds"):
-        header.append(f"executed headless in {times['seconds']:.0f} s when the site was built")
+        cpu = times.get("cpu_seconds")
+        header.append(f"executed headless in {times['seconds']:.0f} s"
+                      + (f" ({cpu:.0f} s of CPU time)" if cpu else "") + " when the site was built")
     info = ", ".join(header) + "."
     info += (f" Run it live (sliders and dropdowns work there): "
              f"`marimo edit {rel}`.")
@@ -431,6 +433,26 @@ def render(nb: Path, source_url: str | None = None) -> str:
                 if r:
                     lines.append(r)
     return "\n\n".join(lines) + "\n"
+
+
+def cell_output(nb: Path, name: str) -> str | None:
+    """The rendered outputs (no code) of the cell called `name` in the last run."""
+    snap = load_snapshot(nb)
+    if snap is None:
+        return None
+    ids = [c["id"] for c in load_cells(nb) if c["name"] == name]
+    if not ids:
+        return None
+    parts = []
+    for cell in snap.get("cells", []):
+        if cell["id"] != ids[0]:
+            continue
+        for o in cell.get("outputs", []):
+            for mime, data in (o.get("data") or {}).items() if o.get("type") == "data" else ():
+                r = _render_output(mime, data)
+                if r:
+                    parts.append(r)
+    return "\n\n".join(parts) or None
 
 
 def page_title(nb: Path) -> str:

@@ -115,3 +115,38 @@ def on_files(files, config):
     if files.get_file_from_path("ops.md") is None:
         files.append(File.generated(config, "ops.md", content=OPS_PLACEHOLDER))
     return files
+
+
+# Figures of the guide's runs shown on other pages: (page, marker) -> [(notebook, cell, caption)]
+FIGURES = {
+    "benchmarks.md": [
+        ("07_performance", "plot_step_times",
+         "An MLP training step: eager vs compiled vs PyTorch on the CPU (07 · Performance)."),
+        ("04_torch_compile", "plot_compile_vs_step",
+         "First step (compiling) vs steady state, eager and compiled (04 · torch.compile)."),
+        ("05_compile_cache", "plot_cold_warm",
+         "A new process, cold vs warm compile cache (05 · The compile cache)."),
+        ("09_models", "table_model_steps",
+         "Example models: training-step times, tpu vs CPU (09 · Models)."),
+    ],
+}
+MARKER = "<!-- guide-figures -->"
+
+
+def on_page_markdown(markdown, page, config, files):
+    wanted = FIGURES.get(page.file.src_uri)
+    if not wanted or MARKER not in markdown:
+        return markdown
+    blocks = []
+    for stem, cell, caption in wanted:
+        try:
+            nb = build_docs.resolve(stem)
+        except FileNotFoundError:
+            continue
+        out = build_docs.cell_output(nb, cell)
+        if out:
+            blocks.append(f"### {caption}\n\n{out}")
+        else:
+            blocks.append(f"### {caption}\n\n*(not available: the notebook has not been run "
+                          f"for this build)*")
+    return markdown.replace(MARKER, "\n\n".join(blocks))

@@ -145,7 +145,7 @@ def _(Block, batch, dim, time, torch):
 
 
 @app.cell
-def _(compiled_times, eager_times, plt):
+def plot_compile_vs_step(compiled_times, eager_times, plt):
     _fig, _ax = plt.subplots(figsize=(7, 3))
     _labels = ["eager\nfirst step", "eager\nsteady", "compiled\nfirst step", "compiled\nsteady"]
     _vals = [eager_times[0], min(eager_times[1:]), compiled_times[0], min(compiled_times[1:])]

@@ -79,7 +79,8 @@ def _(mo):
     mo.md(r"""
     ## 1. The tiers in one process
 
-    One op, called four times: the first call compiles (and writes the disk
+    One small function (matmul, GELU, sum: three ops), called four times with
+    a fresh cache directory: the first call compiles (and writes the disk
     tier); then the memory tier is dropped with `torch_tpu.cache.clear(disk=False)`,
     so the next call is served by the disk tier (loading a serialized
     executable instead of compiling); after that it is a memory hit.
@@ -88,13 +89,20 @@ def _(mo):
 
 
 @app.cell
-def _(tempfile, time, torch, torch_tpu):
+def _(mo):
+    tier_size = mo.ui.slider(64, 1024, step=64, value=384, label="matrix size")
+    tier_size
+    return (tier_size,)
+
+
+@app.cell
+def _(tempfile, tier_size, time, torch, torch_tpu):
     user_cache_dir = torch_tpu.cache.cache_dir()
     guide_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_cache_")
     torch_tpu.cache.set_dir(guide_cache)
     torch_tpu.cache.reset_stats()
 
-    _x = torch.randn(384, 384, device="tpu")
+    _x = torch.randn(tier_size.value, tier_size.value, device="tpu")
 
     def one_call():
         torch.tpu.synchronize()
@@ -205,7 +213,7 @@ def _(WORKLOAD, json, os, subprocess, sys, tempfile):
 
 
 @app.cell
-def _(cold, plt, warm):
+def plot_cold_warm(cold, plt, warm):
     _fig, _ax = plt.subplots(figsize=(7, 2.8))
     _parts = [("import", "tab:gray"), ("eager_step", "tab:orange"), ("compiled_call", "tab:blue")]
     for _row, _r in enumerate((warm, cold)):

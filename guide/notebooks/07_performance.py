@@ -161,7 +161,7 @@ def _(batch, benchmark, torch, width):
 
 
 @app.cell
-def _(format_table, plt, step_results):
+def plot_step_times(format_table, plt, step_results):
     print(format_table(step_results.values()))
     _fig, _ax = plt.subplots(figsize=(7, 2.8))
     _names = list(step_results)

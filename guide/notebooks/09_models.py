@@ -244,7 +244,7 @@ def _(benchmark, dbg, torch):
 
 
 @app.cell
-def _(mo, step_table):
+def table_model_steps(mo, step_table):
     _lines = ["| model | batch | tpu first step | tpu step (median) | cpu step (median) | "
               "tpu items/s | ops run on the CPU |", "|---|---|---|---|---|---|---|"]
     for _name, (_info, _res, _fallbacks) in step_table.items():
