@@ -542,6 +542,9 @@ def test_searchsorted(dtype, right):
     check(torch.bucketize, vals, seq, right=right)
     check(torch.bucketize, vals, seq, out_int32=True)
     check(torch.bucketize, 3, seq, right=right)
+    check(torch.searchsorted, torch.empty(0, 0, dtype=dtype), torch.empty(0, 0, dtype=dtype))
+    check(torch.searchsorted, torch.empty(0, dtype=dtype), vals, right=right)
+    check(torch.searchsorted, seq2, torch.empty(2, 0, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -115,6 +115,8 @@ def _searchsorted(seq, values, right):
     reject(seq, "searchsorted", complex_=True, bool_=True)
     reject(values, "searchsorted", complex_=True, bool_=True)
     side = "right" if right else "left"
+    if seq.size == 0 or values.size == 0:
+        return jnp.zeros(values.shape, jnp.int64)  # nothing to search, or in
     if seq.ndim <= 1:
         return jnp.searchsorted(seq, values, side=side)
     batch = seq.shape[:-1]
