@@ -435,6 +435,17 @@ def test_embedding(kw, dtype):
     check(lambda w: F.embedding(idx[0, 1].to(w.device), w, **kw), w, dtype=dtype)
 
 
+def test_embedding_max_norm():
+    w = rand(6, 4) * 3
+    i = torch.tensor([1, 3, 3, 5])
+    for norm_type in (2.0, 1.0):
+        wc, wd = w.clone(), w.to(DEV)
+        oc = F.embedding(i, wc, max_norm=1.5, norm_type=norm_type)
+        od = F.embedding(i.to(DEV), wd, max_norm=1.5, norm_type=norm_type)
+        torch.testing.assert_close(od.cpu(), oc)
+        torch.testing.assert_close(wd.cpu(), wc)  # renormalized in place
+
+
 def test_embedding_module():
     torch.manual_seed(0)
     m = nn.Embedding(10, 3, padding_idx=2)
@@ -626,7 +637,9 @@ def test_sdpa_inference_mode():
                                 dict(scale_factor=1.7, mode="bilinear"),
                                 dict(size=(3, 2), mode="bilinear"),
                                 dict(scale_factor=(1.5, 2.5), mode="bilinear",
-                                     recompute_scale_factor=False)])
+                                     recompute_scale_factor=False),
+                                dict(scale_factor=1.7, mode="bicubic"),
+                                dict(size=(3, 8), mode="bicubic", align_corners=True)])
 def test_upsample2d(kw, dtype):
     check(lambda x: F.interpolate(x, **kw), rand(2, 3, 4, 6), dtype=dtype)
 
@@ -653,6 +666,9 @@ def test_pad(dtype):
         check(lambda x: F.pad(x, (1, 0, 2, 1, 1, 1), mode=mode), rand(1, 2, 3, 4, 5),
               dtype=dtype)
     check(lambda x: F.pad(x, (2, 2)), torch.arange(6).reshape(2, 3), grad=False)
+    # Negative padding crops.
+    check(lambda x: F.pad(x, (-1, 2, 1, -2), mode="replicate"), x, dtype=dtype)
+    check(lambda x: F.pad(x, (2, -1), mode="reflect"), rand(2, 3, 5), dtype=dtype)
 
 
 def test_pixel_shuffle():

@@ -327,7 +327,7 @@ def _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
             div = div * size.reshape(shape)
         div = np.where(div == 0, 1, div)
     if jnp.issubdtype(x.dtype, jnp.integer):
-        return lax.div(summed, jnp.asarray(div, x.dtype))
+        return lax.div(summed, jnp.broadcast_to(jnp.asarray(div, x.dtype), summed.shape))
     return summed / jnp.asarray(div, x.dtype)
 
 
@@ -933,6 +933,16 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """Rows of `self` named in `indices` rescaled to norm <= max_norm."""
+    idx = indices.reshape(-1)
+    rows = jnp.take(_acc(self), idx, axis=0, mode="clip")
+    norms = jnp.linalg.norm(rows, ord=norm_type, axis=-1, keepdims=True)
+    scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+    return _acc(self).at[idx].set(rows * scale)
+
+
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     g = _acc(grad_output)
@@ -1331,6 +1341,48 @@ def _upsample_linear_backward(g, out_sp, in_sp, align_corners, scales):
     return _separable(_acc(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
+def _cubic_mat(L, O, align_corners, scale, A=-0.75):
+    """(O, L) matrix of PyTorch's bicubic interpolation along one dim."""
+    o = np.arange(O, dtype=np.float32)
+    if align_corners:
+        sc = np.float32((L - 1) / (O - 1)) if O > 1 else np.float32(0)
+        src = sc * o
+    else:
+        sc = _scale_value(scale, L, O)
+        src = (sc * (o + np.float32(0.5)) - np.float32(0.5)).astype(np.float32)
+    i0 = np.floor(src).astype(np.int64)
+    t = (src - i0.astype(np.float32)).astype(np.float32)
+    A = np.float32(A)
+
+    def cc1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def cc2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    coeffs = [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
+    m = np.zeros((O, L), np.float32)
+    for k in range(4):
+        np.add.at(m, (np.arange(O), np.clip(i0 - 1 + k, 0, L - 1)), coeffs[k])
+    return m
+
+
+@lower(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    in_sp = self.shape[-2:]
+    mats = [_cubic_mat(L, O, align_corners, sc)
+            for L, O, sc in zip(in_sp, tuple(output_size), (scales_h, scales_w))]
+    return _separable(_acc(self), mats, prec=lax.Precision.HIGHEST)
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners,
+                                scales_h=None, scales_w=None):
+    mats = [_cubic_mat(L, O, align_corners, sc)
+            for L, O, sc in zip(tuple(input_size[-2:]), tuple(output_size), (scales_h, scales_w))]
+    return _separable(_acc(grad_output), mats, transpose=True, prec=lax.Precision.HIGHEST)
+
+
 @lower(aten.upsample_nearest1d.default)
 def upsample_nearest1d(self, output_size, scales=None):
     return _upsample_nearest(self, tuple(output_size), (scales,), False)
@@ -1458,7 +1510,13 @@ def constant_pad_nd(self, pad, value=0):
 
 
 def _pad_mode(x, padding, mode):
-    return jnp.pad(x, _pad_widths(x.ndim, padding), mode=mode)
+    widths = _pad_widths(x.ndim, padding)
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        # Negative padding crops (before the positive side is padded).
+        x = lax.pad(x, np.zeros((), x.dtype),
+                    [(min(lo, 0), min(hi, 0), 0) for lo, hi in widths])
+        widths = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
+    return jnp.pad(x, widths, mode=mode)
 
 
 def _pad_backward(grad_output, self, padding, mode):
