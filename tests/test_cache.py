@@ -408,20 +408,22 @@ def test_two_processes_writing_at_once(tmp_path):
     assert third["disk"]["misses"] == 0 and third["disk"]["corrupt"] == 0
 
 
-def test_command_line_info_and_clear(tmp_path):
+def test_command_line_info_and_clear(tmp_path, monkeypatch, capsys):
+    from torch_tpu.cache.__main__ import main
+
     root = tmp_path / "cli-cache"
     store_mod.DiskStore(str(root)).put("k", b"payload")
-    env = _child_env(root)
-    # A `-m` run imports torch_tpu before torch; keep PyTorch's backend autoload
-    # from re-entering the half-imported package.
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    run = [sys.executable, "-m", "torch_tpu.cache"]
-    info = subprocess.run(run + ["info", "--json"], capture_output=True, text=True, env=env)
-    assert info.returncode == 0, info.stderr
-    data = json.loads(info.stdout)
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(root))
+    assert main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["entries"] == 1 and data["dir"] == str(root) and data["bytes"] > 0
-    cleared = subprocess.run(run + ["clear"], capture_output=True, text=True, env=env)
-    assert cleared.returncode == 0 and "removed 1" in cleared.stdout
-    env["TORCH_TPU_CACHE_DIR"] = ""
-    off = subprocess.run(run + ["info"], capture_output=True, text=True, env=env)
-    assert off.returncode == 0 and "disabled" in off.stdout
+    assert main(["clear"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", "")
+    assert main(["info"]) == 0
+    assert "disabled" in capsys.readouterr().out
+    # The module entry point itself.
+    out = subprocess.run([sys.executable, "-m", "torch_tpu.cache", "info"],
+                         capture_output=True, text=True, env=_child_env(root))
+    assert out.returncode == 0, out.stderr
+    assert str(root) in out.stdout and "entries   : 0" in out.stdout

@@ -259,11 +259,16 @@ class CompiledGraph:
         entry = _Entry(fn, lower_args, self.name, gkey, value_results, donate_idx, keep_idx)
         # Inputs the graph overwrites (an optimizer's parameters) are donated:
         # XLA writes the new values into their buffers instead of new ones.
-        if donate_idx and _donation_enabled():
-            entry.donating = executor._compile(self.name, gkey + ("donate",), fn, lower_args,
-                                               donate_argnums=(0,))
-        else:
-            entry.plain = executor._compile(self.name, gkey, fn, lower_args)
+        try:
+            if donate_idx and _donation_enabled():
+                entry.donating = executor._compile(self.name, gkey + ("donate",), fn,
+                                                   lower_args, donate_argnums=(0,))
+            else:
+                entry.plain = executor._compile(self.name, gkey, fn, lower_args)
+        except LoweringError:
+            raise
+        except Exception as e:  # a lowering that fails inside a graph: run it eagerly
+            raise LoweringError(f"{type(e).__name__}: {e}") from e
         entry.release_trace()
         with _lock:
             _GRAPH_CACHE[gkey] = entry

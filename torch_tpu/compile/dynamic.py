@@ -292,9 +292,14 @@ class Policy:
 
         rng = np.zeros((4,), np.uint32) if program.uses_rng else None
         sizes = np.zeros((len(symbols),), np.int32)
-        compiled = executor._compile(graph.name + "_bucketed",
-                                     (graph.fingerprint, graph.kind, key), fn,
-                                     (list(arrays), list(graph.consts), rng, sizes))
+        try:
+            compiled = executor._compile(graph.name + "_bucketed",
+                                         (graph.fingerprint, graph.kind, key), fn,
+                                         (list(arrays), list(graph.consts), rng, sizes))
+        except PadUnsafe:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. a lowering unhappy at bucket size
+            raise PadUnsafe(f"{type(e).__name__}: {e}") from e
         return compiled, holder["specs"]
 
 
