@@ -402,7 +402,65 @@ def special_xlog1py(self, other):
        aten.special_zeta.self_scalar)
 def special_zeta(self, other):
     x, q = prep(self, other, kind=K.INT_TO_FLOAT)
-    return jsp.zeta(x, q)
+    return _zeta(x, q)
+
+
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+
+
+def _zeta_sum(x, q):
+    """Cephes' Hurwitz zeta (as in PyTorch): direct sum while q + i <= 9, then
+    Euler-Maclaurin. The direct sum also covers negative non-integer q."""
+    x, q = jnp.broadcast_arrays(x, q)
+    eps = _c(jnp.finfo(x.dtype).eps / 2, x)
+    s = q ** -x
+    zero = jnp.zeros_like(s)
+
+    def cond(state):
+        i, a, _, _, done = state
+        return jnp.any(~done & ((i < 9) | (a <= 9)))
+
+    def body(state):
+        i, a, s, b, done = state
+        active = ~done & ((i < 9) | (a <= 9))
+        a = jnp.where(active, a + 1, a)
+        bn = a ** -x
+        s = jnp.where(active, s + bn, s)
+        b = jnp.where(active, bn, b)
+        done = done | (active & (jnp.abs(bn / s) < eps))
+        return i + 1, a, s, b, done
+
+    _, a, s, b, done = lax.while_loop(
+        cond, body, (jnp.asarray(0, jnp.int32), q, s, zero, jnp.zeros(s.shape, bool)))
+    w = a
+    t_s = s + b * w / (x - 1) - 0.5 * b
+    aa, k, tdone = jnp.ones_like(s), zero, done
+    for coef in _ZETA_A:
+        aa = aa * (x + k)
+        b = b / w
+        t = aa * b / coef
+        t_s = jnp.where(tdone, t_s, t_s + t)
+        tdone = tdone | (jnp.abs(t / t_s) < eps)
+        k = k + 1
+        aa = aa * (x + k)
+        b = b / w
+        k = k + 1
+    out = jnp.where(done, s, t_s)
+    big = (1 / (x - 1) + 1 / (2 * q)) * q ** (1 - x)
+    return jnp.where(q > 1e8, big, out)
+
+
+def _zeta(x, q):
+    """Hurwitz zeta with PyTorch's (Cephes') special cases."""
+    out = _zeta_sum(x, q)
+    inf, nan = _c(jnp.inf, out), _c(jnp.nan, out)
+    nonpos = q <= 0
+    out = jnp.where(nonpos & (x != jnp.floor(x)), nan, out)
+    out = jnp.where(nonpos & (q == jnp.floor(q)), inf, out)
+    out = jnp.where(x < 1, nan, out)
+    return jnp.where(x == 1, inf, out)
 
 
 @lower(aten.igamma.default)
@@ -668,11 +726,32 @@ def _i1(x):
     return jnp.exp(jnp.abs(x)) * lax.bessel_i1e(x)
 
 
+def _spherical_j0(x):
+    """sin(x) / x, by its series below 0.5 (as PyTorch), 0 at +-inf."""
+    x2 = x * x
+    series = 1 + x2 * (-1.0 / 6 + x2 * (1.0 / 120 + x2 * (-1.0 / 5040 + x2 * (
+        1.0 / 362880 + x2 * (-1.0 / 39916800 + x2 * (1.0 / 6227020800))))))
+    safe = jnp.where(jnp.abs(x) < 0.5, _one(x), x)
+    out = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
+    return jnp.where(jnp.isinf(x), _zero(x), out)
+
+
 def _entr(x):
     out = -x * jnp.log(jnp.where(x > 0, x, _one(x)))
     out = jnp.where(x == 0, _zero(x), out)
     out = jnp.where(x < 0, _c(-jnp.inf, x), out)
     return jnp.where(jnp.isnan(x), x, out)
+
+
+def _erfinv(x):
+    # XLA's float32 erf_inv is a few ulp off near +-1, where the derivative
+    # (and so autograd) amplifies it; PyTorch's is correctly rounded there.
+    # Where the platform has float64 (XLA:CPU, GPU), go through it.
+    from ..runtime import platform
+
+    if x.dtype == jnp.float32 and platform.supports_float64():
+        return lax.erf_inv(x.astype(jnp.float64)).astype(x.dtype)
+    return lax.erf_inv(x)
 
 
 def _lgamma(x):
@@ -704,13 +783,16 @@ _unary([aten.acosh.default], jnp.arccosh)
 _unary([aten.atanh.default], jnp.arctanh)
 _unary([aten.erf.default], lax.erf)
 _unary([aten.erfc.default], lax.erfc)
-_unary([aten.erfinv.default], lax.erf_inv)
+_unary([aten.erfinv.default], _erfinv)
 _unary([aten.lgamma.default], _lgamma)
 _unary([aten.digamma.default], _digamma)
 _unary([aten.i0.default], _i0)
 _unary([aten.special_i0e.default], lax.bessel_i0e)
 _unary([aten.special_i1.default], _i1)
 _unary([aten.special_i1e.default], lax.bessel_i1e)
+_unary([aten.special_modified_bessel_i0.default], _i0)
+_unary([aten.special_modified_bessel_i1.default], _i1)
+_unary([aten.special_spherical_bessel_j0.default], _spherical_j0)
 _unary([aten.special_ndtri.default], jsp.ndtri)
 _unary([aten.special_log_ndtr.default], jsp.log_ndtr)
 _unary([aten.special_erfcx.default], jsp.erfcx)
@@ -777,13 +859,30 @@ def round_decimals(self, *, decimals=0):
     return jnp.round(x / p) * p
 
 
+def _trigamma(x):
+    """PyTorch's calc_trigamma: reflection below 0.5, six recurrence steps, series."""
+    pi = _c(math.pi, x)
+    neg = x < 0.5
+    sin_pi_x = jnp.sin(pi * x)
+    result = jnp.where(neg, -(pi * pi) / (sin_pi_x * sin_pi_x), jnp.zeros_like(x))
+    x = jnp.where(neg, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return jnp.where(neg, -result, result)
+
+
 @lower(aten.polygamma.default)
 def polygamma(n, self):
     x = prep(self, kind=K.INT_TO_FLOAT)
     if n == 0:
         return _digamma(x)
+    if n == 1:
+        return _trigamma(x)
     sign_ = 1.0 if n % 2 else -1.0
-    return _c(sign_ * math.gamma(n + 1), x) * jsp.zeta(_c(n + 1, x), x)
+    return _c(sign_ * math.gamma(n + 1), x) * _zeta(_c(n + 1, x), x)
 
 
 @lower(aten.mvlgamma.default)
@@ -797,7 +896,8 @@ def mvlgamma(self, p):
 
 @lower(aten.logit.default)
 def logit(self, eps=None):
-    x = prep(self, kind=K.INT_TO_FLOAT)
+    # In the result dtype, like PyTorch's CPU kernel (bfloat16 rounds each step).
+    x = _as(self, promote(self, kind=K.INT_TO_FLOAT)[1])
     if eps is not None:
         x = jnp.clip(x, eps, 1 - eps)
     return jnp.log(x / (1 - x))
