@@ -712,3 +712,23 @@ def test_fused_adam_grad_scale_and_found_inf():
     for found in (0.0, 1.0):
         for c, t in zip(run("cpu", found), run("tpu", found)):
             torch.testing.assert_close(t.cpu(), c, rtol=1e-5, atol=1e-6)
+
+
+@needs_foreach
+@pytest.mark.parametrize("mode", list(MODES))
+def test_small_model_adamw_matches_cpu(mode):
+    # Also needs linear / mse_loss lowerings (other families).
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    res = []
+    for dev in ("cpu", "tpu"):
+        m = __import__("copy").deepcopy(base).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, **MODES[mode])
+        for _ in range(3):
+            opt.zero_grad()
+            F.mse_loss(m(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+        res.append([p.detach().cpu() for p in m.parameters()])
+    for c, t in zip(*res):
+        torch.testing.assert_close(t, c, rtol=1e-5, atol=1e-5)
