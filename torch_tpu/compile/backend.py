@@ -487,10 +487,22 @@ def _decompositions():
     return table
 
 
-def _partition_fn():
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+def _partition_fn(options):
+    """How AOTAutograd splits a training graph into forward and backward.
 
-    return min_cut_rematerialization_partition
+    Default: save what the backward needs (`default_partition`). The min-cut
+    partitioner (``options={"partitioner": "min_cut"}``) recomputes cheap ops
+    in the backward to save memory, but its first use imports inductor's
+    lowering tables (about a second).
+    """
+    from torch._functorch import partitioners
+
+    choice = options.get("partitioner") or os.environ.get("TORCH_TPU_PARTITIONER", "default")
+    if choice in ("min_cut", "min-cut", "mincut"):
+        return partitioners.min_cut_rematerialization_partition
+    if choice != "default":
+        raise ValueError(f"unknown partitioner {choice!r} (use 'default' or 'min_cut')")
+    return partitioners.default_partition
 
 
 def _compiler(kind, options):
@@ -508,6 +520,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         or ``"exact"``; see torch_tpu.compile.dynamic.
       - ``"buckets"``: the bucket sizes (a sorted list of ints) for "bucket".
       - ``"max_specializations"``: cap on executables per symbolic graph.
+      - ``"partitioner"``: ``"default"`` or ``"min_cut"`` (see _partition_fn).
     """
     from torch._dynamo.backends.common import aot_autograd
 
@@ -517,7 +530,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         bw_compiler=_compiler("backward", options),
         inference_compiler=_compiler("inference", options),
         decompositions=_decompositions(),
-        partition_fn=_partition_fn(),
+        partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )
     return aot(gm, example_inputs)
