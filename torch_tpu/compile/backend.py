@@ -153,14 +153,16 @@ class CompiledGraph:
         # wrapper) sees; the rest of a forward graph's outputs are saved for
         # the backward graph.
         self.n_user_outputs = len(self.out_specs)
-        mutated = set(self.program.mutated_inputs)
-        self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
         if kind == "forward":
             try:
                 md = torch._guards.TracingContext.try_get().fw_metadata
                 self.n_user_outputs = int(md.num_forward)
             except Exception:
                 pass
+            if not self.symbolic:
+                self._saved_views_of_inputs()
+        mutated = set(self.program.mutated_inputs)
+        self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
         self.eager = False
         self.consts = None
         with _lock:
@@ -185,16 +187,51 @@ class CompiledGraph:
                 self.out_specs.append(("array", n_prog, o.meta["val"].dtype))
                 n_prog += 1
             elif isinstance(o, torch.fx.Node):
-                self.out_specs.append(("value", n_prog))
-                n_prog += 1
+                self.out_specs.append(("value", None))
             else:
                 self.out_specs.append(("const", o))
         self.n_prog_out = n_prog
 
+    def _saved_views_of_inputs(self):
+        """Saved-for-backward outputs that are views of inputs (`t(weight)`):
+        returned as views (metadata only) instead of materialized copies."""
+        index = {n: i for i, n in enumerate(self.program.placeholders)}
+        for i, o in enumerate(self.output_nodes):
+            if i < self.n_user_outputs or self.out_specs[i][0] != "array":
+                continue
+            base = o
+            while (isinstance(base, torch.fx.Node) and base.op == "call_function"
+                   and base.target in _VIEW_OPS and isinstance(base.args[0], torch.fx.Node)):
+                base = base.args[0]
+            if base is o or base not in index:
+                continue
+            fin, fout = base.meta.get("val"), o.meta.get("val")
+            if not (isinstance(fin, torch.Tensor) and isinstance(fout, torch.Tensor)):
+                continue
+            try:
+                view = (tuple(int(d) for d in fout.shape), tuple(int(d) for d in fout.stride()),
+                        int(fout.storage_offset()) - int(fin.storage_offset()),
+                        tuple(int(d) for d in fin.shape), tuple(int(d) for d in fin.stride()))
+            except (TypeError, ValueError):
+                continue
+            self.out_specs[i] = ("input_view", index[base], view, self.out_specs[i][1])
+        # The program no longer computes those: renumber its outputs.
+        n = 0
+        for i, spec in enumerate(self.out_specs):
+            if spec[0] == "array":
+                self.out_specs[i] = ("array", n, spec[2])
+                n += 1
+        self.n_prog_out = n
+
     # -- compiling ---------------------------------------------------------
 
-    def _build(self, arrays, ints, consts, key):
-        """Compile the program for these input values (one specialization)."""
+    def _build(self, arrays, ints, consts, key, layouts=None):
+        """Compile the program for these input values (one specialization).
+
+        `layouts[i]` (static graphs): tensor input i arrives as its storage's
+        array and is read through that view layout inside the program, so a
+        view input (`t(weight)` saved for the backward) costs no separate copy.
+        """
         program = self.program
         specs = self.specs
         tensor_pos = self.tensor_pos
@@ -215,7 +252,8 @@ class CompiledGraph:
             return syms
 
         static_ints = tuple(ints)
-        donate_idx = self.donate_idx
+        layouts = tuple(layouts) if layouts is not None else (None,) * len(tensor_pos)
+        donate_idx = [i for i in self.donate_idx if layouts[i] is None]
         keep_idx = [i for i in range(len(tensor_pos)) if i not in set(donate_idx)]
 
         def fn(donated, kept, consts, rng):
@@ -223,7 +261,7 @@ class CompiledGraph:
             for i, a in zip(donate_idx, donated):
                 arrays[i] = a
             for i, a in zip(keep_idx, kept):
-                arrays[i] = a
+                arrays[i] = a if layouts[i] is None else st.strided_read(a, layouts[i])
             inputs = [None] * len(specs)
             for p, a in zip(tensor_pos, arrays):
                 inputs[p] = a
@@ -238,7 +276,17 @@ class CompiledGraph:
             # constants of this specialization: recorded while tracing.
             value_results.update((i, outs[i]) for i in value_outs)
             arr_outs = [v for spec, v in zip(self.out_specs, outs) if spec[0] == "array"]
-            return arr_outs, muts
+            # The same value returned twice (`relu` and its `alias`, both saved
+            # for the backward) is returned once: XLA would copy it.
+            unique, index, seen = [], [], {}
+            for v in arr_outs:
+                j = seen.get(id(v))
+                if j is None:
+                    j = seen[id(v)] = len(unique)
+                    unique.append(v)
+                index.append(j)
+            value_results["__out_index__"] = index
+            return unique, muts
 
         value_results = {}
 
@@ -257,6 +305,7 @@ class CompiledGraph:
                 return hit
             GRAPH_STATS.misses += 1
         entry = _Entry(fn, lower_args, self.name, gkey, value_results, donate_idx, keep_idx)
+        entry.layouts = layouts
         # Inputs the graph overwrites (an optimizer's parameters) are donated:
         # XLA writes the new values into their buffers instead of new ones.
         try:
@@ -301,7 +350,29 @@ class CompiledGraph:
         if self.symbolic:
             # The policy reads the inputs itself (padded inputs are not re-read).
             return self.policy.run(self, args, None, ints)
-        return self._run_static(args, self.read_inputs(args), ints)
+        arrays, layouts = self.read_storages(args)
+        return self._run_static(args, arrays, ints, layouts)
+
+    def read_storages(self, args):
+        """Storage arrays of the tensor inputs and their view layouts (None: plain)."""
+        arrays, layouts = [], []
+        for p in self.tensor_pos:
+            t = args[p]
+            data = getattr(t.untyped_storage(), "_tpu", None) if t.device.type == "tpu" else None
+            if data is None:
+                arrays.append(executor.value(t) if t.device.type == "tpu"
+                              else st.from_host(t, self.device))
+                layouts.append(None)
+                continue
+            arrays.append(data.array)
+            if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
+                    and t.storage_offset() == 0):
+                layouts.append(None)
+            else:
+                layouts.append((t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+        if padding.SPECS:
+            self._unpad_inputs(args, arrays)
+        return arrays, tuple(layouts)
 
     def read_inputs(self, args):
         """The jax values of the tensor inputs."""
@@ -316,14 +387,14 @@ class CompiledGraph:
             self._unpad_inputs(args, arrays)
         return arrays
 
-    def _run_static(self, args, arrays, ints):
+    def _run_static(self, args, arrays, ints, layouts):
         # Dynamo's guards fix the shapes of a static graph; what can still
-        # change the program is the matmul precision setting.
-        token = _precision_token()
+        # change the program is the matmul precision and the inputs' layouts.
+        token = (_precision_token(), layouts, tuple(a.shape for a in arrays))
         entry = self.executables.get(token)
         if entry is None:
             entry = self.executables[token] = self._build(
-                arrays, ints, self.consts, self.signature(arrays, ints))
+                arrays, ints, self.consts, self.signature(arrays, ints) + (layouts,), layouts)
         return self._execute(entry, args, arrays)
 
     def _unpad_inputs(self, args, arrays):
@@ -346,6 +417,9 @@ class CompiledGraph:
 
             rng = tpu_random.next_key(self.device)
         outs, muts = entry.run(self, args, arrays, self.consts, rng)
+        out_index = value_results.get("__out_index__")
+        if out_index is not None and len(out_index) != len(outs):
+            outs = [outs[j] for j in out_index]
         for pos, arr in zip(self.program.mutated_inputs, muts):
             _write_back(args[pos], arr)
         results = []
@@ -359,6 +433,8 @@ class CompiledGraph:
                 results.append(st.wrap(arr, device, spec[2]))
             elif kind == "input":
                 results.append(args[spec[1]])
+            elif kind == "input_view":
+                results.append(_input_view(args[spec[1]], spec[2]))
             elif kind == "value":
                 results.append(value_results[i])
             elif kind == "none":
@@ -386,6 +462,24 @@ class CompiledGraph:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+_VIEW_OPS = {
+    aten.t.default, aten.permute.default, aten.transpose.int, aten.view.default,
+    aten._unsafe_view.default, aten.expand.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default,
+    aten.slice.Tensor, aten.select.int, aten.detach.default,
+}
+
+
+def _input_view(t, view):
+    """The view of input `t` that a graph output was (sizes, strides, offset)."""
+    size, stride, offset, in_size, in_stride = view
+    if tuple(t.shape) != in_size or tuple(t.stride()) != in_stride:
+        raise LoweringError("an input's layout changed under a compiled graph")
+    with torch.no_grad():
+        return torch.ops.aten.as_strided.default(t.detach(), list(size), list(stride),
+                                                 t.storage_offset() + offset)
+
+
 def _donation_enabled() -> bool:
     return os.environ.get("TORCH_TPU_DONATE", "1") not in ("0", "false", "False")
 
@@ -399,7 +493,7 @@ class _Entry:
     """
 
     __slots__ = ("fn", "lower_args", "name", "key", "values", "donate_idx", "keep_idx",
-                 "plain", "donating")
+                 "plain", "donating", "layouts")
 
     def __init__(self, fn, lower_args, name, key, values, donate_idx, keep_idx):
         self.fn = fn
@@ -411,6 +505,7 @@ class _Entry:
         self.keep_idx = keep_idx
         self.plain = None
         self.donating = None
+        self.layouts = None
 
     def release_trace(self):
         # Keep only abstract values for a later compile of the other variant.
@@ -421,7 +516,7 @@ class _Entry:
     def run(self, graph, args, arrays, consts, rng):
         donated = [arrays[i] for i in self.donate_idx]
         kept = [arrays[i] for i in self.keep_idx]
-        if self.donating is not None and _can_donate(graph, args, donated):
+        if self.donating is not None and _can_donate(graph, self.donate_idx, args, donated):
             GRAPH_STATS.donating_calls += 1
             return self.donating(donated, kept, consts, rng)
         if self.plain is None:
@@ -432,10 +527,10 @@ class _Entry:
 _OWN_REFS = 6
 
 
-def _can_donate(graph, args, donated) -> bool:
+def _can_donate(graph, donate_idx, args, donated) -> bool:
     """Are the donated arrays only held by their own (plain) input tensors?"""
     seen = set()
-    for i, arr in zip(graph.donate_idx, donated):
+    for i, arr in zip(donate_idx, donated):
         t = args[graph.tensor_pos[i]]
         if t.device.type != "tpu":
             return False

@@ -242,6 +242,10 @@ class Policy:
                 results.append(t)
             elif kind == "input":
                 results.append(args[spec[1]])
+            elif kind == "input_view":  # (static graphs only; kept for completeness)
+                from .backend import _input_view
+
+                results.append(_input_view(args[spec[1]], spec[2]))
             elif kind == "value":
                 results.append(true_env.int(nodes[i].meta["val"]))
             elif kind == "none":
