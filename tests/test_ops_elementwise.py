@@ -16,7 +16,12 @@ import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 
-os.environ["TORCH_TPU_CPU_FALLBACK"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_fallback(monkeypatch):
+    # Only this module's tests: other modules in the same worker keep the default.
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 I32, I64, BOOL, C64 = torch.int32, torch.int64, torch.bool, torch.complex64
@@ -400,7 +405,7 @@ PROMOTION = [
 
 
 @pytest.mark.parametrize("a,b,fn", PROMOTION,
-                         ids=lambda v: str(v).replace("torch.", ""))
+                         ids=lambda v: getattr(v, "__name__", str(v)).replace("torch.", ""))
 def test_mixed_dtypes(a, b, fn):
     g = torch.Generator().manual_seed(2)
     x, y = _gen((3, 4), a, "any", g), _gen((4,), b, "nz", g)

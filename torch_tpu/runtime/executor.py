@@ -31,13 +31,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..ops import registry
+from . import platform
 from . import storage as st
 
-_T, _OT, _LT, _LOT, _S, _OS, _X, _G = range(8)
+_T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS = range(9)
 _KIND_OF_TYPE = {
     "Tensor": _T, "Optional[Tensor]": _OT, "List[Tensor]": _LT,
     "List[Optional[Tensor]]": _LOT, "Scalar": _S, "Optional[Scalar]": _OS, "number": _S, "Optional[number]": _OS,
     "Optional[Generator]": _G, "Generator": _G,
+    # Scalar lists (foreach ops: AdamW's per-step bias corrections) are
+    # runtime inputs too, or every step would compile a new program.
+    "List[number]": _LS,
 }
 
 
@@ -322,6 +326,9 @@ def _classify(plan, vals, sig):
             key.append(len(v))
         elif kind == _OS:
             append(sig.scalar(v))
+        elif kind == _LS:
+            append(("l", tuple(sig.scalar(x) for x in v)))
+            key.append(len(v))
         else:  # generator: torch_tpu keeps its own RNG state
             append(("x", None))
             key.append(None)
@@ -412,7 +419,8 @@ class _Runner:
             sig.key.append("rng")
         if sig.device is None:
             sig.device = _factory_device(vals, plan)
-            sig.key.append(sig.device)
+        # Executables are committed to one device: tpu:1 needs its own.
+        sig.key.append(sig.device)
         if plan.has_dtype_arg:
             # dtype=None means the default dtype, which the user may change.
             sig.key.append(torch.get_default_dtype())
@@ -508,7 +516,12 @@ class _Runner:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
         else:
-            compiled = _compile(name, key, program, (arrays, list(sig.dyn)))
+            jit_kwargs = {}
+            if not arrays:
+                # No device inputs (a factory): place the outputs explicitly.
+                jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
+                    platform.jax_device(sig.device))
+            compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
         _cache_put(key, entry)
         return entry
@@ -592,7 +605,9 @@ def _factory_device(vals, plan):
         d = vals[i]
         if isinstance(d, str):
             d = torch.device(d)
-        return d.index if d.index is not None else _current()
+        if d.index is not None:
+            platform.jax_device(d.index)  # raises for a device that does not exist
+            return d.index
     return _current()
 
 

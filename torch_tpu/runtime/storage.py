@@ -338,7 +338,8 @@ def from_host(src: torch.Tensor, index: int):
                                      ).numpy().view(jd)
     else:
         host = src.contiguous().numpy()
-    return jax.device_put(host, platform.jax_device(index))
+    # XLA:CPU could alias the host buffer: the CPU tensor may change later.
+    return jax.device_put(host, platform.jax_device(index), may_alias=False)
 
 
 def host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
