@@ -41,7 +41,7 @@ _DESCRIPTIONS = {
 }
 
 _DEFAULT_BATCH = {
-    "llama": {"tiny": 8}, "qwen": {"tiny": 8}, "resnet": {"tiny": 16}, "dlrm": {"tiny": 64},
+    "llama": {"tiny": 8}, "qwen": {"tiny": 8}, "resnet": {"tiny": 16}, "dlrm": {"tiny": 128},
     "mingpt": {"tiny": 64}, "unet": {"tiny": 16},
 }
 _DEFAULT_BATCH_LARGE = {"llama": 1, "qwen": 1, "resnet": 32, "dlrm": 2048, "mingpt": 8,

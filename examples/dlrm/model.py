@@ -116,9 +116,11 @@ class SyntheticClicks:
         # Power-law ids: small ids are the popular ones.
         sparse = (sizes[None, :, None] * u.pow(self.zipf)).long()
         sparse = torch.minimum(sparse, (sizes.long() - 1)[None, :, None])
-        # Hidden click model: dense weights plus a fixed "taste" of each id.
-        score = (dense - 1.0) @ self.w_dense
-        score = score + torch.sin(sparse.double() * self.freq.double()[None, :, None]).sum((1, 2)).float()
+        # Hidden click model: a base rate near Criteo's ~25% CTR, dense weights and a
+        # fixed "taste" of each id.
+        taste = torch.sin(sparse.double() * self.freq.double()[None, :, None]).sum((1, 2)).float()
+        n_ids = len(cfg.table_sizes) * cfg.bag_size
+        score = -1.2 + 1.5 * (dense - 1.0) @ self.w_dense + 2.0 * taste / math.sqrt(n_ids)
         p = torch.sigmoid(score)
         clicks = (torch.rand(batch_size, generator=g) < p).float()
         return dense, sparse, clicks

@@ -19,7 +19,7 @@ from examples.dlrm.model import CONFIGS, DLRM, SyntheticClicks, bce_loss  # noqa
 
 def parser():
     p = cli.make_parser("Train DLRM on synthetic click data.", CONFIGS, default_steps=20,
-                        default_batch_size=64, default_lr=0.1)
+                        default_batch_size=128, default_lr=0.2)
     p.add_argument("--save", type=pathlib.Path, default=None, help="own checkpoint file to write")
     return p
 
