@@ -1,0 +1,218 @@
+"""torch.compile(backend="tpu") against pure JAX, torch CPU eager and inductor.
+
+    python benchmarks/compile.py            # all measurements, one table
+    python benchmarks/compile.py --quick    # fewer timed steps
+
+Model: 4 Linear layers of width 1024 (ReLU between), batch 64, MSE loss,
+SGD. A training step is forward + backward + the SGD update.
+
+1. steady-state step time: torch_tpu compiled (forward+loss and the optimizer
+   step compiled), the same network in pure JAX under one `jax.jit` (params
+   donated), torch CPU eager, torch CPU inductor. Target: torch_tpu / JAX <= 1.1.
+2. first-call time: the first compiled step (dynamo + AOTAutograd + lowering
+   + XLA compile) against `jax.jit`'s first call (trace + compile). Target <= 2x.
+3. warm start: a new process running the first compiled step with the
+   persistent compile cache filled by a previous process, against a cold one
+   (empty cache directory). Target: >= 10x faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+WIDTH, BATCH, LAYERS, LR = 1024, 64, 4, 1e-3
+
+
+def _timeit(step, sync, n, warmup=3):
+    for _ in range(warmup):
+        step()
+    sync()
+    samples = []
+    for _ in range(max(3, n // 10)):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            step()
+        sync()
+        samples.append((time.perf_counter() - t0) / 10)
+    return statistics.median(samples), min(samples)
+
+
+def _torch_model(device):
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(LAYERS):
+        layers.append(torch.nn.Linear(WIDTH, WIDTH))
+        if i < LAYERS - 1:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers).to(device)
+
+
+def torch_step(device, backend=None):
+    """(first-step seconds, step function, sync function)."""
+    import torch
+    import torch.nn.functional as F
+
+    model = _torch_model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x = torch.randn(BATCH, WIDTH).to(device)
+    y = torch.randn(BATCH, WIDTH).to(device)
+
+    def forward_loss(x, y):
+        return F.mse_loss(model(x), y)
+
+    loss_fn = torch.compile(forward_loss, backend=backend) if backend else forward_loss
+    opt_step = torch.compile(opt.step, backend=backend) if backend == "tpu" else opt.step
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt_step()
+        return loss
+
+    if device == "tpu":
+        sync = torch.tpu.synchronize
+    else:
+        def sync():
+            pass
+    t0 = time.perf_counter()
+    step().item()
+    return time.perf_counter() - t0, step, sync
+
+
+def jax_step():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.runtime import platform
+
+    dev = platform.jax_device(0)
+    rng = np.random.default_rng(0)
+    bound = 1 / np.sqrt(WIDTH)
+    params = [(jax.device_put(rng.uniform(-bound, bound, (WIDTH, WIDTH)).astype(np.float32), dev),
+               jax.device_put(rng.uniform(-bound, bound, (WIDTH,)).astype(np.float32), dev))
+              for _ in range(LAYERS)]
+    x = jax.device_put(rng.standard_normal((BATCH, WIDTH)).astype(np.float32), dev)
+    y = jax.device_put(rng.standard_normal((BATCH, WIDTH)).astype(np.float32), dev)
+
+    def loss_fn(params, x, y):
+        h = x
+        for i, (w, b) in enumerate(params):
+            h = h @ w.T + b
+            if i < LAYERS - 1:
+                h = jax.nn.relu(h)
+        return jnp.mean((h - y) ** 2)
+
+    def train(params, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        params = jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
+        return params, loss
+
+    train = jax.jit(train, donate_argnums=0)
+    state = {"params": params}
+
+    def step():
+        state["params"], loss = train(state["params"], x, y)
+        return loss
+
+    t0 = time.perf_counter()
+    float(step())
+    first = time.perf_counter() - t0
+
+    def sync():
+        jax.block_until_ready(state["params"])
+
+    return first, step, sync
+
+
+_CHILD = r"""
+import json, sys, time
+import importlib.util
+import torch, torch_tpu, torch_tpu.cache as cache
+spec = importlib.util.spec_from_file_location("bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+torch.tpu.set_matmul_precision(sys.argv[2])
+first, step, sync = bench.torch_step("tpu", backend="tpu")
+s = cache.stats()
+print(json.dumps({"first": first, "compile": s["compile_seconds"],
+                  "trace": sum(e["trace_seconds"] for e in s["per_entry"]),
+                  "by_source": s["compile_seconds_by_source"]}))
+"""
+
+
+def warm_start(precision):
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, TORCH_TPU_CACHE_DIR=d)
+        runs = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", _CHILD, os.path.abspath(__file__),
+                                  precision], capture_output=True, text=True, env=env)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-2000:])
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--skip-inductor", action="store_true")
+    p.add_argument("--precision", default="default", choices=["default", "high", "highest"],
+                   help="torch.tpu.set_matmul_precision for the torch_tpu runs (default: "
+                        "'default', what jax.jit uses)")
+    args = p.parse_args(argv)
+    n = 30 if args.quick else 100
+
+    import torch
+    import torch_tpu
+
+    # jax.jit runs float32 dots at JAX's default precision: compare like with like.
+    torch.tpu.set_matmul_precision(args.precision)
+    rows = []
+    first_tpu, step, sync = torch_step("tpu", backend="tpu")
+    t_tpu = _timeit(step, sync, n)
+    first_jax, jstep, jsync = jax_step()
+    t_jax = _timeit(jstep, jsync, n)
+    _, cstep, csync = torch_step("cpu")
+    rows.append(("torch_tpu compiled (backend='tpu')", t_tpu, first_tpu))
+    rows.append(("pure JAX (jax.jit)", t_jax, first_jax))
+    rows.append(("torch CPU eager", _timeit(cstep, csync, n), None))
+    if not args.skip_inductor:
+        try:
+            first_ind, istep, isync = torch_step("cpu", backend="inductor")
+            rows.append(("torch CPU inductor", _timeit(istep, isync, n), first_ind))
+        except Exception as e:  # noqa: BLE001 - no C++ compiler, etc.
+            rows.append((f"inductor failed ({type(e).__name__})", (float("nan"),) * 2, None))
+    cold, warm = warm_start(args.precision)
+
+    print(f"4-layer MLP, width {WIDTH}, batch {BATCH}, fwd+bwd+SGD; platform "
+          f"{torch_tpu.runtime.platform.platform()}, matmul precision {args.precision}")
+    print(f"{'':40s} {'step ms (median/min)':>22s} {'first call s':>13s}")
+    for name, (med, best), first in rows:
+        f = f"{first:13.2f}" if first is not None else f"{'-':>13s}"
+        print(f"{name:40s} {med * 1e3:11.2f} /{best * 1e3:8.2f} {f}")
+    print(f"step time torch_tpu / JAX: {t_tpu[0] / t_jax[0]:.2f} median, "
+          f"{t_tpu[1] / t_jax[1]:.2f} min (target <= 1.1)")
+    print(f"first call torch_tpu / jax.jit: {first_tpu / first_jax:.2f} (target <= 2)")
+    for name, r in (("cold", cold), ("warm", warm)):
+        print(f"new process, {name} cache: first step {r['first']:.2f} s; executables "
+              f"{r['compile']:.2f} s, of which tracing {r['trace']:.2f} s "
+              f"(XLA compiled {r['by_source']['compiled']['count']}, "
+              f"from disk {r['by_source']['disk']['count']})")
+    print(f"warm start: executables {cold['compile'] / max(warm['compile'], 1e-9):.1f}x faster "
+          f"(XLA part {(cold['compile'] - cold['trace']) / max(warm['compile'] - warm['trace'], 1e-9):.1f}x), "
+          f"first step {cold['first'] / warm['first']:.1f}x (target >= 10x)")
+
+
+if __name__ == "__main__":
+    main()
