@@ -1,0 +1,796 @@
+"""The OpInfo conformance harness: run PyTorch's op database on CPU and `tpu`.
+
+Everything the test file, the expectation refresher and tools/op_coverage.py
+share lives here: which OpInfo entries and dtypes are tested, how a sample
+input is copied to `tpu` (layout preserved), how one sample is run and
+compared (values, dtypes, shapes; input gradients; distributions for random
+samples), and how a failure is classified into a short cause.
+
+The reference is always PyTorch's own CPU kernel on the same sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import warnings
+
+import torch
+from torch.testing._internal import common_methods_invocations as _cmi
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_tpu  # noqa: F401  (registers the device)
+
+from . import expectations
+
+TPU = torch.device("tpu", 0)
+
+# The dtypes the harness knows, in report order, by their short names.
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+    "complex64": torch.complex64,
+}
+# The default (CI) run: these forward dtypes and float32 gradients. Every
+# other (dtype, kind) is marked slow.
+DEFAULT_FORWARD = ("float32", "bfloat16", "int64")
+GRAD_DTYPES = ("float32",)
+
+# OpInfo entries whose outputs are uninitialized memory (compared by shape,
+# dtype and strides of the result only).
+UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided",
+                 "empty_strided", "empty_permuted"}
+
+# Random OpInfo entries: their purpose is sampling, so their outputs are
+# compared by shape, dtype and distribution, and the issue's pass-rate counts
+# leave them out. (Samples of other ops that happen to draw random numbers,
+# e.g. scaled_dot_product_attention with dropout, are detected per sample by
+# the `nondeterministic_seeded` tag and compared the same way.)
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal",
+    "multinomial", "normal", "normal.in_place", "normal.number_mean", "uniform",
+    "rand_like", "randint", "randint_like", "randn", "randn_like",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d", "svd_lowrank", "pca_lowrank",
+}
+
+
+def _call_unseeded(op, *args, **kwargs):
+    return op(*args, **kwargs)
+
+
+# PyTorch wraps its random OpInfo entries in wrapper_set_seed, which calls
+# torch.manual_seed(42) before every call (and so reseeds the tpu generator
+# too): every draw would be the same. The distribution comparison needs
+# independent draws, so the harness calls those ops without reseeding (it
+# seeds the CPU generator itself before each sample).
+_cmi.wrapper_set_seed = _call_unseeded
+
+
+def full_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def is_jiterator(op) -> bool:
+    return op.name.startswith("jiterator_")
+
+
+def tested_ops():
+    """(name, OpInfo) for every entry of op_db the harness runs, in op_db order."""
+    out = []
+    for op in op_db:
+        if is_jiterator(op):  # CUDA-only by construction
+            continue
+        out.append((full_name(op), op))
+    return out
+
+
+def cpu_dtypes(op):
+    """The harness dtypes (names) the CPU kernel of `op` supports."""
+    sup = op.supported_dtypes("cpu")
+    return [n for n, d in DTYPES.items() if d in sup]
+
+
+def grad_dtypes(op):
+    if not op.supports_autograd:
+        return []
+    sup = op.supported_backward_dtypes("cpu")
+    return [n for n in GRAD_DTYPES if DTYPES[n] in sup and DTYPES[n] in op.supported_dtypes("cpu")]
+
+
+def cases():
+    """Every (name, op, dtype name, kind) the harness can run."""
+    for name, op in tested_ops():
+        for dt in cpu_dtypes(op):
+            yield name, op, dt, "forward"
+        for dt in grad_dtypes(op):
+            yield name, op, dt, "grad"
+
+
+def is_default(dtype: str, kind: str) -> bool:
+    if kind == "forward":
+        return dtype in DEFAULT_FORWARD
+    return dtype in GRAD_DTYPES
+
+
+# --------------------------------------------------------------------------
+# the CPU fallback switch
+
+
+@contextlib.contextmanager
+def cpu_fallback(enabled: bool):
+    """Set TORCH_TPU_CPU_FALLBACK for the duration (it is read at call time)."""
+    old = os.environ.get("TORCH_TPU_CPU_FALLBACK")
+    os.environ["TORCH_TPU_CPU_FALLBACK"] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TORCH_TPU_CPU_FALLBACK"]
+        else:
+            os.environ["TORCH_TPU_CPU_FALLBACK"] = old
+
+
+# --------------------------------------------------------------------------
+# copying samples to tpu
+
+
+def to_tpu(t: torch.Tensor) -> torch.Tensor:
+    """A tpu copy of CPU tensor `t` with the same sizes, strides and offset.
+
+    Non-contiguous samples stay non-contiguous: the whole CPU storage is
+    copied and the tpu tensor is the same strided view of it. Leaves keep
+    `requires_grad` (as fresh leaves).
+    """
+    d = t.detach()
+    if d.layout != torch.strided:  # sparse / mkldnn samples: whatever tpu does
+        out = d.to(TPU)
+        return out.requires_grad_(True) if t.requires_grad else out
+    if d.is_contiguous() and d.storage_offset() == 0 and d.numel() > 0:
+        out = d.to(TPU)
+    elif d.numel() == 0:
+        out = torch.empty(tuple(d.shape), dtype=d.dtype, device=TPU)
+    else:
+        span = d.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(d.shape, d.stride()))
+        flat = d.as_strided((span,), (1,), 0).clone()
+        out = flat.to(TPU).as_strided(tuple(d.shape), tuple(d.stride()), d.storage_offset())
+    if t.is_conj():
+        out = out.conj()  # the conj bit travels with the view, not the data
+    if t.is_neg():
+        out = out._neg_view()
+    if t.requires_grad:
+        out = out.detach().requires_grad_(True)
+    return out
+
+
+def _map_device(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return to_tpu(x)
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return TPU
+    return x
+
+
+# Sample arguments PyTorch requires on the CPU whatever the device (positions
+# in sample.args): OpInfo builds them on the default device, which is the CPU
+# in a CUDA test run too.
+CPU_ARGS = {"tensor_split": (0,)}
+
+
+def sample_to_tpu(sample, op_name=None):
+    """(input, args, kwargs) of `sample` with tensors and devices on tpu."""
+    inp = pytree.tree_map(_map_device, sample.input)
+    keep = CPU_ARGS.get(op_name, ())
+    args = tuple(a if i in keep and isinstance(a, torch.Tensor) else pytree.tree_map(_map_device, a)
+                 for i, a in enumerate(sample.args))
+    kwargs = {}
+    for k, v in sample.kwargs.items():
+        if k == "device" and isinstance(v, str) and v.startswith("cpu"):
+            v = "tpu"
+        kwargs[k] = pytree.tree_map(_map_device, v)
+    return inp, args, kwargs
+
+
+def to_cpu(x):
+    """Results of a tpu run, moved to the CPU for comparison."""
+    def f(v):
+        if isinstance(v, torch.Tensor):
+            if v.device.type == "tpu":
+                return v.detach().cpu()
+            return v.detach()
+        if isinstance(v, torch.device) and v.type == "tpu":
+            return torch.device("cpu")
+        return v
+    return pytree.tree_map(f, x)
+
+
+# --------------------------------------------------------------------------
+# running
+
+
+class RandomRecorder(TorchDispatchMode):
+    """Notes whether any ATen op with the nondeterministic_seeded tag ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.random = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random = True
+        return func(*args, **(kwargs or {}))
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records the ATen overloads an op call dispatches (top level)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+class Outcome(Exception):
+    """Raised for a comparison failure, with a short `cause` for the report."""
+
+    def __init__(self, cause, detail=""):
+        super().__init__(f"{cause}\n{detail}" if detail else cause)
+        self.cause = cause
+        self.detail = detail
+
+
+# Sample inputs per (op, dtype, kind) in a run: OpInfo generators range from
+# 1 to 1440 samples (max_pool2d), 58k in the default set; each new shape is
+# a new executable. A run takes this many, evenly spaced over the generator's
+# list so every family of samples is represented (first and last included).
+# 0 or TORCH_TPU_OPINFO_MAX_SAMPLES=0 (--opinfo-max-samples 0): all samples.
+DEFAULT_MAX_SAMPLES = 12
+
+
+def max_samples() -> int | None:
+    v = os.environ.get("TORCH_TPU_OPINFO_MAX_SAMPLES", "")
+    n = int(v) if v else DEFAULT_MAX_SAMPLES
+    return n if n > 0 else None
+
+
+def pick(n_total: int, n: int | None):
+    """Indices of n samples evenly spaced over n_total (all when n is None)."""
+    if n is None or n_total <= n:
+        return list(range(n_total))
+    if n == 1:
+        return [0]
+    return sorted({round(i * (n_total - 1) / (n - 1)) for i in range(n)})
+
+
+def samples(op, dtype, requires_grad):
+    """(index, CPU sample input) pairs of `op`: max_samples() of them."""
+    all_ = list(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+    for i in pick(len(all_), max_samples()):
+        yield i, all_[i]
+
+
+def tolerance(name, dtype, kind):
+    t = expectations.TOLERANCES.get((name, dtype, kind))
+    if t is None:
+        t = expectations.TOLERANCES.get((name, dtype))
+    if t is None:
+        return {}
+    return {"atol": t[0], "rtol": t[1]}
+
+
+def _call(op, inp, args, kwargs):
+    return op(inp, *args, **kwargs)
+
+
+def _compare(actual, expected, tol, what):
+    try:
+        torch.testing.assert_close(actual, expected, equal_nan=True, check_device=False,
+                                   check_stride=False, **tol)
+    except AssertionError as e:
+        msg = str(e)
+        raise Outcome(f"mismatch ({what}): {_summarize_assert(msg)}", msg) from None
+    except TypeError as e:  # structure differs (tuple vs tensor, ...)
+        raise Outcome(f"mismatch ({what}): {e}"[:200]) from None
+
+
+def _summarize_assert(msg: str) -> str:
+    """One line from assert_close's message: what differs and by how much."""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    first = lines[0] if lines else msg
+    parts = [first]
+    for ln in lines[1:]:
+        m = re.match(r"Mismatched elements: (\d+) / (\d+)", ln)
+        if m:
+            parts.append(f"{m.group(1)}/{m.group(2)} elements")
+        m = re.match(r"Greatest (absolute|relative) difference: (\S+) at index (.*?) ?"
+                     r"\(up to (\S+) allowed\)", ln)
+        if m:
+            parts.append(f"max {m.group(1)[:3]} diff {m.group(2)} (allowed {m.group(4)})")
+        m = re.match(r"(Absolute|Relative) difference: (\S+) \(up to (\S+) allowed\)", ln)
+        if m:
+            parts.append(f"{m.group(1)[:3].lower()} diff {m.group(2)} (allowed {m.group(3)})")
+        m = re.match(r"The failure occurred for item (\S+)", ln)
+        if m:
+            parts.append(f"output {m.group(1)}")
+    if "Tensor-likes" not in first and "Scalars" not in first:
+        return ", ".join([first[:200]] + parts[1:])[:300]
+    return ", ".join(parts)[:300]
+
+
+def compare(actual, expected, tol, what):
+    """assert_close, with non-tensor leaves it cannot handle compared by ==."""
+    if not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(expected)) and not any(
+            isinstance(v, torch.Tensor) for v in pytree.tree_leaves(actual)):
+        try:
+            _compare(actual, expected, tol, what)
+            return
+        except Outcome:
+            if actual == expected or (actual is expected):
+                return
+            raise
+    _compare(actual, expected, tol, what)
+
+
+def _metadata(x):
+    def f(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.dtype)
+        return v
+    return pytree.tree_map(f, x)
+
+
+def _compare_meta(actual, expected, what):
+    a, e = _metadata(actual), _metadata(expected)
+    if a != e:
+        raise Outcome(f"mismatch ({what}): shape/dtype {a} != {e}"[:300])
+
+
+def _ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic of 1-D float tensors."""
+    a, _ = torch.sort(a)
+    b, _ = torch.sort(b)
+    allv = torch.cat([a, b])
+    ca = torch.searchsorted(a, allv, right=True).double() / a.numel()
+    cb = torch.searchsorted(b, allv, right=True).double() / b.numel()
+    return float((ca - cb).abs().max())
+
+
+def _design_effect(draws, pooled_sorted):
+    """Kish's design effect of `draws` (1-D tensors of equal size), on ranks.
+
+    Values inside one draw may be correlated (dropout2d zeroes whole
+    channels), which makes the pooled sample worth fewer independent
+    values. The variance of the per-draw mean rank against the variance of
+    single ranks measures it. Ranks keep it finite for heavy tails (cauchy).
+    """
+    if len(draws) < 4 or draws[0].numel() < 2:
+        return 1.0
+    ranks = [torch.searchsorted(pooled_sorted, d, right=True).double() for d in draws]
+    per_draw = torch.stack([r.mean() for r in ranks])
+    allr = torch.cat(ranks)
+    var_single = float(allr.var())
+    if var_single == 0:
+        return 1.0
+    return max(1.0, float(per_draw.var()) * draws[0].numel() / var_single)
+
+
+def _compare_distribution(draws_tpu, draws_cpu, what):
+    """Shape/dtype per draw, then the value distributions.
+
+    A two-sample Kolmogorov-Smirnov test on the pooled draws at
+    alpha = 1e-6, its sample sizes divided by the design effect of the
+    draws (correlated values within a draw count less). Seeds are fixed, so
+    the outcome is deterministic for a given build.
+    """
+    for t, c in zip(draws_tpu, draws_cpu):
+        _compare_meta(t, c, what)
+    leaves_t = [pytree.tree_leaves(d) for d in draws_tpu]
+    leaves_c = [pytree.tree_leaves(d) for d in draws_cpu]
+    for i in range(len(leaves_c[0])):
+        ct = [d[i] for d in leaves_c]
+        tt = [d[i] for d in leaves_t]
+        if not isinstance(ct[0], torch.Tensor) or ct[0].numel() == 0:
+            continue
+        if ct[0].dtype.is_complex:
+            ct = [torch.view_as_real(x) for x in ct]
+            tt = [torch.view_as_real(x) for x in tt]
+        dt = [x.reshape(-1).double() for x in tt]
+        dc = [x.reshape(-1).double() for x in ct]
+        a, b = torch.cat(dt), torch.cat(dc)
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        # Non-finite values (cauchy overflow, -inf logs): same proportion.
+        na, nb = a.numel(), b.numel()
+        pa, pb = 1 - fa.double().mean().item(), 1 - fb.double().mean().item()
+        if abs(pa - pb) > 6 * math.sqrt(max(pa * (1 - pa), pb * (1 - pb), 1e-4) * (1 / na + 1 / nb)) + 1e-9:
+            raise Outcome(f"distribution ({what}): non-finite fraction {pa:.3g} vs CPU {pb:.3g}")
+        if not (fa.all() and fb.all()):
+            dt = [x[torch.isfinite(x)] for x in dt]
+            dc = [x[torch.isfinite(x)] for x in dc]
+            a, b = a[fa], b[fb]
+        if a.numel() == 0 or b.numel() == 0:
+            continue
+        d = _ks_statistic(a, b)
+        pooled, _ = torch.sort(torch.cat([a, b]))
+        deff = 1.0
+        if all(x.numel() == dt[0].numel() for x in dt + dc):
+            deff = max(_design_effect(dt, pooled), _design_effect(dc, pooled))
+        n, m = a.numel() / deff, b.numel() / deff
+        # alpha = 1e-6: a correct backend fails this check about once in a
+        # million comparisons; a wrong distribution fails it reliably.
+        crit = math.sqrt(-math.log(0.5e-6) / 2) * math.sqrt((n + m) / (n * m))
+        if d > crit:
+            raise Outcome(
+                f"distribution ({what}): KS statistic {d:.3g} > {crit:.3g} "
+                f"(tpu mean {a.mean():.4g} std {a.std():.4g} vs CPU mean {b.mean():.4g} "
+                f"std {b.std():.4g}, n={a.numel()}, design effect {deff:.3g})")
+
+
+# Randomized low-rank factorizations of exactly low-rank samples: the factors
+# depend on the random projection (signs, rotations), the reconstruction
+# U diag(S) V^H and the singular values do not.
+LOWRANK = {"svd_lowrank", "pca_lowrank"}
+
+
+def _compare_lowrank(op_name, sample, actual, expected, tol, what):
+    """svd_lowrank / pca_lowrank(a @ b.mT, q, M or center)."""
+    _compare_meta(actual, expected, what)
+    tol = tol or {"atol": 1e-3, "rtol": 1e-3}
+
+    def recon(usv):
+        u, s_, v = usv
+        return (u * s_.unsqueeze(-2).to(u.dtype)) @ v.mH
+
+    a = (sample.input @ sample.args[0].mT).detach()
+    if sample.kwargs.get("M") is not None:
+        a = a - sample.kwargs["M"].detach()
+    if op_name == "pca_lowrank" and sample.kwargs.get("center", True):
+        a = a - a.mean(dim=-2, keepdim=True)
+    norm = float(torch.linalg.matrix_norm(a).max()) or 1.0
+    r_cpu = float(torch.linalg.matrix_norm(a - recon(expected)).max()) / norm
+    r_tpu = float(torch.linalg.matrix_norm(a - recon(actual)).max()) / norm
+    if r_cpu < 1e-3:
+        # Exactly low rank: the factorization is determined up to rotations.
+        _compare(actual[1], expected[1], tol, what + " singular values")
+        _compare(recon(actual), recon(expected), tol, what + " reconstruction")
+    elif r_tpu > 1.5 * r_cpu + 1e-3:
+        # A rank-q approximation of a full-rank matrix: as good as CPU's.
+        raise Outcome(f"mismatch ({what}): relative residual of the rank-q approximation "
+                      f"{r_tpu:.3g}, CPU {r_cpu:.3g}")
+
+
+def _cpu_run(fn, recorder=None):
+    """Run `fn` on CPU; return (result, exception)."""
+    try:
+        if recorder is not None:
+            with recorder:
+                return fn(), None
+        return fn(), None
+    except Exception as e:  # noqa: BLE001  (the tpu must then raise the same type)
+        return None, e
+
+
+def _tpu_run(fn):
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001
+        return None, e
+
+
+def classify_exception(e: BaseException) -> str:
+    """A short cause for a tpu-side exception."""
+    if isinstance(e, Outcome):
+        return e.cause
+    msg = str(e)
+    m = re.search(r"The operator '([^']+)' is not implemented for the tpu device", msg)
+    if m:
+        return f"no lowering: {m.group(1)}"
+    first = msg.strip().splitlines()[0] if msg.strip() else ""
+    # Strip addresses and long numbers so causes group.
+    first = re.sub(r"0x[0-9a-f]+", "0x…", first)
+    return f"error: {type(e).__name__}: {first[:200]}"
+
+
+def _raise_mismatched_exceptions(cpu_exc, tpu_exc, what):
+    if cpu_exc is not None and tpu_exc is None:
+        raise Outcome(f"no error ({what}): CPU raises {type(cpu_exc).__name__}: "
+                      f"{str(cpu_exc).splitlines()[0][:120] if str(cpu_exc) else ''}")
+    if tpu_exc is not None and cpu_exc is None:
+        raise tpu_exc
+    if type(tpu_exc) is not type(cpu_exc):
+        raise Outcome(f"error type ({what}): tpu raises {type(tpu_exc).__name__} "
+                      f"({classify_exception(tpu_exc)}), CPU {type(cpu_exc).__name__}") from tpu_exc
+
+
+RANDOM_DRAW_ELEMENTS = 2000
+RANDOM_MAX_DRAWS = 40
+RANDOM_MIN_DRAWS = 8  # enough to estimate the design effect
+
+
+def _numel(x):
+    return sum(v.numel() for v in pytree.tree_leaves(x) if isinstance(v, torch.Tensor))
+
+
+def run_forward(name, op, dtype_name, *, stats=None):
+    """Run every sample of `op` in `dtype_name` on CPU and tpu and compare.
+
+    Raises Outcome (or the tpu's exception) on the first failing sample.
+    `stats` (a dict) receives counts: samples, random samples.
+    """
+    dtype = DTYPES[dtype_name]
+    tol = tolerance(name, dtype_name, "forward")
+    uninit = op.name in UNINITIALIZED
+    stats = stats if stats is not None else {}
+    stats.setdefault("samples", 0)
+    stats.setdefault("random_samples", 0)
+    for i, sample in samples(op, dtype, False):
+        what = f"forward sample {i}"
+        # Copy first: the CPU run may mutate its inputs.
+        t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
+        rec = RandomRecorder()
+        torch.manual_seed(1234 + i)
+        expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args, sample.kwargs), rec)
+        actual, tpu_exc = _tpu_run(lambda: to_cpu(_call(op, t_inp, t_args, t_kwargs)))
+        stats["samples"] += 1
+        if cpu_exc is not None or tpu_exc is not None:
+            _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
+            continue
+        if uninit:
+            _compare_meta(actual, expected, what)
+            continue
+        if op.name in LOWRANK:
+            stats["random_samples"] += 1
+            _compare_lowrank(op.name, sample, actual, expected, tol, what)
+            continue
+        if rec.random or name in RANDOM_OPS:
+            stats["random_samples"] += 1
+            draws = max(RANDOM_MIN_DRAWS, min(RANDOM_MAX_DRAWS, math.ceil(
+                RANDOM_DRAW_ELEMENTS / max(_numel(expected), 1))))
+            d_cpu, d_tpu = [expected], [actual]
+            for _ in range(draws - 1):
+                ci, ca, ck = sample_clone(sample)
+                ti, ta, tk = sample_to_tpu(sample, op.name)
+                d_cpu.append(_call(op, ci, ca, ck))
+                d_tpu.append(to_cpu(_call(op, ti, ta, tk)))
+            _compare_distribution(d_tpu, d_cpu, what)
+            continue
+        try:
+            compare(actual, expected, tol, what)
+        except Outcome:
+            if not (tie_equivalent(op.name, sample, actual, expected, tol)
+                    or well_defined_parts_equal(op.name, sample, actual, expected, tol, what)):
+                raise
+        # In-place ops: the mutated inputs must agree too.
+        _compare(_tensor_leaves(to_cpu((t_inp, t_args, t_kwargs))),
+                 _tensor_leaves((sample.input, tuple(sample.args), sample.kwargs)), tol,
+                 what + " inputs after the call")
+
+
+# Ops whose raw outputs are not unique (eigenvector signs/phases, singular
+# vectors); their OpInfo samples carry an output_process_fn_grad keeping the
+# well-defined part (over the samples, every output is covered).
+NONUNIQUE_OPS = {"linalg.eigh", "linalg.eig", "linalg.svd", "svd"}
+
+
+def well_defined_parts_equal(op_name, sample, actual, expected, tol, what):
+    """Compare what the sample's output_process_fn_grad keeps.
+
+    OpInfo gives samples whose raw outputs are not unique (eigenvectors up
+    to sign or phase, U/V of an SVD) a function keeping the well-defined
+    part (e.g. |eigenvectors|, U @ V^H); PyTorch's gradient tests compare
+    that, and so does the harness when raw outputs differ.
+    """
+    fn = sample.output_process_fn_grad
+    if fn is None or op_name not in NONUNIQUE_OPS:
+        return False
+    try:
+        pa, pe = fn(actual), fn(expected)
+    except Exception:  # noqa: BLE001
+        return False
+    if pa is actual and pe is expected:
+        return False  # the identity: nothing more to compare
+    try:
+        compare(pa, pe, tol, what + " (well-defined part)")
+    except Outcome:
+        return False
+    return True
+
+
+# Ops whose index outputs are unspecified among equal values (ties): sort and
+# argsort unless stable=True, topk, kthvalue, mode. Different indices pass
+# when they select the same values as CPU's (and, for sort, are a
+# permutation).
+TIE_OPS = {"sort", "argsort", "topk", "kthvalue", "mode"}
+
+
+def _exactly_equal(a, b):
+    try:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        return True
+    except (AssertionError, TypeError):
+        return False
+
+
+def tie_equivalent(op_name, sample, actual, expected, tol):
+    if op_name not in TIE_OPS or sample.kwargs.get("stable"):
+        return False
+    if op_name in ("sort", "argsort") and len(sample.args) >= 3 and sample.args[2]:
+        return False  # sort(input, dim, descending, stable=True) positionally
+    inp = sample.input
+    if not isinstance(inp, torch.Tensor):
+        return False
+    if op_name == "argsort":
+        vals_a, idx_a, idx_e, vals_e = None, actual, expected, None
+    else:
+        if not (isinstance(actual, (tuple, list)) and len(actual) == 2):
+            return False
+        vals_a, idx_a = actual
+        vals_e, idx_e = expected
+        try:
+            compare(vals_a, vals_e, tol, "values")
+        except Outcome:
+            return False
+    if not (isinstance(idx_a, torch.Tensor) and idx_a.shape == idx_e.shape
+            and idx_a.dtype == idx_e.dtype):
+        return False
+    if inp.dim() == 0:
+        return _exactly_equal(idx_a, idx_e)
+    for d in range(inp.dim()):
+        ia, ie = idx_a, idx_e
+        if ia.dim() < inp.dim():
+            ia, ie = ia.unsqueeze(d), ie.unsqueeze(d)
+        try:
+            ga = torch.take_along_dim(inp.detach(), ia, d)
+            ge = torch.take_along_dim(inp.detach(), ie, d)
+        except (RuntimeError, IndexError):
+            continue
+        if not _exactly_equal(ga, ge):
+            continue
+        if vals_e is not None and not _exactly_equal(ge.reshape(vals_e.shape), vals_e):
+            continue
+        if op_name in ("sort", "argsort"):
+            perm = torch.sort(ia, dim=d).values
+            ref = torch.arange(inp.shape[d]).view([-1 if i == d else 1 for i in range(inp.dim())])
+            if not _exactly_equal(perm, ref.expand_as(perm)):
+                continue
+        return True
+    return False
+
+
+def _tensor_leaves(x):
+    return [v for v in pytree.tree_leaves(x) if isinstance(v, torch.Tensor)]
+
+
+def sample_clone(sample):
+    def f(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().clone().requires_grad_(x.requires_grad)
+        return x
+    return (pytree.tree_map(f, sample.input), pytree.tree_map(f, tuple(sample.args)),
+            {k: pytree.tree_map(f, v) for k, v in sample.kwargs.items()})
+
+
+def _diff_outputs(out):
+    return [t for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad
+            and (t.dtype.is_floating_point or t.dtype.is_complex)]
+
+
+def _grad_inputs(inp, args, kwargs):
+    return [t for t in pytree.tree_leaves((inp, args, kwargs))
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def run_grad(name, op, dtype_name, *, stats=None):
+    """Input gradients of `op` (a random cotangent per output) on CPU vs tpu."""
+    dtype = DTYPES[dtype_name]
+    tol = tolerance(name, dtype_name, "grad")
+    stats = stats if stats is not None else {}
+    stats.setdefault("samples", 0)
+    stats.setdefault("random_samples", 0)
+    fn = op.get_op()
+
+    def call(inp, args, kwargs):
+        out = op.gradcheck_wrapper(fn, inp, *args, **kwargs)
+        return out
+
+    for i, sample in samples(op, dtype, True):
+        what = f"grad sample {i}"
+        t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
+        rec = RandomRecorder()
+        torch.manual_seed(1234 + i)
+
+        def cpu_side():
+            with rec:  # only the op: the cotangents below are random too
+                out = call(sample.input, sample.args, sample.kwargs)
+            out = sample.output_process_fn_grad(out)
+            outs = _diff_outputs(out)
+            ins = _grad_inputs(sample.input, sample.args, sample.kwargs)
+            if not outs or not ins:
+                return None
+            g = torch.Generator().manual_seed(4321 + i)
+            cots = [torch.randn(o.shape, dtype=o.dtype, generator=g) for o in outs]
+            grads = torch.autograd.grad(outs, ins, cots, allow_unused=True)
+            return cots, grads
+
+        res, cpu_exc = _cpu_run(cpu_side)
+        if cpu_exc is None and res is None:
+            continue  # nothing differentiable in this sample
+        stats["samples"] += 1
+
+        def tpu_side():
+            out = sample.output_process_fn_grad(call(t_inp, t_args, t_kwargs))
+            outs = _diff_outputs(out)
+            ins = _grad_inputs(t_inp, t_args, t_kwargs)
+            if len(outs) != len(res[0]):
+                raise Outcome(f"mismatch ({what}): {len(outs)} differentiable outputs, "
+                              f"CPU has {len(res[0])}")
+            cots = [c.to(o.device) for c, o in zip(res[0], outs)]
+            return to_cpu(torch.autograd.grad(outs, ins, cots, allow_unused=True))
+
+        actual, tpu_exc = _tpu_run(tpu_side)
+        if cpu_exc is not None or tpu_exc is not None:
+            _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
+            continue
+        expected = res[1]
+        if rec.random or name in RANDOM_OPS:
+            stats["random_samples"] += 1
+            _compare_meta(actual, expected, what)
+            continue
+        _compare(actual, expected, tol, what)
+
+
+def run_case(name, op, dtype_name, kind, stats=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "forward":
+            run_forward(name, op, dtype_name, stats=stats)
+        else:
+            run_grad(name, op, dtype_name, stats=stats)
+
+
+# --------------------------------------------------------------------------
+# which paths ran
+
+
+def metrics_snapshot():
+    from torch_tpu.debug import metrics
+    from torch_tpu.runtime import executor
+
+    return (dict(metrics.COUNTERS), dict(metrics.FALLBACKS), dict(executor.STATS.per_op))
+
+
+def metrics_delta(before):
+    """ATen ops that ran decomposed / on the CPU / natively since `before`."""
+    c0, f0, n0 = before
+    c1, f1, n1 = metrics_snapshot()
+    dec = sorted(k[len("decomposed."):] for k, v in c1.items()
+                 if k.startswith("decomposed.") and v != c0.get(k, 0))
+    fb = sorted(k for k, v in f1.items() if v != f0.get(k, 0))
+    nat = sorted(k for k, v in n1.items() if v != n0.get(k, 0))
+    return {"decomposed": dec, "fallback": fb, "native": nat}
+
+
+def format_failure(e: BaseException, limit: int = 40) -> str:
+    """The exception's message and a short traceback, as text."""
+    import traceback
+
+    if isinstance(e, Outcome):
+        return e.detail[:4000]
+    lines = traceback.format_exception(type(e), e, e.__traceback__)
+    text = "".join(lines).splitlines()
+    if len(text) > limit:
+        text = ["..."] + text[-limit:]
+    return "\n".join(text)
