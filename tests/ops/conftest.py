@@ -62,7 +62,9 @@ def pytest_collection_modifyitems(config, items):
             continue
         if fallback and reason.startswith("no lowering:"):
             continue
-        item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+        # A distribution check is statistical: its xfail may pass by chance.
+        item.add_marker(pytest.mark.xfail(
+            reason=reason, strict=not reason.startswith("distribution")))
 
 
 @pytest.fixture(autouse=True)
