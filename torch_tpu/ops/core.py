@@ -136,7 +136,7 @@ def _convert(v, want):
 def copy_(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
-            value = executor.value(src)
+            value = _device_value(src)
             if src.device.index != self.device.index:
                 value = jax.device_put(value, platform.jax_device(self.device.index))
                 metrics.transfer("device_to_device", value.nbytes)
@@ -147,8 +147,6 @@ def copy_(self, src, non_blocking=False):
             else:
                 value = st.from_host(src, self.device.index)
             metrics.transfer("host_to_device", value.nbytes)
-        if src.is_conj():
-            value = jnp.conj(value)
         torch._check(
             _broadcastable(tuple(src.shape), tuple(self.shape)),
             lambda: f"copy_: the source of shape {tuple(src.shape)} cannot be broadcast "
@@ -156,7 +154,7 @@ def copy_(self, src, non_blocking=False):
         assign(self, value)
         return self
     # tpu -> cpu (or another host device)
-    host = st.to_host(src)
+    host = np.asarray(_device_value(src))
     metrics.transfer("device_to_host", host.nbytes)
     cpu = st.host_tensor(host, src.dtype)
     with torch.no_grad():
@@ -198,13 +196,21 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
     return out
 
 
+def _device_value(src):
+    """The value of tpu tensor `src` with its lazy conjugate/negative bits applied."""
+    value = executor.value(src)
+    if src.is_conj():
+        value = jnp.conj(value)
+    if src.is_neg():
+        value = -value
+    return value
+
+
 def new_tensor_like_value(src, dtype, index):
     """A fresh tpu tensor on tpu:index holding src (tpu or cpu) as `dtype`."""
     want = st.jax_dtype(dtype)
     if src.device.type == "tpu":
-        value = executor.value(src)
-        if src.is_conj():
-            value = jnp.conj(value)
+        value = _device_value(src)
         if src.device.index != index:
             value = jax.device_put(value, platform.jax_device(index))
             metrics.transfer("device_to_device", value.nbytes)

@@ -268,6 +268,13 @@ class _Signature:
             slot = self.slots[id(data)] = len(self.slot_data)
             self.slot_data.append(data)
             key.append(data.sig)
+        if t.is_conj() or t.is_neg():
+            # Lazy conjugate/negative views reaching a kernel: read the value
+            # they stand for.
+            layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            bits = (t.is_conj(), t.is_neg())
+            key.append((slot, layout, bits))
+            return ("b", slot, layout, bits)
         if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
                 and t.storage_offset() == 0):
             key.append(slot)
@@ -342,6 +349,12 @@ def _rebuild(recipe, arrays, dyn):
         return base if recipe[2] is None else st.strided_read(base, recipe[2])
     if tag == "s" or tag == "c":
         return dyn[recipe[1]]
+    if tag == "b":
+        v = st.strided_read(arrays[recipe[1]], recipe[2])
+        conj, neg = recipe[3]
+        if conj:
+            v = jnp.conj(v)
+        return -v if neg else v
     if tag == "l":
         return [None if r is None else _rebuild(r, arrays, dyn) for r in recipe[1]]
     return recipe[1]
@@ -476,6 +489,9 @@ class _Runner:
             else:
                 targets.append((i, None, recipes[i], m))
         for t in targets:
+            if t[2][0] == "b":
+                raise RuntimeError(f"{name}: cannot write into a lazy conjugate/negative "
+                                   "view; call resolve_conj()/resolve_neg() first")
             if t[2][0] != "t":
                 raise RuntimeError(f"{name}: cannot write to a CPU tensor argument")
         out_slots = tuple(dict.fromkeys(t[2][1] for t in targets))
