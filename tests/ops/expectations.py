@@ -321,8 +321,6 @@ XFAILS = {
         'no lowering: aten.ormqr.default',
     ('ormqr', 'any', 'error'):
         'error input 0: tpu raises NotImplementedError (no lowering: aten.ormqr.default), CPU raises RuntimeError: torch.ormqr: input must have at least 2 dimensions.',
-    ('polar', 'float32', 'grad'):
-        'mismatch (grad sample N): Scalars are not close!, abs diff 0.02851235121488571 (allowed 1e-05), rel diff 0.24076100817987597 (allowed 1.3e-06), output [0]',
     ('scatter', 'any', 'error'):
         'error input 3: tpu returns a result, CPU raises RuntimeError: index 34 is out of bounds for dimension 0 with size 3',
     ('scatter_add', 'any', 'error'):
