@@ -31,3 +31,4 @@ from .device import module as tpu  # noqa: E402,F401
 from . import precision as _precision, jax_op  # noqa: E402,F401  (torch.tpu precision/autocast API; torch_tpu.jax_op)
 from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu")
 
+from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
