@@ -237,7 +237,7 @@ def _guarded(payload, out_shapes, check):
     """body(meta, *xs): the metadata check around `payload(*xs)`."""
     if not check:
         def body(meta, *xs):
-            outs = payload(*xs)
+            outs = tuple(payload(*xs))
             return (outs, jnp.ones((1,), jnp.bool_), jnp.zeros((1, META_LEN), jnp.int64))
         return body
 
