@@ -12,7 +12,7 @@ import torch
 
 from . import registry  # noqa: F401  (the table, filled by the imports below)
 from . import core, fallback
-from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, collectives  # noqa: F401
+from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
 
 _libs = []
 
