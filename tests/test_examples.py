@@ -573,10 +573,18 @@ def _torchrun(script, args, nproc=2):
             if line.startswith("step ")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", "tpu"])
-@pytest.mark.parametrize("name,par", [("llama", ["--dp", "2"]), ("llama", ["--tp", "2"]),
-                                      ("qwen", ["--tp", "2"])])
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name,par,device", [
+    # The default run: llama data and tensor parallel on the tpu backend.
+    ("llama", ["--dp", "2"], "tpu"), ("llama", ["--tp", "2"], "tpu"),
+    # The slow run: the same code path over gloo on CPU, and qwen.
+    pytest.param("qwen", ["--tp", "2"], "tpu", marks=_SLOW),
+    pytest.param("llama", ["--dp", "2"], "cpu", marks=_SLOW),
+    pytest.param("llama", ["--tp", "2"], "cpu", marks=_SLOW),
+    pytest.param("qwen", ["--tp", "2"], "cpu", marks=_SLOW),
+])
 def test_dp_tp_two_processes_match_single(name, par, device):
     if device == "tpu":
         ok, why = cli.tpu_distributed_available()

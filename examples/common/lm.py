@@ -69,6 +69,21 @@ def apply_tensor_parallel(model, family: LMFamily, tp_mesh) -> None:
         parallelize_module(layer, tp_mesh, plan)
 
 
+def _param_groups(model, ctx: cli.ParallelContext):
+    """The optimizer's parameters: under tensor parallelism, the DTensor
+    (sharded) parameters and the plain (replicated) ones in separate groups, so
+    the multi-tensor (foreach) update never mixes the two kinds in one call,
+    which DTensor rejects."""
+    params = list(model.parameters())
+    if ctx.tp <= 1:
+        return params
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (sharded, plain) if g]
+
+
 def sync_tp_partial_grads(model, family: LMFamily, ctx: cli.ParallelContext) -> None:
     if ctx.tp <= 1 or not family.tp_partial_params:
         return
@@ -119,7 +134,7 @@ def train_main(family: LMFamily, argv=None):
         model = build_model(family, cfg, device=device, dtype=dtype, seed=args.seed)
     if ctx.tp > 1:
         apply_tensor_parallel(model, family, ctx.tp_mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+    optimizer = torch.optim.AdamW(_param_groups(model, ctx), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.1)
     start_step = 0
     if args.resume is not None:
