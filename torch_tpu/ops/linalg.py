@@ -574,3 +574,123 @@ for _op in (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default
             aten.vdot.default, aten.addmm.default, aten.addmv.default, aten.baddbmm.default,
             aten.addbmm.default, aten.addr.default):
     core.KERNELS[_op] = _cpu_error_kernel(_op)
+
+
+# -- pairwise distances (cdist, pdist) -----------------------------------------------------
+#
+# PyTorch's CPU kernels (DistanceOpsKernel): the distance of two rows is a
+# reduction over |x1 - x2| chosen by p (0: count of nonzeros, 1: sum, 2: sqrt of
+# the sum of squares, inf: max, else (sum |d|^p)^(1/p)). The gradient of one
+# pair is, per element d = x1 - x2 with distance D and incoming g:
+#   p == 0: 0;  p == 1: g sign(d);  p < 2: sign(d) |d|^(p-1) g / D^(p-1);
+#   p == 2: g d / D;  p == inf: g sign(d) [|d| == D];  else d |d|^(p-2) g / D^(p-1);
+# zero where D == 0 (and, for p < 1, where d == 0).
+
+
+def _dist_reduce(diff, p):
+    """Distances from the pairwise differences `diff` (last axis reduced)."""
+    a = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((a != 0).astype(diff.dtype), axis=-1)
+    if p == 1:
+        return jnp.sum(a, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
+    if np.isinf(p):
+        return jnp.max(a, axis=-1)
+    return jnp.sum(a ** p, axis=-1) ** (1.0 / p)
+
+
+def _dist_grad_terms(diff, g, dist, p):
+    """Per-element gradient terms of the pairs (diff: [..., r1, r2, c])."""
+    g = g[..., None]
+    D = dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return g * jnp.sign(diff)
+    safeD = jnp.where(D == 0, jnp.ones((), diff.dtype), D)
+    if np.isinf(p):
+        return g * jnp.sign(diff) * (jnp.abs(diff) == D).astype(diff.dtype)
+    if p == 2:
+        return jnp.where(D == 0, zero, g * diff / safeD)
+    a = jnp.abs(diff)
+    if p < 2:
+        safea = jnp.where(a == 0, jnp.ones((), diff.dtype), a)
+        t = jnp.sign(diff) * safea ** (p - 1) * g / safeD ** (p - 1)
+        return jnp.where((D == 0) | (a == 0), zero, t)
+    t = diff * a ** (p - 2) * g / safeD ** (p - 1)
+    return jnp.where(D == 0, zero, t)
+
+
+def _cdist_batched(x1, x2):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    return (jnp.broadcast_to(x1, batch + x1.shape[-2:]),
+            jnp.broadcast_to(x2, batch + x2.shape[-2:]))
+
+
+@lower(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    shape = tuple(out_meta().shape)
+    mode = 0 if compute_mode is None else compute_mode
+    if mode not in (0, 1, 2):
+        raise RuntimeError(f"possible modes: 0, 1, 2, but was: {mode}")
+    if p < 0:
+        raise RuntimeError("cdist only supports non-negative p values")
+    r1, r2, c = x1.shape[-2], x2.shape[-2], x1.shape[-1]
+    if 0 in shape:
+        return jnp.zeros(shape, x1.dtype)
+    if c == 0:
+        return jnp.zeros(shape, x1.dtype)
+    x1, x2 = _cdist_batched(x1, x2)
+    if p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25))):
+        # CPU's _euclidean_dist: one matmul of [-2 x1, |x1|^2, 1] and [x2, 1, |x2|^2].
+        n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        a = jnp.concatenate([x1 * -2, n1, jnp.ones_like(n1)], axis=-1)
+        b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
+        return jnp.sqrt(jnp.maximum(_matmul(a, _mT(b)), 0)).reshape(shape)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    return _dist_reduce(diff, p).reshape(shape)
+
+
+@lower(aten._cdist_backward.default)
+def _cdist_backward(grad, x1, x2, p, dist):
+    shape = tuple(out_meta().shape)
+    if 0 in shape or 0 in grad.shape:
+        return jnp.zeros(shape, x1.dtype)
+    x1, x2 = _cdist_batched(x1, x2)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    terms = _dist_grad_terms(diff, grad.reshape(diff.shape[:-1]), dist.reshape(diff.shape[:-1]), p)
+    return jnp.sum(terms, axis=-2).reshape(shape)
+
+
+def _pdist_pairs(n):
+    i, j = np.triu_indices(n, 1)
+    return i, j
+
+
+@lower(aten._pdist_forward.default)
+def _pdist_forward(x, p=2):
+    if p < 0:
+        raise RuntimeError("pdist only supports non-negative p values")
+    n = x.shape[0]
+    if n <= 1:
+        return jnp.zeros((0,), x.dtype)
+    if x.shape[1] == 0:
+        return jnp.zeros((n * (n - 1) // 2,), x.dtype)
+    i, j = _pdist_pairs(n)
+    return _dist_reduce(x[i] - x[j], p)
+
+
+@lower(aten._pdist_backward.default)
+def _pdist_backward(grad, x, p, pdist):
+    n = x.shape[0]
+    if n <= 1 or x.shape[1] == 0:
+        return jnp.zeros(x.shape, x.dtype)
+    i, j = _pdist_pairs(n)
+    # CPU adds the pair's term to row i and subtracts it from row j.
+    terms = _dist_grad_terms(x[i] - x[j], grad, pdist, p)
+    out = jnp.zeros(x.shape, x.dtype)
+    return out.at[i].add(terms).at[j].add(-terms)
