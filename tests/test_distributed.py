@@ -652,3 +652,29 @@ def test_hung_rank_times_out(tmp_path):
     assert "unusable" in res0["later"]
     # rank 1 does not outlive the coordinator for its whole sleep
     assert elapsed < 58, elapsed
+
+
+# --------------------------------------------------------------------------
+# the all_reduce benchmark (a measurement, never timed here: it runs and prints its table)
+
+
+@pytest.mark.slow
+def test_allreduce_benchmark_runs(tmp_path):
+    out_json = tmp_path / "ar.json"
+    p = subprocess.Popen([PY, str(ROOT / "benchmarks" / "allreduce.py"), "--sizes", "4096",
+                          "--iters", "2", "--json", str(out_json)],
+                         env=_env(), cwd=str(tmp_path), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (rc, o, e), = _run([p], 240)
+    assert rc == 0, (o + e)[-4000:]
+    lines = [ln for ln in o.splitlines() if ln.strip()]
+    head = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["size", "backend"])
+    assert "busbw GB/s" in lines[head] and "tpu/gloo" in lines[head]
+    assert lines[head + 2].split()[:3] == ["4", "KiB", "gloo"]
+    assert lines[head + 3].split()[0] == "tpu"
+    data = json.loads(out_json.read_text())
+    assert set(data["results"]) == {"gloo", "tpu"}
+    for rows in data["results"].values():
+        assert [r["size"] for r in rows] == [4096] and rows[0]["ok"]
+        assert rows[0]["median"] > 0
+    assert data["results"]["tpu"][0]["compile"] > 0  # the first call compiled the program
