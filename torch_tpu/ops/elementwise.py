@@ -220,12 +220,26 @@ def _floor_div(x, y):
     return _float_floor_div(x, y)
 
 
+def _true_div(x, y):
+    """x / y, correctly rounded also when y is broadcast.
+
+    XLA's algebraic simplifier rewrites A / broadcast(B) into
+    A * broadcast(1 / B), which is off by an ulp for some quotients (e.g.
+    -9.9375 / 0.62109375 = -15.999999 instead of -16): harmless for true
+    division, wrong after trunc. An opaque full-shape divisor keeps the divide.
+    """
+    shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
+    if jnp.shape(y) != shape:
+        y = lax.optimization_barrier(jnp.broadcast_to(y, shape))
+    return x / y
+
+
 def _trunc_div(x, y):
     if _is_bool(x):
         x, y = x.astype(jnp.int8), y.astype(jnp.int8)
     if _is_int(x):
         return _int_div_by_zero(_div(x, y), y)
-    return jnp.trunc(x / y)
+    return jnp.trunc(_true_div(x, y))
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -234,6 +248,13 @@ def div_mode(self, other, *, rounding_mode=None):
         return div(self, other)
     x, y = prep(self, other)
     if rounding_mode == "trunc":
+        _, res = promote(self, other)
+        if (res in (jnp.bfloat16, jnp.float16) and jnp.size(y) != 1
+                and math.prod(jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))) != 1):
+            # CPU's bfloat16/half kernel rounds the quotient to the tensor
+            # dtype before truncating (trunc(a / b) in scalar_t); only a
+            # single-element divisor takes its float (opmath) path.
+            return jnp.trunc(_true_div(x, y).astype(res).astype(x.dtype))
         return _trunc_div(x, y)
     return _floor_div(x, y)
 
@@ -520,6 +541,46 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
 def ldexp(self, other):
     x, e = prep(self, other, kind=K.INT_TO_FLOAT)
     return x * jnp.exp2(e)
+
+
+# (uint type of the same width, mantissa bits, exponent bias) per float format.
+_FLOAT_BITS = {
+    np.dtype(jnp.float32): (jnp.uint32, 23, 127),
+    np.dtype(jnp.bfloat16): (jnp.uint16, 7, 127),
+    np.dtype(jnp.float16): (jnp.uint16, 10, 15),
+}
+
+
+@lower(aten.frexp.Tensor)
+def frexp(self):
+    """std::frexp on the bits: mantissa in [0.5, 1) with the input's sign.
+
+    XLA:CPU flushes subnormal operands of float arithmetic to zero, so the
+    exponent and mantissa fields are taken apart with integer ops only; a
+    subnormal input is normalized by counting leading zeros of its fraction.
+    Zero, inf and nan give (self, 0), as glibc's frexp.
+    """
+    x = self
+    uint, mb, bias = _FLOAT_BITS[np.dtype(x.dtype)]
+    nbits = np.dtype(uint).itemsize * 8
+    u = lax.bitcast_convert_type(x, uint).astype(jnp.uint32)
+    sign = u & jnp.uint32(1 << (nbits - 1))
+    frac_mask = jnp.uint32((1 << mb) - 1)
+    e = ((u >> mb) & jnp.uint32((1 << (nbits - 1 - mb)) - 1)).astype(jnp.int32)
+    f = u & frac_mask
+    emax = (1 << (nbits - 1 - mb)) - 1
+    # Subnormal: value = f * 2**(1 - bias - mb); highest set bit of f at p.
+    p = 31 - lax.clz(f).astype(jnp.int32)
+    sub_exp = p + 2 - bias - mb
+    sub_frac = (f << (mb - jnp.clip(p, 0, mb)).astype(jnp.uint32)) & frac_mask
+    normal = (e > 0) & (e < emax)
+    subnormal = (e == 0) & (f != 0)
+    exp = jnp.where(normal, e - (bias - 1), jnp.where(subnormal, sub_exp, 0))
+    frac = jnp.where(subnormal, sub_frac, f)
+    m_bits = (sign | jnp.uint32((bias - 1) << mb) | frac).astype(uint)
+    mant = lax.bitcast_convert_type(m_bits, x.dtype)
+    mant = jnp.where(normal | subnormal, mant, x)
+    return mant, exp.astype(jnp.int32)
 
 
 @lower(aten.heaviside.default)
