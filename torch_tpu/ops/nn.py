@@ -1511,6 +1511,14 @@ def constant_pad_nd(self, pad, value=0):
 
 def _pad_mode(x, padding, mode):
     widths = _pad_widths(x.ndim, padding)
+    if mode == "edge" and any(lo < 0 or hi < 0 for lo, hi in widths):
+        # CPU's replication_pad reads output j of an axis from input
+        # clip(j - before, 0, n - 1); this covers cropping past the edge too.
+        for ax, (lo, hi) in enumerate(widths):
+            if lo or hi:
+                n = x.shape[ax]
+                x = jnp.take(x, np.clip(np.arange(n + lo + hi) - lo, 0, n - 1), axis=ax)
+        return x
     if any(lo < 0 or hi < 0 for lo, hi in widths):
         # Negative padding crops (before the positive side is padded).
         x = lax.pad(x, np.zeros((), x.dtype),
@@ -1643,6 +1651,82 @@ def _native_batch_norm_route(input, weight, bias, running_mean, running_var, tra
                                                      running_var, True, momentum, eps)
     return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean,
                                                              running_var, momentum, eps)
+
+
+def _bn_stat_dtype(input, *params):
+    """dtype of CPU's save_mean/save_invstd: float32 when a half input comes with
+    float32 parameters or running statistics (the mixed-type kernel), else the
+    input's dtype (PyTorch's meta functions say float32 for halves always)."""
+    if input.dtype in (torch.bfloat16, torch.float16) and any(
+            p is not None and p.dtype == torch.float32 for p in params):
+        return torch.float32
+    return input.dtype
+
+
+def _bn_cpu_stats(out, input, params, training):
+    """The batch-norm results with CPU's saved statistics: in the stat dtype, and
+    empty (shape [0]) in evaluation mode, where CPU saves nothing."""
+    out = tuple(out)
+    mean, rstd = out[1], out[2]
+    dt = _bn_stat_dtype(input, *params)
+    if not training:
+        mean = torch.empty((0,), dtype=dt, device=input.device)
+        rstd = torch.empty((0,), dtype=dt, device=input.device)
+    elif mean.dtype != dt:
+        mean, rstd = mean.to(dt), rstd.to(dt)
+    return (out[0], mean, rstd) + out[3:]
+
+
+def _bn_kernels():
+    """PrivateUse1 kernels of the batch-norm overloads: the lowering's runner,
+    then CPU's saved-statistics conventions (`_bn_cpu_stats`)."""
+    from ..runtime import executor
+
+    def legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        out = executor.runner_for(aten._native_batch_norm_legit.default)(
+            input, weight, bias, running_mean, running_var, training, momentum, eps)
+        return _bn_cpu_stats(out, input, (weight, bias, running_mean, running_var), training)
+
+    def legit_no_stats(input, weight, bias, training, momentum, eps):
+        out = executor.runner_for(aten._native_batch_norm_legit.no_stats)(
+            input, weight, bias, training, momentum, eps)
+        return _bn_cpu_stats(out, input, (weight, bias), True)
+
+    def legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+        out = executor.runner_for(aten._native_batch_norm_legit_no_training.default)(
+            input, weight, bias, running_mean, running_var, momentum, eps)
+        return _bn_cpu_stats(out, input, (weight, bias, running_mean, running_var), False)
+
+    def with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+        out = executor.runner_for(aten._batch_norm_with_update.default)(
+            input, weight, bias, running_mean, running_var, momentum, eps)
+        return _bn_cpu_stats(out, input, (weight, bias, running_mean, running_var), True)
+
+    def no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+        out = executor.runner_for(aten._batch_norm_no_update.default)(
+            input, weight, bias, running_mean, running_var, momentum, eps)
+        training = running_mean is None or running_var is None
+        return _bn_cpu_stats(out, input, (weight, bias, running_mean, running_var), training)
+
+    return {
+        aten._native_batch_norm_legit.default: legit,
+        aten._native_batch_norm_legit.no_stats: legit_no_stats,
+        aten._native_batch_norm_legit_no_training.default: legit_no_training,
+        aten._batch_norm_with_update.default: with_update,
+        aten._batch_norm_no_update.default: no_update,
+    }
+
+
+def _install_bn_kernels():
+    # Kernels in `core.KERNELS` take the op's PrivateUse1 slot in place of the
+    # lowering's runner (the lowering stays in the table for graphs).
+    from . import core
+
+    for op, fn in _bn_kernels().items():
+        core.KERNELS.setdefault(op, fn)
+
+
+_install_bn_kernels()
 
 
 _route_libs = []
