@@ -96,3 +96,62 @@ def test_pdist(p):
     check_grad(lambda a: torch.pdist(a, p), x)
     check(lambda a: torch.pdist(a, p), make((1, 4)))
     check(lambda a: torch.pdist(a, p), make((3, 0)))
+
+
+# -- lstsq ------------------------------------------------------------------------------------
+
+
+def wellcond(shape, seed=0):
+    a = make(shape, seed=seed)
+    m, n = shape[-2], shape[-1]
+    return a + 3 * torch.eye(m, n)
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+def test_lstsq_shapes_values_and_grads(driver):
+    lstsq = lambda a, b: torch.linalg.lstsq(a, b, driver=driver)  # noqa: E731
+    for ashape, bshape in [((5, 3), (5, 2)), ((3, 5), (3, 2)), ((4, 4), (4, 1)),
+                           ((2, 5, 3), (2, 5, 4)), ((5, 3), (5,)), ((2, 5, 3), (2, 5)),
+                           ((1, 5, 3), (2, 5, 2)), ((2, 5, 3), (1, 5, 2)), ((1, 5, 3), (5, 2))]:
+        check(lstsq, wellcond(ashape), make(bshape, seed=1), **LOOSE)
+    check_grad(lambda a, b: lstsq(a, b).solution, wellcond((2, 5, 3)), make((2, 5, 2), seed=1),
+               rtol=2e-4, atol=2e-4)
+    check_grad(lambda a, b: lstsq(a, b).solution, wellcond((3, 4)), make((3, 2), seed=1),
+               rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
+def test_lstsq_rank_deficient(driver):
+    a = make((6, 4))
+    a[:, 3] = a[:, 1] + a[:, 2]
+    b = make((6, 2), seed=1)
+    got, want = check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), a, b, **LOOSE)
+    assert int(got.rank.cpu()) == 3
+    assert got.residuals.shape == (0,)  # residuals only for full-rank A
+    batch = torch.stack([a, make((6, 4), seed=2)])
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), batch, b.expand(2, 6, 2), **LOOSE)
+    if driver == "gelsy":
+        return  # gelsy truncates a pivoted QR, not the SVD: only rounding-level cuts agree
+    # A cut-off that drops singular values.
+    check(lambda a, b: torch.linalg.lstsq(a, b, rcond=0.3, driver=driver),
+          make((6, 4), seed=3), b, **LOOSE)
+
+
+def test_lstsq_empty_and_errors():
+    for ashape, bshape in [((0, 3), (0, 2)), ((5, 0), (5, 2)), ((0, 5, 3), (0, 5, 2)), ((5, 3), (5, 0))]:
+        for driver in ("gels", "gelsy", "gelsd"):
+            if bshape == (5, 0) and driver == "gelsd":
+                continue  # CPU: MKL rejects nrhs == 0 (internal assert)
+            check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), make(ashape), make(bshape))
+    bad = [((5,), (5,)), ((5, 3), ()), ((2, 5, 3), (5,)), ((5, 3), (4, 2)), ((5, 3), (3,)),
+           ((2, 5, 3), (5, 1)), ((2, 5, 3), (1, 5))]
+    for ashape, bshape in bad:
+        with pytest.raises(RuntimeError) as cpu_err:
+            torch.linalg.lstsq(make(ashape), make(bshape))
+        with pytest.raises(RuntimeError) as tpu_err:
+            torch.linalg.lstsq(*tpu((make(ashape), make(bshape))))
+        assert str(cpu_err.value) in str(tpu_err.value)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.linalg.lstsq(*tpu((make((5, 3)), make((5, 2), torch.float64))))
+    with pytest.raises(RuntimeError, match="driver"):
+        torch.linalg.lstsq(*tpu((make((5, 3)), make((5, 2)))), driver="foo")
