@@ -1037,9 +1037,10 @@ def create(dist_backend_opts, backend_options=None):
         runtime.initialize(num_processes=world, process_id=me, store=store,
                            timeout=timeout.total_seconds() if timeout is not None else None)
     from .. import ops as _ops  # noqa: F401  (functional collective kernels)
-    from . import spmd
+    from . import fsdp_support, spmd
 
     spmd.install()  # compiled graphs with collectives: one SPMD program
+    fsdp_support.install()  # device streams/events and storage resize_ for FSDP2
 
     pg = ProcessGroupTPU(rank, size, global_ranks, timeout, dist_backend_opts.group_id)
     return pg
