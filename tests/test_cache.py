@@ -427,3 +427,142 @@ def test_command_line_info_and_clear(tmp_path, monkeypatch, capsys):
                          capture_output=True, text=True, env=_child_env(root))
     assert out.returncode == 0, out.stderr
     assert str(root) in out.stdout and "entries   : 0" in out.stdout
+
+
+# -- the graph tier: a warm process runs compiled graphs without lowering them ---------
+
+_TRAIN_CHILD = textwrap.dedent("""
+    import json
+    import torch
+    import torch.nn.functional as F
+    import torch_tpu
+    import torch_tpu.cache as cache
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.25), torch.nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16).to("tpu")
+    y = torch.randn(8, 4).to("tpu")
+    loss_fn = torch.compile(lambda x, y: F.mse_loss(model(x), y), backend="tpu")
+    opt_step = torch.compile(opt.step, backend="tpu")
+    losses = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt_step()
+        losses.append(loss.item())
+    s = cache.stats()
+    print(json.dumps({"losses": losses, "w": model[3].weight.detach().cpu().tolist(),
+                      "graphs": s["graphs"], "graph_disk": s["graph_disk"]}))
+""")
+
+
+def test_warm_process_skips_lowering(tmp_path):
+    root = tmp_path / "graph-tier"
+    cold = _run_child(root, _TRAIN_CHILD)
+    warm = _run_child(root, _TRAIN_CHILD)
+    # forward, backward and the optimizer's (donating) graph
+    assert cold["graphs"]["lowered"] >= 3 and cold["graphs"]["disk_loads"] == 0
+    assert cold["graph_disk"]["writes"] == cold["graphs"]["lowered"]
+    assert warm["graphs"]["lowered"] == 0, warm
+    assert warm["graphs"]["disk_loads"] == cold["graphs"]["lowered"]
+    assert warm["graph_disk"]["misses"] == 0 and warm["graph_disk"]["writes"] == 0
+    # Same values (dropout's random stream included), same parameter updates.
+    assert warm["losses"] == cold["losses"]
+    assert warm["w"] == cold["w"]
+
+
+def _graph_index_entries(path):
+    """The graph tier's index files (their header key carries the tier's prefix)."""
+    from torch_tpu.cache import graphs
+
+    out = []
+    for f in _entries(path):
+        blob = f.read_bytes()
+        (hlen,) = store_mod.struct.unpack(">I", blob[8:12])
+        header = json.loads(blob[12:12 + hlen])
+        if header["key"].startswith(graphs.PREFIX):
+            out.append(f)
+    return out
+
+
+def _fresh_compile(fn, *args):
+    from torch_tpu.compile import backend
+
+    torch._dynamo.reset()
+    backend.clear_cache()
+    return torch.compile(fn, backend="tpu")(*args)
+
+
+def test_graph_tier_in_process(cache_dir):
+    from torch_tpu.compile import backend
+
+    def f(a, b):
+        return (a * 1.75 + b).tanh().sum(0)
+
+    a = torch.randn(5, 7, device="tpu")
+    b = torch.randn(5, 7, device="tpu")
+    ref = (a.cpu() * 1.75 + b.cpu()).tanh().sum(0)
+    s0 = backend.cache_stats()
+    out = _fresh_compile(f, a, b)
+    torch.testing.assert_close(out.cpu(), ref)
+    s1 = backend.cache_stats()
+    assert s1["lowered"] == s0["lowered"] + 1
+    assert len(_graph_index_entries(cache_dir)) == 1
+    # A new graph object (as in a new process): loaded, not lowered.
+    out = _fresh_compile(f, a, b)
+    torch.testing.assert_close(out.cpu(), ref)
+    s2 = backend.cache_stats()
+    assert s2["lowered"] == s1["lowered"] and s2["disk_loads"] == s1["disk_loads"] + 1
+    # The executable behind the index entry is gone: a miss, lowered again, same values.
+    index = set(_graph_index_entries(cache_dir))
+    for e in _entries(cache_dir):
+        if e not in index:
+            e.unlink()
+    misses = cache.stats()["graph_disk"]["misses"]
+    out = _fresh_compile(f, a, b)
+    torch.testing.assert_close(out.cpu(), ref)
+    s3 = backend.cache_stats()
+    assert s3["lowered"] == s2["lowered"] + 1 and s3["disk_loads"] == s2["disk_loads"]
+    assert cache.stats()["graph_disk"]["misses"] == misses + 1
+
+
+def test_graph_tier_off(cache_dir, monkeypatch):
+    from torch_tpu.compile import backend
+
+    monkeypatch.setenv("TORCH_TPU_GRAPH_CACHE", "0")
+
+    def f(a):
+        return (a - 0.625).exp()
+
+    a = torch.randn(4, 3, device="tpu")
+    _fresh_compile(f, a)
+    lowered = backend.cache_stats()["lowered"]
+    out = _fresh_compile(f, a)
+    torch.testing.assert_close(out.cpu(), (a.cpu() - 0.625).exp())
+    assert backend.cache_stats()["lowered"] == lowered + 1
+    assert _graph_index_entries(cache_dir) == []
+
+
+def test_graph_key_covers_sources_and_settings(monkeypatch):
+    from torch_tpu.cache import graphs
+
+    k = graphs.key_for("graph")
+    assert k.startswith(graphs.PREFIX) and graphs.key_for("graph") == k
+    assert graphs.key_for("graph2") != k
+    monkeypatch.setattr(graphs, "_source_fp", "edited sources")
+    assert graphs.key_for("graph") != k
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+    assert graphs.key_for("graph") != k
+
+
+def test_graph_values_round_trip():
+    from torch_tpu.cache import graphs
+
+    for value in (3, -1.5, True, None, "s", (1, 2), [3, (4, [5])], ()):
+        assert graphs.decode_value(json.loads(json.dumps(graphs.encode_value(value)))) == value
+    with pytest.raises(graphs.NotPortable):
+        graphs.encode_value(torch.float32)

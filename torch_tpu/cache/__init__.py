@@ -108,6 +108,11 @@ def end_compile(token, name: str, seconds: float, trace_seconds: float = 0.0) ->
     return source
 
 
+def last_compile_keys() -> list:
+    """The JAX cache keys the last compile on this thread asked the disk tier for."""
+    return list(disk_store().last_keys)
+
+
 # -- public API -------------------------------------------------------------------
 
 
@@ -125,6 +130,11 @@ def stats() -> dict:
       loads from disk ("disk") and programs the disk tier cannot hold.
     - ``per_entry``: the most recent compiles (up to 4096): name, seconds,
       source, and trace_seconds (tracing + lowering, part of seconds).
+    - ``graphs``: the compiled-graph memory tier and counters (``lowered``:
+      graphs traced and lowered in this process; ``disk_loads``: graphs
+      loaded without lowering; seconds spent in each phase).
+    - ``graph_disk``: the graph tier (see `torch_tpu.cache.graphs`): hits
+      (graphs run without lowering), misses, index writes, skipped graphs.
     """
     from ..runtime import executor
 
@@ -152,6 +162,7 @@ def stats() -> dict:
         "compiles": mem_misses,
         "per_entry": per_entry,
         "graphs": graph,
+        "graph_disk": _graph_tier().stats(),
     }
 
 
@@ -160,6 +171,12 @@ def info() -> dict:
     d = disk_store().info()
     return {k: d[k] for k in ("enabled", "writable", "dir", "status", "entries", "bytes",
                               "max_bytes")}
+
+
+def _graph_tier():
+    from . import graphs
+
+    return graphs
 
 
 def _graph_stats() -> dict:
@@ -176,6 +193,7 @@ def reset_stats() -> None:
 
     executor.STATS.reset()
     disk_store().stats.reset()
+    _graph_tier().reset_stats()
     with _lock:
         _RECORDS.clear()
         for v in _TOTALS.values():

@@ -168,6 +168,7 @@ class _Stats:
 class _Local(threading.local):
     def __init__(self):
         self.events = None  # list collecting "hit"/"miss"/"write" during one compile
+        self.keys = None    # the JAX cache keys asked for during that compile
 
 
 class DiskStore:
@@ -230,19 +231,33 @@ class DiskStore:
     # -- event tracking (which tier served the current compile) -----------
 
     def begin(self):
-        previous = self._local.events
+        previous = (self._local.events, self._local.keys)
         self._local.events = []
+        self._local.keys = []
         return previous
 
     def end(self, previous):
+        """The events of the compile begun by `begin` (and its JAX keys, in
+        `last_keys`)."""
         events = self._local.events or []
-        self._local.events = previous
+        self.last_keys = list(self._local.keys or ())
+        self._local.events, self._local.keys = previous
         return events
 
-    def _event(self, what):
+    @property
+    def last_keys(self):
+        return getattr(self._local, "last", [])
+
+    @last_keys.setter
+    def last_keys(self, keys):
+        self._local.last = keys
+
+    def _event(self, what, key=None):
         ev = self._local.events
         if ev is not None:
             ev.append(what)
+            if key is not None and key not in self._local.keys:
+                self._local.keys.append(key)
 
     # -- keys --------------------------------------------------------------
 
@@ -258,7 +273,12 @@ class DiskStore:
 
     # -- the interface JAX calls --------------------------------------------
 
-    def get(self, key: str):
+    def get(self, key: str, count: bool = True):
+        """The payload stored under `key`, or None.
+
+        `count=False` (the graph tier's small index entries) leaves the
+        executable statistics and the per-compile events alone.
+        """
         if not self.enabled:
             return None
         fname = self.file_for(key)
@@ -266,10 +286,12 @@ class DiskStore:
             with open(fname, "rb") as f:
                 blob = f.read()
         except FileNotFoundError:
-            self._miss()
+            if count:
+                self._miss(key)
             return None
         except OSError as e:
-            self._miss()
+            if count:
+                self._miss(key)
             warn_once("read", f"cannot read {fname} ({e}); recompiling")
             return None
         payload, problem = self._decode(blob, key)
@@ -280,19 +302,21 @@ class DiskStore:
                                  f"({problem}); the program is recompiled")
             _unlink(fname)
             self._bytes_estimate = None
-            self._miss()
+            if count:
+                self._miss(key)
             return None
-        with self._lock:
-            self.stats.hits += 1
-            self.stats.bytes_read += len(blob)
-        self._event("hit")
+        if count:
+            with self._lock:
+                self.stats.hits += 1
+                self.stats.bytes_read += len(blob)
+            self._event("hit", key)
         try:
             os.utime(fname)  # least-recently-used order for eviction
         except OSError:
             pass
         return payload
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, count: bool = True) -> None:
         if not (self.enabled and self.writable):
             return
         value = bytes(value)
@@ -325,17 +349,19 @@ class DiskStore:
                                "only for the rest of this process")
             return
         with self._lock:
-            self.stats.writes += 1
-            self.stats.bytes_written += len(blob)
+            if count:
+                self.stats.writes += 1
+                self.stats.bytes_written += len(blob)
             if self._bytes_estimate is not None:
                 self._bytes_estimate += len(blob)
-        self._event("write")
+        if count:
+            self._event("write", key)
         self._evict(len(blob))
 
-    def _miss(self):
+    def _miss(self, key=None):
         with self._lock:
             self.stats.misses += 1
-        self._event("miss")
+        self._event("miss", key)
 
     def _decode(self, blob: bytes, key: str):
         """(payload, None) for a sound entry of `key`, else (None, what is wrong)."""

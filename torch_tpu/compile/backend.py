@@ -27,6 +27,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 import warnings
 
 import jax
@@ -40,6 +41,11 @@ from ..runtime import storage as st
 from . import dynamic as dyn
 from . import padding
 from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
+
+try:
+    from ..cache import graphs as _graph_tier
+except Exception:  # pragma: no cover - the cache package failed to import
+    _graph_tier = None
 
 aten = torch.ops.aten
 
@@ -59,6 +65,11 @@ class _GraphCacheStats:
         self.graphs = 0          # CompiledGraph objects created
         self.eager_fallbacks = 0  # graphs that run op by op
         self.donating_calls = 0   # calls that gave their overwritten inputs' buffers to XLA
+        self.lowered = 0          # graph specializations traced, lowered and compiled/loaded by XLA
+        self.disk_loads = 0       # ... loaded from the graph tier instead (nothing traced)
+        self.backend_seconds = 0.0        # in tpu_backend: AOTAutograd + graph setup
+        self.lower_compile_seconds = 0.0  # tracing + lowering + XLA compile (or executable load)
+        self.load_seconds = 0.0           # graph-tier loads
 
 
 GRAPH_STATS = _GraphCacheStats()
@@ -74,7 +85,10 @@ def cache_stats() -> dict:
     s = GRAPH_STATS
     return {"requests": s.requests, "hits": s.hits, "misses": s.misses,
             "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
-            "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls}
+            "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls,
+            "lowered": s.lowered, "disk_loads": s.disk_loads,
+            "backend_seconds": s.backend_seconds,
+            "lower_compile_seconds": s.lower_compile_seconds, "load_seconds": s.load_seconds}
 
 
 def reset_cache_stats() -> None:
@@ -308,16 +322,31 @@ class CompiledGraph:
         entry.layouts = layouts
         # Inputs the graph overwrites (an optimizer's parameters) are donated:
         # XLA writes the new values into their buffers instead of new ones.
-        try:
-            if donate_idx and _donation_enabled():
-                entry.donating = executor._compile(self.name, gkey + ("donate",), fn,
-                                                   lower_args, donate_argnums=(0,))
-            else:
-                entry.plain = executor._compile(self.name, gkey, fn, lower_args)
-        except LoweringError:
-            raise
-        except Exception as e:  # a lowering that fails inside a graph: run it eagerly
-            raise LoweringError(f"{type(e).__name__}: {e}") from e
+        donating = bool(donate_idx and _donation_enabled())
+        pkey = self._persistent_key(gkey, donating, consts)
+        if pkey is None or not self._load_persistent(pkey, entry, donating, lower_args,
+                                                     value_results):
+            t0 = time.perf_counter()
+            # keep_unused: the executable takes every flattened argument, so
+            # that the graph tier can call it without JAX's argument pruning.
+            extra = {"keep_unused": True} if pkey is not None else {}
+            try:
+                if donating:
+                    compiled = entry.donating = executor._compile(
+                        self.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
+                        **extra)
+                else:
+                    compiled = entry.plain = executor._compile(self.name, gkey, fn, lower_args,
+                                                               **extra)
+            except LoweringError:
+                raise
+            except Exception as e:  # a lowering that fails inside a graph: run it eagerly
+                raise LoweringError(f"{type(e).__name__}: {e}") from e
+            with _lock:
+                GRAPH_STATS.lowered += 1
+                GRAPH_STATS.lower_compile_seconds += time.perf_counter() - t0
+            if pkey is not None:
+                self._store_persistent(pkey, compiled, lower_args, value_results)
         entry.release_trace()
         with _lock:
             _GRAPH_CACHE[gkey] = entry
@@ -325,6 +354,113 @@ class CompiledGraph:
                 _GRAPH_CACHE.popitem(last=False)
                 GRAPH_STATS.evictions += 1
         return entry
+
+    # -- the graph tier (torch_tpu.cache.graphs) -----------------------------
+
+    def _persistent_key(self, gkey, donating, consts):
+        """The graph tier's key of this specialization, or None (not stored)."""
+        if self.symbolic or _graph_tier is None:
+            return None
+        try:
+            if not _graph_tier.enabled():
+                return None
+            if any(not isinstance(c, jax.Array) for c in consts):
+                return None
+            parts = [self.kind, self.gm.code, repr(gkey), repr(self.out_specs),
+                     str(self.n_user_outputs), repr(self.program.mutated_inputs),
+                     "donate" if donating else "plain"]
+            for n in self.program.placeholders:
+                val = n.meta.get("val")
+                if isinstance(val, torch.Tensor):
+                    parts.append(repr((tuple(int(d) for d in val.shape),
+                                       tuple(int(d) for d in val.stride()),
+                                       str(val.dtype), int(val.storage_offset()))))
+                else:
+                    parts.append(type(val).__name__)
+            text = "\n".join(parts)
+            if " at 0x" in text:  # an object's address: not stable across processes
+                return None
+            return _graph_tier.key_for(text)
+        except Exception:  # anything we cannot describe is simply not stored
+            return None
+
+    def _load_persistent(self, pkey, entry, donating, lower_args, value_results) -> bool:
+        """Fill `entry` from the graph tier without lowering; False on a miss."""
+        from .. import cache as _tiers
+        from ..runtime import platform
+
+        t0 = time.perf_counter()
+        device = platform.jax_device(self.device)
+        token = _tiers.begin_compile()
+        prog = None
+        try:
+            got = _graph_tier.load(pkey, device)
+            if got is not None:
+                exe, meta = got
+                n_in = len(jax.tree_util.tree_leaves(lower_args))
+                if meta.get("n_in") == n_in and len(exe.get_parameter_layouts()) == n_in:
+                    values = {}
+                    for k, v in meta.get("values", []):
+                        values[k if isinstance(k, str) else int(k)] = \
+                            _graph_tier.decode_value(v)
+                    prog = _LoadedProgram(exe, device, int(meta["n_out"]),
+                                          len(exe.get_output_layouts()))
+        except Exception:  # a bad entry is a miss
+            prog = None
+        finally:
+            seconds = time.perf_counter() - t0
+            if prog is not None:
+                source = _tiers.end_compile(token, self.name, seconds, trace_seconds=0.0)
+            else:
+                _tiers.disk_store().end(token)
+        if prog is None:
+            return False
+        value_results.update(values)
+        if donating:
+            entry.donating = prog
+        else:
+            entry.plain = prog
+        stats = executor.STATS
+        stats.misses += 1
+        stats.compile_seconds += seconds
+        stats.compiles_per_op[self.name] += 1
+        if source == "disk":
+            stats.disk_loads += 1
+        with _lock:
+            GRAPH_STATS.disk_loads += 1
+            GRAPH_STATS.load_seconds += seconds
+        try:
+            from jax import monitoring
+
+            monitoring.record_event("/jax/compilation_cache/compile_requests_use_cache")
+            monitoring.record_event("/jax/compilation_cache/cache_hits")
+        except Exception:  # pragma: no cover
+            pass
+        for listener in executor.COMPILE_LISTENERS:
+            listener(self.name, entry.key, seconds, prog)
+        return True
+
+    def _store_persistent(self, pkey, compiled, lower_args, value_results):
+        """Index this graph's executable in the graph tier (when it is portable)."""
+        from .. import cache as _tiers
+
+        try:
+            keys = _tiers.last_compile_keys()
+            exe = compiled.runtime_executable()
+            n_in = len(jax.tree_util.tree_leaves(lower_args))
+            out_index = value_results.get("__out_index__")
+            n_unique = len(set(out_index)) if out_index is not None else None
+            n_out_total = len(exe.get_output_layouts())
+            if (len(keys) != 1 or n_unique is None or n_in != len(exe.get_parameter_layouts())
+                    or n_out_total < n_unique
+                    or n_out_total - n_unique != len(self.program.mutated_inputs)):
+                _graph_tier.skipped()
+                return
+            values = [[k, _graph_tier.encode_value(v)] for k, v in value_results.items()]
+            _graph_tier.store(pkey, keys[0], {"n_in": n_in, "n_out": n_unique,
+                                              "values": values, "name": self.name})
+        except Exception:  # not portable (a value we cannot encode, ...): not stored
+            _graph_tier.skipped()
 
     # -- running -----------------------------------------------------------
 
@@ -484,6 +620,34 @@ def _donation_enabled() -> bool:
     return os.environ.get("TORCH_TPU_DONATE", "1") not in ("0", "false", "False")
 
 
+class _LoadedProgram:
+    """A graph executable loaded by the graph tier: called like a jax Compiled
+    (donated, kept, consts, rng) -> (outputs, mutated input values), through
+    the PJRT executable itself (nothing was traced in this process)."""
+
+    __slots__ = ("exe", "device", "n_out", "n_total")
+
+    def __init__(self, exe, device, n_out, n_total):
+        self.exe = exe
+        self.device = device
+        self.n_out = n_out
+        self.n_total = n_total
+
+    def __call__(self, donated, kept, consts, rng):
+        flat = [*donated, *kept, *consts]
+        if rng is not None:
+            flat.append(rng)
+        for i, a in enumerate(flat):
+            if not isinstance(a, jax.Array):
+                flat[i] = jax.device_put(a, self.device)
+        res = self.exe.execute_sharded(flat).disassemble_into_single_device_arrays()
+        outs = [r[0] for r in res]
+        return outs[:self.n_out], outs[self.n_out:]
+
+    def as_text(self):
+        return self.exe.get_hlo_text()
+
+
 class _Entry:
     """The executable(s) of one graph specialization.
 
@@ -571,15 +735,25 @@ def _write_back(t: torch.Tensor, arr) -> None:
 # the dynamo backend
 
 
-def _decompositions():
-    """Core-ATen decompositions, minus ops the lowering table runs directly."""
-    from torch._decomp import core_aten_decompositions
+_DECOMP_TABLE = {"key": None, "table": None}
 
-    table = dict(core_aten_decompositions())
-    for op in list(table):
-        if op in registry.LOWERINGS:
-            del table[op]
-    return table
+
+def _decompositions():
+    """Core-ATen decompositions, minus ops the lowering table runs directly.
+
+    Built once per process (building PyTorch's table takes ~0.2 s) and
+    rebuilt only if the lowering table grew since.
+    """
+    key = len(registry.LOWERINGS)
+    if _DECOMP_TABLE["key"] != key:
+        from torch._decomp import core_aten_decompositions
+
+        table = dict(core_aten_decompositions())
+        for op in list(table):
+            if op in registry.LOWERINGS:
+                del table[op]
+        _DECOMP_TABLE["table"], _DECOMP_TABLE["key"] = table, key
+    return dict(_DECOMP_TABLE["table"])
 
 
 def _partition_fn(options):
@@ -619,6 +793,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
     """
     from torch._dynamo.backends.common import aot_autograd
 
+    t0 = time.perf_counter()
     options = dict(options or {})
     aot = aot_autograd(
         fw_compiler=_compiler("forward", options),
@@ -628,7 +803,11 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )
-    return aot(gm, example_inputs)
+    try:
+        return aot(gm, example_inputs)
+    finally:
+        with _lock:
+            GRAPH_STATS.backend_seconds += time.perf_counter() - t0
 
 
 _registered = False
@@ -649,7 +828,32 @@ def register() -> None:
 
     trace_rules.add("torch_tpu")
     _redirect_inductor()
+    _skip_cudagraph_import()
     _registered = True
+
+
+def _skip_cudagraph_import():
+    """Dynamo's optimizer tracing asks every grad "is it static for CUDA graphs?"
+    by importing inductor's cudagraph_trees (0.5-1.3 s of imports) even for
+    non-CUDA tensors, for which the answer is always True. Answer that case
+    without the import; CUDA tensors still go to PyTorch's function.
+    """
+    try:
+        from torch._dynamo.variables import optimizer as opt_vars
+    except Exception:  # pragma: no cover - another torch layout
+        return
+    original = getattr(opt_vars, "_is_static_for_cudagraphs", None)
+    if original is None or getattr(original, "_torch_tpu", False):
+        return
+
+    @functools.wraps(original)
+    def _is_static_for_cudagraphs(x):
+        if not x.is_cuda:
+            return True
+        return original(x)
+
+    _is_static_for_cudagraphs._torch_tpu = True
+    opt_vars._is_static_for_cudagraphs = _is_static_for_cudagraphs
 
 
 def _redirect_inductor():
