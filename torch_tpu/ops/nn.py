@@ -1492,6 +1492,210 @@ def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_co
 
 
 # --------------------------------------------------------------------------
+# grid sampling
+
+
+def _gs_unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _gs_reflect(x, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(x)
+    lo = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    x = jnp.abs(x - lo)
+    extra = jnp.fmod(x, span)
+    flips = jnp.floor(x / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + lo, span - extra + lo)
+
+
+def _gs_clip(x, size):
+    return jnp.minimum(jnp.asarray(size - 1, x.dtype), jnp.maximum(x, 0))
+
+
+def _gs_coordinates(x, size, padding_mode, align_corners):
+    """CPU's compute_coordinates: padding mode applied to a source coordinate."""
+    if padding_mode == 1:  # border
+        x = _gs_clip(x, size)
+    elif padding_mode == 2:  # reflection
+        if align_corners:
+            x = _gs_reflect(x, 0, 2 * (size - 1))
+        else:
+            x = _gs_reflect(x, -1, 2 * size - 1)
+        x = _gs_clip(x, size)
+    # safe_downgrade_to_int_range: huge or non-finite coordinates read nothing.
+    bad = ~jnp.isfinite(x) | (x > 2.0 ** 31 - 2) | (x < -2.0 ** 31)
+    return jnp.where(bad, jnp.asarray(-100.0, x.dtype), x)
+
+
+def _gs_gather(flat, sp, idxs):
+    """Values of `flat` (N, C, prod(sp)) at integer positions `idxs` (each
+    (N, P), last spatial dim last), and whether each is in bounds, as
+    (N, C, P) values with out-of-bounds ones zero."""
+    ok = None
+    lin = None
+    for i, L in zip(idxs, sp):
+        inb = (i >= 0) & (i < L)
+        ok = inb if ok is None else ok & inb
+        ic = jnp.clip(i, 0, L - 1)
+        lin = ic if lin is None else lin * L + ic
+    v = jnp.take_along_axis(flat, lin[:, None, :], axis=2)
+    return jnp.where(ok[:, None, :], v, jnp.zeros((), v.dtype))
+
+
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    x = _acc(input)
+    g = _acc(grid)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    nsp = len(sp)
+    out_sp = g.shape[1:-1]
+    p = int(np.prod(out_sp)) if out_sp else 1
+    flat = x.reshape(n, c, -1)
+    gf = g.reshape(n, p, nsp)
+    # grid's last dim is (x, y[, z]): x indexes the last spatial dim.
+    coords = [gf[:, :, nsp - 1 - d] for d in range(nsp)]
+    src = [_gs_unnormalize(co, L, align_corners) for co, L in zip(coords, sp)]
+    if interpolation_mode == 2:  # bicubic (2-D only)
+        iy, ix = src
+        y0, x0 = jnp.floor(iy), jnp.floor(ix)
+        ty, tx = iy - y0, ix - x0
+        A = -0.75
+
+        def cc1(t):
+            return ((A + 2) * t - (A + 3)) * t * t + 1
+
+        def cc2(t):
+            return ((A * t - 5 * A) * t + 8 * A) * t - 4 * A
+
+        def coeffs(t):
+            return (cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(1.0 - t + 1.0))
+
+        H, W = sp
+        cx, cy = coeffs(tx), coeffs(ty)
+        out = None
+        for i in range(4):
+            yy = _gs_coordinates(y0 - 1 + i, H, padding_mode, align_corners)
+            row = None
+            for j in range(4):
+                xx = _gs_coordinates(x0 - 1 + j, W, padding_mode, align_corners)
+                v = _gs_gather(flat, sp, (yy.astype(jnp.int32), xx.astype(jnp.int32)))
+                term = v * cx[j][:, None, :]
+                row = term if row is None else row + term
+            term = row * cy[i][:, None, :]
+            out = term if out is None else out + term
+    else:
+        src = [_gs_coordinates(s_, L, padding_mode, align_corners) for s_, L in zip(src, sp)]
+        if interpolation_mode == 1:  # nearest (round half to even, like nearbyint)
+            out = _gs_gather(flat, sp, [jnp.round(s_).astype(jnp.int32) for s_ in src])
+        else:  # bilinear / trilinear
+            lo = [jnp.floor(s_) for s_ in src]
+            w1 = [s_ - l for s_, l in zip(src, lo)]
+            w0 = [l + 1 - s_ for s_, l in zip(src, lo)]
+            out = None
+            for corner in itertools.product((0, 1), repeat=nsp):
+                idx = [(l + b).astype(jnp.int32) for l, b in zip(lo, corner)]
+                w = None
+                for d in reversed(range(nsp)):  # x, y, z
+                    wd = w1[d] if corner[d] else w0[d]
+                    w = wd if w is None else w * wd
+                term = _gs_gather(flat, sp, idx) * w[:, None, :]
+                out = term if out is None else out + term
+    return out.reshape((n, c) + tuple(out_sp))
+
+
+@lower(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _gs_coordinates_grad(coord, size, padding_mode, align_corners):
+    """Source coordinate and d(coordinate)/d(grid value), with CPU's gradient
+    conventions: clipping passes no gradient at or beyond the borders, and a
+    reflection flips its sign."""
+    sf = (size - 1) / 2 if align_corners else size / 2
+    x = _gs_unnormalize(coord, size, align_corners)
+    m = jnp.full(x.shape, sf, x.dtype)
+    if padding_mode == 2:
+        if align_corners:
+            twice_low, twice_high = 0, 2 * (size - 1)
+        else:
+            twice_low, twice_high = -1, 2 * size - 1
+        if twice_low == twice_high:
+            x, m = jnp.zeros_like(x), jnp.zeros_like(m)
+        else:
+            lo = twice_low / 2
+            span = (twice_high - twice_low) / 2
+            d = x - lo
+            sign = jnp.where(d < 0, -1.0, 1.0).astype(x.dtype)
+            d = jnp.abs(d)
+            extra = jnp.fmod(d, span)
+            even = jnp.fmod(jnp.floor(d / span), 2) == 0
+            x = jnp.where(even, extra + lo, span - extra + lo)
+            m = m * jnp.where(even, sign, -sign)
+    if padding_mode in (1, 2):
+        inside = (x > 0) & (x < size - 1)
+        m = jnp.where(inside, m, jnp.zeros((), m.dtype))
+        x = _gs_clip(x, size)
+    bad = ~jnp.isfinite(x) | (x > 2.0 ** 31 - 2) | (x < -2.0 ** 31)
+    return jnp.where(bad, jnp.asarray(-100.0, x.dtype), x), m
+
+
+@lower(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                          align_corners, output_mask):
+    x, g, go = _acc(input), _acc(grid), _acc(grad_output)
+    if interpolation_mode == 2:  # bicubic: differentiate the forward
+        _, vjp = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode,
+                                                     padding_mode, align_corners), x, g)
+        gi, gg = vjp(go)
+        return (gi if output_mask[0] else None), gg
+    gi = None
+    if output_mask[0]:  # linear in the input: the forward's transpose
+        _, vjp = jax.vjp(lambda x_: _grid_sample(x_, g, interpolation_mode, padding_mode,
+                                                 align_corners), x)
+        gi = vjp(go)[0]
+    if interpolation_mode == 1:  # nearest: no gradient for the grid
+        return gi, jnp.zeros(g.shape, g.dtype)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    nsp = len(sp)
+    p = int(np.prod(g.shape[1:-1])) if g.shape[1:-1] else 1
+    flat = x.reshape(n, c, -1)
+    gf = g.reshape(n, p, nsp)
+    gof = go.reshape(n, c, p)
+    src, mult = [], []
+    for d in range(nsp):  # d indexes the spatial dims (z, y, x order)
+        s_, m_ = _gs_coordinates_grad(gf[:, :, nsp - 1 - d], sp[d], padding_mode,
+                                      align_corners)
+        src.append(s_)
+        mult.append(m_)
+    lo = [jnp.floor(s_) for s_ in src]
+    w1 = [s_ - l for s_, l in zip(src, lo)]
+    w0 = [l + 1 - s_ for s_, l in zip(src, lo)]
+    acc = [None] * nsp
+    for corner in itertools.product((0, 1), repeat=nsp):
+        idx = [(l + b).astype(jnp.int32) for l, b in zip(lo, corner)]
+        v = _gs_gather(flat, sp, idx) * gof
+        for d in range(nsp):
+            dw = None
+            for e in reversed(range(nsp)):
+                if e == d:
+                    continue
+                we = w1[e] if corner[e] else w0[e]
+                dw = we if dw is None else dw * we
+            term = v if dw is None else v * dw[:, None, :]
+            term = term if corner[d] else -term
+            acc[d] = term if acc[d] is None else acc[d] + term
+    # grid's last dim holds x (the last spatial dim) first.
+    gg = jnp.stack([jnp.sum(acc[d], axis=1) * mult[d] for d in reversed(range(nsp))], axis=-1)
+    return gi, gg.reshape(g.shape)
+
+
+# --------------------------------------------------------------------------
 # padding and pixel shuffle
 
 
