@@ -155,3 +155,34 @@ def test_lstsq_empty_and_errors():
         torch.linalg.lstsq(*tpu((make((5, 3)), make((5, 2), torch.float64))))
     with pytest.raises(RuntimeError, match="driver"):
         torch.linalg.lstsq(*tpu((make((5, 3)), make((5, 2)))), driver="foo")
+
+
+# -- geqrf / householder_product / ormqr --------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 5, 3), (0, 3), (2, 0, 4)])
+def test_geqrf_householder_product_ormqr(shape):
+    a = make(shape)
+    check(torch.geqrf, a, **LOOSE)
+    qr, tau = torch.geqrf(a)
+    m, n = shape[-2], shape[-1]
+    if m >= n:
+        check(torch.linalg.householder_product, qr, tau, **LOOSE)
+        check(torch.linalg.householder_product, qr, tau[..., : max(n - 1, 0)], **LOOSE)
+    for left in (True, False):
+        for transpose in (True, False):
+            c = make(shape[:-2] + ((m, 2) if left else (2, m)), seed=1)
+            check(lambda x, t, c: torch.ormqr(x, t, c, left=left, transpose=transpose), qr, tau, c,
+                  **LOOSE)
+    if m >= n and a.numel():
+        check_grad(torch.linalg.householder_product, qr, tau, rtol=1e-3, atol=1e-3)
+        check_grad(lambda x, t, c: torch.ormqr(x, t, c), qr, tau, make(shape[:-2] + (m, 2), seed=1),
+                   rtol=1e-3, atol=1e-3)
+
+
+def test_geqrf_errors():
+    for bad in (make((3,)), torch.ones(3, 3, dtype=torch.int64)):
+        with pytest.raises(RuntimeError):
+            torch.geqrf(bad)
+        with pytest.raises(RuntimeError):
+            torch.geqrf(tpu(bad))

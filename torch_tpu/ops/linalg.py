@@ -883,3 +883,74 @@ def _lstsq_kernel(A, B, rcond=None, *, driver=None):
 
 
 core.KERNELS[aten.linalg_lstsq.default] = _lstsq_kernel
+
+
+# -- Householder reflectors: geqrf, householder_product, ormqr -------------------------------------
+#
+# LAPACK's compact form: column i of `a` below the diagonal holds v_i (with an
+# implicit 1 on the diagonal), H_i = I - tau_i v_i v_i^H, Q = H_1 H_2 ... H_k.
+
+
+def _householder_q(a, tau, full):
+    """Q = H_1 ... H_k from reflectors in a (*, m, n) and tau (*, k): the first
+    n columns, or all m when `full` (zero taus make the padded reflectors I)."""
+    m, n = a.shape[-2], a.shape[-1]
+    k = tau.shape[-1]
+    a = a[..., :, :k]
+    cols = m if full else n
+    if cols > k:
+        a = jnp.concatenate([a, jnp.zeros(a.shape[:-1] + (cols - k,), a.dtype)], axis=-1)
+        tau = jnp.concatenate([tau, jnp.zeros(tau.shape[:-1] + (cols - k,), tau.dtype)], axis=-1)
+    if cols == 0 or m == 0:
+        return jnp.zeros(a.shape[:-2] + (m, cols), a.dtype)
+    return lax.linalg.householder_product(a, tau)
+
+
+@lower(aten.linalg_householder_product.default)
+def linalg_householder_product(a, tau):
+    shape = tuple(out_meta().shape)
+    if 0 in shape:
+        return jnp.zeros(shape, a.dtype)
+    batch = shape[:-2]
+    a = jnp.broadcast_to(a, shape)
+    tau = jnp.broadcast_to(tau, batch + tau.shape[-1:])
+    return _householder_q(a, tau, full=False)
+
+
+@lower(aten.ormqr.default)
+def ormqr(a, tau, other, left=True, transpose=False):
+    shape = tuple(out_meta().shape)
+    if 0 in shape:
+        return jnp.zeros(shape, out_dtype())
+    batch = shape[:-2]
+    q_n = shape[-2] if left else shape[-1]
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    tau = jnp.broadcast_to(tau, batch + tau.shape[-1:])
+    other = jnp.broadcast_to(other, shape)
+    if tau.shape[-1] == 0:
+        return other
+    q = _householder_q(a[..., :q_n, :], tau, full=True)
+    if transpose:
+        q = jnp.conj(_mT(q))
+    return _matmul(q, other) if left else _matmul(other, q)
+
+
+def _geqrf_kernel(A):
+    if A.dim() < 2:
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    if A.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+        raise RuntimeError(f'"geqrf_cpu" not implemented for \'{_torch_dtype_name(A.dtype)}\'')
+    m, n = A.shape[-2], A.shape[-1]
+    tau_shape = tuple(A.shape[:-2]) + (min(m, n),)
+    if A.numel() == 0:
+        return (torch.zeros(tuple(A.shape), dtype=A.dtype, device=A.device),
+                torch.zeros(tau_shape, dtype=A.dtype, device=A.device))
+    # jax has geqrf (LAPACK's on CPU/GPU, a Householder loop elsewhere) but
+    # does not export it from jax.lax.linalg.
+    from jax._src.lax.linalg import geqrf
+
+    qr, tau = _jit_run("aten::geqrf", lambda a: tuple(geqrf(a)), [A])
+    return _wrap_out(qr, A, A.dtype), _wrap_out(tau, A, A.dtype)
+
+
+core.KERNELS[aten.geqrf.default] = _geqrf_kernel
