@@ -697,3 +697,181 @@ def mode(x, dim=-1, keepdim=False):
     count = end - start + 1
     best = lax.argmax(count, last, jnp.int32)[..., None]  # first run of max length
     return _pick(v, i, jnp.take_along_axis(end, best, axis=-1), keepdim, d)
+
+
+# -- segment_reduce --------------------------------------------------------------------
+#
+# PyTorch CPU (SegmentReduce.cpp): along `axis`, consecutive segments given by
+# `lengths` (..., S) or `offsets` (..., S + 1), the leading dimensions those of
+# `data`. Each segment starts from `initial` (or the reduction's identity;
+# mean of an empty segment without `initial` is NaN), max/min propagate NaN,
+# mean divides the sum (initial included) by the length. Elements past the
+# last segment (unsafe=True with short lengths) are ignored. Known
+# difference: the unsafe=False value checks (negative lengths, lengths not
+# summing to the axis size) would need a device-to-host read, and are not made.
+
+_SEGMENT_REDUCTIONS = ("max", "mean", "min", "sum", "prod")
+
+
+def _segment_layout(data, lengths, offsets, axis):
+    """(O, A, I) view of data, per-position segment ids into O * S (O * S =
+    outside every segment), and the (O, S) segment lengths."""
+    axis = wrap_dim(axis, data.ndim)
+    outer = int(np.prod(data.shape[:axis]))
+    a = data.shape[axis]
+    inner = int(np.prod(data.shape[axis + 1:]))
+    x = data.reshape(outer, a, inner)
+    if lengths is not None:
+        n_seg = lengths.shape[-1]
+        ln = lengths.reshape(-1, n_seg).astype(jnp.int64)
+        ends = jnp.cumsum(ln, axis=1)
+        starts = ends - ln
+    else:
+        n_seg = offsets.shape[-1] - 1
+        off = offsets.reshape(-1, n_seg + 1).astype(jnp.int64)
+        starts, ends = off[:, :-1], off[:, 1:]
+        ln = ends - starts
+    ln = jnp.broadcast_to(ln, (outer, n_seg))
+    starts = jnp.broadcast_to(starts, (outer, n_seg))
+    ends = jnp.broadcast_to(ends, (outer, n_seg))
+    pos = jnp.arange(a, dtype=jnp.int64)
+    if n_seg == 0:
+        seg = jnp.zeros((outer, a), jnp.int64)
+        inside = jnp.zeros((outer, a), bool)
+    else:
+        seg = jnp.sum(ends[:, None, :] <= pos[None, :, None], axis=-1)
+        inside = (seg < n_seg) & (pos[None, :] >= starts[:, :1])
+    ids = jnp.where(inside, jnp.arange(outer)[:, None] * n_seg + seg, outer * n_seg)
+    return x, ids.reshape(-1), ln, (outer, n_seg, inner), axis
+
+
+def _segment_out_shape(data, axis, n_seg):
+    return data.shape[:axis] + (n_seg,) + data.shape[axis + 1:]
+
+
+_HALF_BITS = {np.dtype(jnp.bfloat16): (8, 7), np.dtype(jnp.float16): (5, 10)}
+
+
+def _segment_scan(x, ids, nseg, start, op, half):
+    """Sequential per-segment accumulation of x (O, A, I), rounding to the half
+    type after every step as CPU's scalar_t arithmetic; (nseg - 1, I) results,
+    `start` for empty segments."""
+    outer, a, inner = x.shape
+    res = jnp.broadcast_to(start, (nseg - 1, inner)).astype(x.dtype)
+    if a == 0 or outer == 0:
+        return res
+    prev = jnp.concatenate([jnp.full((outer, 1), -1, ids.dtype), ids[:, :-1]], axis=1)
+    nxt = jnp.concatenate([ids[:, 1:], jnp.full((outer, 1), -1, ids.dtype)], axis=1)
+    reset = ids != prev
+
+    def step(carry, inp):
+        xa, ra = inp
+        carry = jnp.where(ra[:, None], jnp.broadcast_to(start, carry.shape), carry)
+        carry = lax.reduce_precision(op(carry, xa), *half)
+        return carry, carry
+
+    init = jnp.broadcast_to(start, (outer, inner)).astype(x.dtype)
+    _, run = lax.scan(step, init, (jnp.swapaxes(x, 0, 1), reset.T))
+    run = jnp.swapaxes(run, 0, 1).reshape(outer * a, inner)
+    last = ((ids != nxt) & (ids < nseg - 1)).reshape(-1)
+    return res.at[jnp.where(last, ids.reshape(-1), nseg)].set(run, mode="drop")
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    torch._check(reduce in _SEGMENT_REDUCTIONS,
+                 lambda: f"unsupported reduction given! {reduce}")
+    torch._check(lengths is not None or offsets is not None,
+                 lambda: "segment_reduce(): Either lengths or offsets must be defined.")
+    reject(data, "_segment_reduce_cpu", complex_=True, integer=True)
+    x, ids, ln, (outer, n_seg, inner), axis = _segment_layout(data, lengths, offsets, axis)
+    acc = jnp.float32 if np.dtype(data.dtype) in _HALF else data.dtype
+    rows = x.reshape(outer * x.shape[1], inner).astype(acc)
+    nseg = outer * n_seg + 1
+    ln = ln.reshape(-1, 1)
+    if initial is not None:
+        init = jnp.asarray(initial).astype(data.dtype).astype(acc)
+    half = _HALF_BITS.get(np.dtype(data.dtype))
+    if half and reduce in ("sum", "mean", "prod"):
+        # CPU accumulates in the half type: every step rounds
+        start = init if initial is not None else jnp.asarray(1 if reduce == "prod" else 0, acc)
+        r = _segment_scan(rows.reshape(outer, -1, inner), ids.reshape(outer, -1), nseg, start,
+                          jnp.multiply if reduce == "prod" else jnp.add, half)
+        if reduce == "mean":
+            q = lax.reduce_precision(r / jnp.maximum(ln, 1).astype(acc), *half)
+            r = jnp.where((ln > 0) & ~jnp.isnan(r), q, r)
+            if initial is None:
+                r = jnp.where(ln == 0, jnp.nan, r)
+    elif reduce in ("sum", "mean"):
+        r = jax.ops.segment_sum(rows, ids, num_segments=nseg)[:-1]
+        if initial is not None:
+            r = init + r
+        if reduce == "mean":
+            r = jnp.where((ln > 0) & ~jnp.isnan(r), r / jnp.maximum(ln, 1).astype(acc), r)
+            if initial is None:
+                r = jnp.where(ln == 0, jnp.nan, r)
+    elif reduce == "prod":
+        r = jax.ops.segment_prod(rows, ids, num_segments=nseg)[:-1]
+        if initial is not None:
+            r = init * r
+    else:
+        seg_fn = jax.ops.segment_max if reduce == "max" else jax.ops.segment_min
+        r = seg_fn(rows, ids, num_segments=nseg)[:-1]
+        if initial is not None:
+            r = (jnp.maximum if reduce == "max" else jnp.minimum)(init, r)
+        has_nan = jax.ops.segment_max(jnp.isnan(rows).astype(jnp.int32), ids,
+                                      num_segments=nseg)[:-1] > 0
+        r = jnp.where(has_nan, jnp.nan, r)
+        if initial is None:  # empty segments: -inf / inf
+            r = jnp.where(ln == 0, -jnp.inf if reduce == "max" else jnp.inf, r)
+    return r.reshape(_segment_out_shape(data, axis, n_seg)).astype(data.dtype)
+
+
+@lower(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None,
+                            axis=0, initial=None):
+    torch._check(reduce in _SEGMENT_REDUCTIONS,
+                 lambda: f"unsupported reduction given! {reduce}")
+    torch._check(lengths is not None or offsets is not None,
+                 lambda: "segment_reduce(): Either lengths or offsets must be defined")
+    x, ids, ln, (outer, n_seg, inner), axis = _segment_layout(data, lengths, offsets, axis)
+    acc = jnp.float32 if np.dtype(grad.dtype) in _HALF else grad.dtype
+    n = outer * x.shape[1]
+    rows = x.reshape(n, inner).astype(acc)
+    nseg = outer * n_seg + 1
+    inside = (ids < outer * n_seg)[:, None]
+    safe = jnp.minimum(ids, max(outer * n_seg - 1, 0))
+
+    def at_pos(v):  # a per-segment (O * S, ...) value at every position
+        if outer * n_seg == 0:
+            return jnp.zeros((n,) + v.shape[1:], v.dtype)
+        return v[safe]
+
+    g = at_pos(grad.reshape(outer * n_seg, inner).astype(acc))
+    out = at_pos(output.reshape(outer * n_seg, inner).astype(acc))
+    ln_pos = at_pos(ln.reshape(-1, 1)).astype(acc)
+    if reduce == "sum":
+        gi = g
+    elif reduce == "mean":
+        gi = g / jnp.maximum(ln_pos, 1)
+    elif reduce in ("max", "min"):
+        hit = jnp.isnan(rows) | (rows == out)
+        gi = jnp.where(hit, g, 0)
+        cnt = at_pos(jax.ops.segment_sum(hit.astype(acc), ids, num_segments=nseg)[:-1])
+        # CPU divides only the positive gradients among ties by their count
+        gi = jnp.where((cnt >= 2) & (gi > 0), gi / jnp.maximum(cnt, 1), gi)
+    else:  # prod
+        zero, nan = rows == 0, jnp.isnan(rows)
+        special = zero | nan
+        p_rest = jax.ops.segment_prod(jnp.where(special, 1, rows), ids, num_segments=nseg)[:-1]
+        if initial is not None:
+            p_rest = jnp.asarray(initial).astype(grad.dtype).astype(acc) * p_rest
+        zeros = jax.ops.segment_sum(zero.astype(jnp.int32), ids, num_segments=nseg)[:-1]
+        nans = jax.ops.segment_sum(nan.astype(jnp.int32), ids, num_segments=nseg)[:-1]
+        excl = at_pos(p_rest)
+        excl = jnp.where(at_pos(zeros) - zero.astype(jnp.int32) > 0, excl * 0, excl)
+        excl = jnp.where(at_pos(nans) - nan.astype(jnp.int32) > 0, jnp.nan, excl)
+        gi = jnp.where(special, g * excl, (g * out) / jnp.where(special, 1, rows))
+    gi = jnp.where(inside, gi, 0)
+    return gi.reshape(data.shape).astype(grad.dtype)

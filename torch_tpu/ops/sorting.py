@@ -1,4 +1,4 @@
-"""Sorting and selection: sort, topk, searchsorted/bucketize, histc, and the
+"""Sorting and selection: sort, topk, searchsorted/bucketize, histc, histogram(dd), and the
 data-dependent ops (nonzero, masked_select, unique*, bincount).
 
 Sort order follows PyTorch CPU: sorts are stable; ascending puts NaN last,
@@ -15,6 +15,7 @@ eagerly on concrete arrays (`eager=True`).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -177,6 +178,288 @@ def histc(x, bins=100, min=0, max=0):
     counts = jnp.zeros((bins,), jnp.float32 if half else acc).at[
         jnp.where(inside, pos, bins)].add(1, mode="drop")
     return counts.astype(od)
+
+
+# -- histogram, histogramdd ---------------------------------------------------------
+#
+# PyTorch CPU (Histogram.cpp): the input is read as M points in N dimensions;
+# bin edges are either given (tensors) or linspace(min, max, bins + 1) per
+# dimension in the input dtype (min/max from `range` or from the data, an
+# empty range widened by 0.5 each side). A point is counted when every
+# coordinate lies in [edges[0], edges[-1]]; its bin is std::upper_bound over
+# the edges minus one, the last bin closed on the right. Known difference:
+# with range=None, CPU raises when the data's min or max is not finite; here
+# that would cost a device-to-host read, so the edges are nan/inf instead.
+
+
+def _upper_bound(edges, vals):
+    """libstdc++'s std::upper_bound step for step (the same answer on unsorted
+    edges, which PyTorch's OpInfo samples pass to histogramdd)."""
+    n = edges.shape[0]
+    first = jnp.zeros(vals.shape, jnp.int32)
+    length = jnp.full(vals.shape, n, jnp.int32)
+    for _ in range(n.bit_length()):
+        half = length >> 1
+        middle = first + half
+        go_left = vals < edges[jnp.clip(middle, 0, n - 1)]
+        active = length > 0
+        first = jnp.where(active & ~go_left, middle + 1, first)
+        length = jnp.where(active, jnp.where(go_left, half, length - half - 1), length)
+    return first
+
+
+def _hist_fill(x2, edges, weight, density):
+    """The histogram of the (M, N) points `x2` over per-dimension `edges`."""
+    m, n = x2.shape
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    acc = jnp.float32 if x2.dtype in (jnp.bfloat16, jnp.float16) else x2.dtype
+    if n == 0:
+        return jnp.zeros((), x2.dtype)
+    total = int(np.prod(shape))
+    flat = jnp.zeros((m,), jnp.int32)
+    keep = jnp.ones((m,), bool)
+    stride = total
+    for d, e in enumerate(edges):
+        stride //= shape[d]
+        elt = x2[:, d]
+        keep = keep & (elt >= e[0]) & (elt <= e[-1])  # also drops NaN
+        pos = _upper_bound(e, elt) - 1
+        pos = jnp.where(pos == e.shape[0] - 1, pos - 1, pos)
+        flat = flat + pos * stride
+    flat = jnp.where(keep & (flat >= 0) & (flat < total), flat, total)
+    w = jnp.ones((m,), acc) if weight is None else weight.reshape(m).astype(acc)
+    hist = jnp.zeros((total,), acc).at[flat].add(w, mode="drop").reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            widths = (e[1:] - e[:-1]).astype(acc)
+            hist = hist / widths.reshape(tuple(-1 if i == d else 1 for i in range(n)))
+    return hist.astype(x2.dtype)
+
+
+def _linspace_edges(x2, bins, range_):
+    """The linspace bin edges of every dimension (select_outer_bin_edges)."""
+    from .factories import _linspace_exponents
+
+    m, n = x2.shape
+    if range_ is not None:
+        lo = [jnp.asarray(range_[2 * d], x2.dtype) for d in range(n)]
+        hi = [jnp.asarray(range_[2 * d + 1], x2.dtype) for d in range(n)]
+        same = [range_[2 * d] == range_[2 * d + 1] for d in range(n)]
+    elif m == 0:
+        lo = [jnp.asarray(0.0, x2.dtype)] * n
+        hi = [jnp.asarray(1.0, x2.dtype)] * n
+        same = [False] * n
+    else:
+        mins, maxs = jnp.min(x2, axis=0), jnp.max(x2, axis=0)
+        lo, hi = [mins[d] for d in range(n)], [maxs[d] for d in range(n)]
+        same = [lo[d] == hi[d] for d in range(n)]
+    edges = []
+    for d in range(n):
+        lo_d = jnp.where(same[d], lo[d] - 0.5, lo[d]).astype(x2.dtype)
+        hi_d = jnp.where(same[d], hi[d] + 0.5, hi[d]).astype(x2.dtype)
+        vals, _ = _linspace_exponents(lo_d, hi_d, bins[d] + 1, x2.dtype)
+        edges.append(vals.astype(x2.dtype))
+    return edges
+
+
+def _points(x):
+    """x as (M, N) points (a reshape with -1 fails for N == 0)."""
+    return x.reshape(int(np.prod(x.shape[:-1])), x.shape[-1])
+
+
+def _hist_dtype_check(x, range_):
+    if range_ is None and x.size:
+        # select_outer_bin_edges reads min/max for float and double only
+        if x.dtype not in (jnp.float32, jnp.float64):
+            raise NotImplementedError(
+                f'"histogramdd" not implemented for \'{type_name(x.dtype)}\'')
+    elif not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(f'"histogram_cpu" not implemented for \'{type_name(x.dtype)}\'')
+
+
+@lower(aten.histogram.bin_ct)
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    _hist_dtype_check(x, range)
+    x2 = x.reshape(-1, 1)
+    edges = _linspace_edges(x2, [bins], range)
+    return _hist_fill(x2, edges, weight, density), edges[0]
+
+
+@lower(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    _hist_dtype_check(x, ())
+    x2 = x.reshape(-1, 1)
+    return _hist_fill(x2, [bins], weight, density), bins
+
+
+@lower(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    x2 = _points(x)
+    if range is None and x2.size and x2.dtype not in (jnp.float32, jnp.float64):
+        raise NotImplementedError(f'"histogramdd" not implemented for \'{type_name(x.dtype)}\'')
+    return _linspace_edges(x2, bins, range)
+
+
+@lower(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    _hist_dtype_check(x, range)
+    x2 = _points(x)
+    return _hist_fill(x2, _linspace_edges(x2, bins, range), weight, density)
+
+
+@lower(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    _hist_dtype_check(x, ())
+    x2 = _points(x)
+    return _hist_fill(x2, list(bins), weight, density)
+
+
+# PyTorch has no Meta kernels for the histogram ops; the executor needs one for
+# the output shapes and PyTorch CPU's argument checks (Histogram.cpp).
+
+def _hist_check_inputs(x, bins, weight):
+    """histogramdd_check_inputs: x (M, N), bins a list of (meta) tensors."""
+    torch._check(x.dim() >= 2, lambda: "torch.histogramdd: input tensor should have at least "
+                 f"2 dimensions, but got {x.dim()}")
+    n = x.shape[-1]
+    torch._check(len(bins) == n, lambda: f"torch.histogramdd: expected {n} sequences of bin "
+                 f"edges for a {n}-dimensional histogram but got {len(bins)}")
+    for d, b in enumerate(bins):
+        torch._check(b.dtype == x.dtype, lambda: "torch.histogramdd: input tensor and bins "
+                     f"tensors should have the same dtype, but got input with dtype {_cpp(x.dtype)} "
+                     f"and bins for dimension {d} with dtype {_cpp(b.dtype)}")
+        torch._check(b.dim() == 1, lambda: "torch.histogramdd: bins tensor should have one "
+                     f"dimension, but got {b.dim()} dimensions in the bins tensor for "
+                     f"dimension {d}")
+        torch._check(b.numel() > 0, lambda: "torch.histogramdd: bins tensor should have at "
+                     f"least 1 element, but got {b.numel()} elements in the bins tensor for "
+                     f"dimension {d}")
+    if weight is not None:
+        torch._check(weight.dtype == x.dtype, lambda: "torch.histogramdd: if weight tensor is "
+                     "provided, input tensor and weight tensor should have the same dtype, but "
+                     f"got input({_cpp(x.dtype)}), and weight({_cpp(weight.dtype)})")
+        wsizes = list(weight.shape) or [1]
+        torch._check(list(x.shape[:-1]) == wsizes, lambda: "torch.histogramdd: if weight tensor "
+                     "is provided it should have the same shape as the input tensor excluding its "
+                     f"innermost dimension, but got input with shape {list(x.shape)} and weight "
+                     f"with shape {list(weight.shape)}")
+
+
+def _hist_check_bin_cts(bin_ct):
+    for d, c in enumerate(bin_ct):
+        torch._check(c > 0, lambda: f"torch.histogram(): bins must be > 0, but got {c} for "
+                     f"dimension {d}")
+
+
+def _hist_check_range(n, range_):
+    if range_ is None:
+        return
+    torch._check(len(range_) == 2 * n, lambda: f"torch.histogramdd: for a {n}-dimensional "
+                 f"histogram range should have {2 * n} elements, but got {len(range_)}")
+    for d in range(n):
+        lo, hi = range_[2 * d], range_[2 * d + 1]
+        torch._check(math.isfinite(lo) and math.isfinite(hi), lambda: "torch.histogramdd: "
+                     f"dimension {d}'s range [{lo:g}, {hi:g}] is not finite")
+        torch._check(lo <= hi, lambda: "torch.histogramdd: min should not exceed max, but got "
+                     f"min {lo:g} max {hi:g} for dimension {d}")
+
+
+
+_CPP_DTYPE = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+              torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int"}
+
+
+def _cpp(dtype):
+    """A dtype as PyTorch's C++ messages print it."""
+    return _CPP_DTYPE.get(dtype, str(dtype))
+
+
+def _empty_like_meta(x, shape, dtype=None):
+    return torch.empty(tuple(shape), dtype=dtype or x.dtype, device=x.device)
+
+
+def _flat_weight(weight):
+    return None if weight is None else weight.reshape(-1)
+
+
+def _meta_histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    x2 = x.reshape(-1, 1)
+    _hist_check_bin_cts([bins])
+    _hist_check_range(1, range)
+    _hist_check_inputs(x2, [_empty_like_meta(x, (bins + 1,))], _flat_weight(weight))
+    return _empty_like_meta(x, (bins,)), _empty_like_meta(x, (bins + 1,))
+
+
+def _meta_histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    _hist_check_inputs(x.reshape(-1, 1), [bins], _flat_weight(weight))
+    _hist_check_bin_cts([bins.numel() - 1])
+    return _empty_like_meta(x, (bins.numel() - 1,)), _empty_like_meta(bins, bins.shape)
+
+
+def _meta_dd_edges(x, bins, range=None):
+    torch._check(x.dim() >= 2,
+                 lambda: "torch.histogramdd: input tensor should have at least 2 dimensions")
+    n = x.shape[-1]
+    _hist_check_range(n, range)
+    torch._check(len(bins) == n, lambda: "histogramdd: The size of bins must be equal to the "
+                 "innermost dimension of the input.")
+    return [_empty_like_meta(x, (c + 1,)) for c in bins]
+
+
+def _meta_histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _meta_dd_edges(x, bins, range)
+
+
+def _meta_histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    edges = _meta_dd_edges(x, bins, range)
+    _hist_check_inputs(x, edges, weight)
+    _hist_check_bin_cts(bins)
+    return _empty_like_meta(x, tuple(bins))
+
+
+def _meta_histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    _hist_check_inputs(x, bins, weight)
+    _hist_check_bin_cts([b.numel() - 1 for b in bins])
+    return _empty_like_meta(x, tuple(b.numel() - 1 for b in bins))
+
+
+def _out_meta(functional, n_out):
+    """A Meta kernel for the out= overload: the functional meta, outs resized."""
+    from torch._prims_common.wrappers import _maybe_resize_out
+
+    def kernel(*args, **kwargs):
+        if n_out == "list":
+            outs = kwargs.pop("out")
+        elif n_out == 1:
+            outs = [kwargs.pop("out")]
+        else:
+            outs = [kwargs.pop("hist"), kwargs.pop("bin_edges")]
+        res = functional(*args, **kwargs)
+        res = list(res) if isinstance(res, (tuple, list)) else [res]
+        torch._check(len(outs) == len(res), lambda: "expected out= to have one tensor per "
+                     f"result, got {len(outs)} for {len(res)}")
+        for o, r in zip(outs, res):
+            _maybe_resize_out(o, r.shape)
+        if n_out == "list":
+            return None
+        return outs[0] if n_out == 1 else tuple(outs)
+    return kernel
+
+
+_HIST_LIB = torch.library.Library("aten", "IMPL")
+for _op, _fn, _n in (
+        (aten.histogram.bin_ct, _meta_histogram_bin_ct, 2),
+        (aten.histogram.bins_tensor, _meta_histogram_bins_tensor, 2),
+        (aten._histogramdd_bin_edges.default, _meta_histogramdd_bin_edges, "list"),
+        (aten._histogramdd_from_bin_cts.default, _meta_histogramdd_from_bin_cts, 1),
+        (aten._histogramdd_from_bin_tensors.default, _meta_histogramdd_from_bin_tensors, 1)):
+    _out = {2: ("bin_ct_out" if _op is aten.histogram.bin_ct else "bins_tensor_out")}.get(
+        _n, "out")
+    _out_op = getattr(_op.overloadpacket, _out)
+    for _o, _k in ((_op, _fn), (_out_op, _out_meta(_fn, _n))):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(_o.name(), "Meta"):
+            _HIST_LIB.impl(_o, _k, "Meta")
 
 
 @lower(aten.nonzero_static.default)
