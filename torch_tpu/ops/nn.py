@@ -1495,10 +1495,38 @@ def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_co
 # grid sampling
 
 
-def _gs_unnormalize(coord, size, align_corners):
+def _gs_unnormalize(coord, size, align_corners, vectorized=False):
+    # CPU's 2-D kernel (vectorized) and its 3-D kernel round differently.
+    if vectorized:
+        sf = (size - 1) / 2 if align_corners else size / 2
+        return (coord + 1) * sf if align_corners else (coord + 1) * sf - 0.5
     if align_corners:
         return (coord + 1) / 2 * (size - 1)
     return ((coord + 1) * size - 1) / 2
+
+
+_CUBIC_A = -0.75
+
+
+def _gs_cubic_coeffs(t):
+    A = _CUBIC_A
+
+    def cc1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def cc2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    return (cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(2.0 - t))
+
+
+def _gs_cubic_coeffs_grad(t):
+    A = _CUBIC_A
+    x0, x1, x2, x3 = -1.0 - t, -t, 1.0 - t, 2.0 - t
+    return ((-3 * A * x0 - 10 * A) * x0 - 8 * A,
+            (-3 * (A + 2) * x1 - 2 * (A + 3)) * x1,
+            (3 * (A + 2) * x2 - 2 * (A + 3)) * x2,
+            (3 * A * x3 - 10 * A) * x3 + 8 * A)
 
 
 def _gs_reflect(x, twice_low, twice_high):
@@ -1547,8 +1575,12 @@ def _gs_gather(flat, sp, idxs):
 
 
 def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
-    x = _acc(input)
-    g = _acc(grid)
+    # bfloat16: CPU runs its scalar kernel in bfloat16, every operation rounded;
+    # the same operations on bfloat16 arrays reproduce it. float16 (like float32)
+    # takes CPU's vectorized 2-D kernel, which we follow in float32.
+    keep = input.dtype == jnp.bfloat16
+    x = input if keep else _acc(input)
+    g = grid if keep else _acc(grid)
     n, c = x.shape[:2]
     sp = x.shape[2:]
     nsp = len(sp)
@@ -1558,24 +1590,14 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     gf = g.reshape(n, p, nsp)
     # grid's last dim is (x, y[, z]): x indexes the last spatial dim.
     coords = [gf[:, :, nsp - 1 - d] for d in range(nsp)]
-    src = [_gs_unnormalize(co, L, align_corners) for co, L in zip(coords, sp)]
+    src = [_gs_unnormalize(co, L, align_corners, nsp == 2 and not keep)
+           for co, L in zip(coords, sp)]
     if interpolation_mode == 2:  # bicubic (2-D only)
         iy, ix = src
         y0, x0 = jnp.floor(iy), jnp.floor(ix)
         ty, tx = iy - y0, ix - x0
-        A = -0.75
-
-        def cc1(t):
-            return ((A + 2) * t - (A + 3)) * t * t + 1
-
-        def cc2(t):
-            return ((A * t - 5 * A) * t + 8 * A) * t - 4 * A
-
-        def coeffs(t):
-            return (cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(1.0 - t + 1.0))
-
         H, W = sp
-        cx, cy = coeffs(tx), coeffs(ty)
+        cx, cy = _gs_cubic_coeffs(tx), _gs_cubic_coeffs(ty)
         out = None
         for i in range(4):
             yy = _gs_coordinates(y0 - 1 + i, H, padding_mode, align_corners)
@@ -1612,12 +1634,12 @@ def grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
-def _gs_coordinates_grad(coord, size, padding_mode, align_corners):
+def _gs_coordinates_grad(coord, size, padding_mode, align_corners, vectorized=False):
     """Source coordinate and d(coordinate)/d(grid value), with CPU's gradient
     conventions: clipping passes no gradient at or beyond the borders, and a
     reflection flips its sign."""
     sf = (size - 1) / 2 if align_corners else size / 2
-    x = _gs_unnormalize(coord, size, align_corners)
+    x = _gs_unnormalize(coord, size, align_corners, vectorized)
     m = jnp.full(x.shape, sf, x.dtype)
     if padding_mode == 2:
         if align_corners:
@@ -1648,11 +1670,6 @@ def _gs_coordinates_grad(coord, size, padding_mode, align_corners):
 def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                           align_corners, output_mask):
     x, g, go = _acc(input), _acc(grid), _acc(grad_output)
-    if interpolation_mode == 2:  # bicubic: differentiate the forward
-        _, vjp = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode,
-                                                     padding_mode, align_corners), x, g)
-        gi, gg = vjp(go)
-        return (gi if output_mask[0] else None), gg
     gi = None
     if output_mask[0]:  # linear in the input: the forward's transpose
         _, vjp = jax.vjp(lambda x_: _grid_sample(x_, g, interpolation_mode, padding_mode,
@@ -1667,10 +1684,32 @@ def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_
     flat = x.reshape(n, c, -1)
     gf = g.reshape(n, p, nsp)
     gof = go.reshape(n, c, p)
+    if interpolation_mode == 2:  # bicubic, CPU's formula (taps carry no gradient)
+        H, W = sp
+        ix = _gs_unnormalize(gf[:, :, 0], W, align_corners, True)
+        iy = _gs_unnormalize(gf[:, :, 1], H, align_corners, True)
+        x0, y0 = jnp.floor(ix), jnp.floor(iy)
+        cx, cy = _gs_cubic_coeffs(ix - x0), _gs_cubic_coeffs(iy - y0)
+        gcx, gcy = _gs_cubic_coeffs_grad(ix - x0), _gs_cubic_coeffs_grad(iy - y0)
+        gx = gy = None
+        for i in range(4):
+            xx = _gs_coordinates(x0 - 1 + i, W, padding_mode, align_corners)
+            for j in range(4):
+                yy = _gs_coordinates(y0 - 1 + j, H, padding_mode, align_corners)
+                vg = _gs_gather(flat, sp, (yy.astype(jnp.int32), xx.astype(jnp.int32))) * gof
+                tx_ = vg * gcx[i][:, None, :] * cy[j][:, None, :]
+                ty_ = vg * gcy[j][:, None, :] * cx[i][:, None, :]
+                gx = -tx_ if gx is None else gx - tx_
+                gy = -ty_ if gy is None else gy - ty_
+        gx, gy = jnp.sum(gx, axis=1), jnp.sum(gy, axis=1)
+        sfx = (W - 1) / 2 if align_corners else W / 2
+        sfy = (H - 1) / 2 if align_corners else H / 2
+        gg = jnp.stack([gx * sfx, gy * sfy], axis=-1)
+        return gi, gg.reshape(g.shape)
     src, mult = [], []
     for d in range(nsp):  # d indexes the spatial dims (z, y, x order)
         s_, m_ = _gs_coordinates_grad(gf[:, :, nsp - 1 - d], sp[d], padding_mode,
-                                      align_corners)
+                                      align_corners, nsp == 2)
         src.append(s_)
         mult.append(m_)
     lo = [jnp.floor(s_) for s_ in src]
