@@ -1,6 +1,8 @@
 """Pairwise distances, least squares, Householder products and friends on tpu
 against PyTorch CPU (the ops lowered in torch_tpu/ops/linalg.py for issue #4)."""
 
+import warnings
+
 import pytest
 import torch
 from torch.utils import _pytree as pytree
@@ -186,3 +188,44 @@ def test_geqrf_errors():
             torch.geqrf(bad)
         with pytest.raises(RuntimeError):
             torch.geqrf(tpu(bad))
+
+
+# -- eig ------------------------------------------------------------------------------------------
+
+
+def _eig_check(a):
+    w, v = torch.linalg.eig(tpu(a))
+    w_cpu, _ = torch.linalg.eig(a)
+    torch.testing.assert_close(w.cpu(), w_cpu, **LOOSE)
+    # Eigenvectors are unique up to phase: check A V = V diag(w) and unit norms.
+    ac = a.to(w.dtype)
+    v = v.cpu()
+    torch.testing.assert_close(ac @ v, v * w.cpu().unsqueeze(-2), **LOOSE)
+    torch.testing.assert_close(torch.linalg.vector_norm(v, dim=-2),
+                               torch.ones(v.shape[:-1]), **LOOSE)
+    check(torch.linalg.eigvals, a, **LOOSE)
+
+
+def test_eig_and_eigvals():
+    _eig_check(make((4, 4)))
+    _eig_check(make((2, 3, 3), seed=1))
+    _eig_check(make((3, 3), seed=2).to(torch.complex64))
+    check(torch.linalg.eigvals, make((0, 0)))
+    check(torch.linalg.eigvals, make((2, 0, 0)))
+    # Gradients through eigenvalues (well defined).
+    check_grad(lambda a: torch.linalg.eigvals(a).abs(), make((4, 4), seed=3), rtol=1e-3, atol=1e-3)
+
+
+def test_eig_off_cpu_platform_uses_the_fallback(monkeypatch):
+    from torch_tpu.runtime import platform
+
+    a = make((3, 3))
+    monkeypatch.setattr(platform, "platform", lambda: "tpu")
+    with pytest.raises(NotImplementedError, match="linalg_eig"):
+        torch.linalg.eig(tpu(a))
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's one-time warning
+        w = torch.linalg.eigvals(tpu(a))
+    assert w.device.type == "tpu"
+    torch.testing.assert_close(w.cpu(), torch.linalg.eigvals(a))

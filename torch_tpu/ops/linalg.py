@@ -954,3 +954,49 @@ def _geqrf_kernel(A):
 
 
 core.KERNELS[aten.geqrf.default] = _geqrf_kernel
+
+
+# -- eig: XLA implements the nonsymmetric eigensolver (LAPACK geev) on CPU only ------------------
+
+
+def _eig_dtypes(a):
+    cdt = jnp.complex128 if a.dtype in (jnp.float64, jnp.complex128) else jnp.complex64
+    return cdt
+
+
+@lower(aten.linalg_eig.default)
+def linalg_eig(a):
+    cdt = _eig_dtypes(a)
+    if a.size == 0:
+        return (jnp.zeros(a.shape[:-1], cdt), jnp.zeros(a.shape, cdt))
+    w, v = lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=True)
+    return w.astype(cdt), v.astype(cdt)
+
+
+@lower(aten._linalg_eigvals.default)
+def _linalg_eigvals(a):
+    cdt = _eig_dtypes(a)
+    if a.size == 0:
+        return jnp.zeros(a.shape[:-1], cdt)
+    (w,) = lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=False)
+    return w.astype(cdt)
+
+
+def _cpu_platform_only_kernel(op):
+    """Run `op`'s lowering on the CPU platform; elsewhere (XLA has no eig
+    there) the CPU fallback runs it, or it raises NotImplementedError naming
+    the op when the fallback is off."""
+    def kernel(*args, **kwargs):
+        from ..runtime import executor, platform
+        from . import fallback
+
+        if platform.platform() != "cpu":
+            return fallback.cpu_fallback(op, *args, **kwargs)
+        return executor.runner_for(op)(*args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+for _op in (aten.linalg_eig.default, aten._linalg_eigvals.default):
+    core.KERNELS[_op] = _cpu_platform_only_kernel(_op)
