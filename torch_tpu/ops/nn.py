@@ -1491,6 +1491,67 @@ def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_co
                                      align_corners, (scales_d, scales_h, scales_w))
 
 
+def _aa_linear_mat(L, O, align_corners, scale):
+    """(O, L) matrix of PyTorch's antialiased bilinear resampling along one dim
+    (CPU's _compute_indices_min_size_weights_aa with the triangle filter)."""
+    f32 = np.float32
+    if align_corners:
+        sc = f32(L - 1) / f32(O - 1) if O > 1 else f32(0)
+    else:
+        sc = _scale_value(scale, L, O)
+    support = f32(sc) if sc >= 1.0 else f32(1.0)  # (interp_size / 2) * scale
+    invscale = f32(1.0) / sc if sc >= 1.0 else f32(1.0)
+    max_size = int(math.ceil(support)) * 2 + 1
+    m = np.zeros((O, L), np.float32)
+    for i in range(O):
+        center = f32(float(sc) * (i + 0.5))
+        xmin = max(int(float(center) - float(support) + 0.5), 0)
+        xsize = min(int(float(center) + float(support) + 0.5), L) - xmin
+        xsize = min(max(xsize, 0), max_size)
+        ws = []
+        for j in range(xsize):
+            t = abs(f32((j + xmin - float(center) + 0.5) * float(invscale)))
+            ws.append(f32(1) - t if t < 1 else f32(0))
+        total = f32(0)
+        for w in ws:
+            total = f32(total + w)
+        for j, w in enumerate(ws):
+            m[i, xmin + j] = w / total if total != 0 else w
+    return m
+
+
+def _aa_mats(in_sp, out_sp, align_corners, scales):
+    return [_aa_linear_mat(L, O, align_corners, sc) for L, O, sc in zip(in_sp, out_sp, scales)]
+
+
+@lower(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    if _is_half(self):
+        name = "BFloat16" if self.dtype == jnp.bfloat16 else "Half"
+        raise NotImplementedError(
+            f'"compute_index_ranges_weights" not implemented for \'{name}\'')
+    mats = _aa_mats(self.shape[-2:], tuple(output_size), align_corners, (scales_h, scales_w))
+    x = self if _is_float(self) else self.astype(jnp.float32)
+    # CPU resamples the last dim first, then the one before (skipping equal sizes).
+    for j in (1, 0):
+        if mats[j].shape[0] != mats[j].shape[1] or not np.array_equal(
+                mats[j], np.eye(mats[j].shape[0], dtype=np.float32)):
+            ax = x.ndim - 2 + j
+            x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(mats[j]), axes=([ax], [1]),
+                                           precision=lax.Precision.HIGHEST), -1, ax)
+    if not _is_float(self):  # uint8: rounded and saturated
+        x = jnp.clip(jnp.round(x), 0, 255)
+    return x
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default)
+def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners,
+                                     scales_h=None, scales_w=None):
+    mats = _aa_mats(tuple(input_size[-2:]), tuple(output_size), align_corners,
+                    (scales_h, scales_w))
+    return _separable(_acc(grad_output), mats, transpose=True, prec=lax.Precision.HIGHEST)
+
+
 # --------------------------------------------------------------------------
 # grid sampling
 
