@@ -738,6 +738,28 @@ def _write_back(t: torch.Tensor, arr) -> None:
 _DECOMP_TABLE = {"key": None, "table": None}
 
 
+def _core_table():
+    """PyTorch's core-ATen decompositions.
+
+    By default the post-autograd table alone: the full table
+    (`core_aten_decompositions`, what export uses) adds an entry for every
+    CompositeImplicitAutograd op, which tracing decomposes by itself anyway,
+    and collecting those ops costs ~0.5 s per process.
+    ``TORCH_TPU_DECOMP_TABLE=full`` uses the full table.
+    """
+    if os.environ.get("TORCH_TPU_DECOMP_TABLE", "core") == "full":
+        from torch._decomp import core_aten_decompositions
+
+        return dict(core_aten_decompositions())
+    try:
+        from torch._decomp import _core_aten_decompositions_post_autograd
+    except ImportError:  # pragma: no cover - another torch
+        from torch._decomp import core_aten_decompositions
+
+        return dict(core_aten_decompositions())
+    return dict(_core_aten_decompositions_post_autograd())
+
+
 def _decompositions():
     """Core-ATen decompositions, minus ops the lowering table runs directly.
 
@@ -746,9 +768,7 @@ def _decompositions():
     """
     key = len(registry.LOWERINGS)
     if _DECOMP_TABLE["key"] != key:
-        from torch._decomp import core_aten_decompositions
-
-        table = dict(core_aten_decompositions())
+        table = _core_table()
         for op in list(table):
             if op in registry.LOWERINGS:
                 del table[op]
@@ -829,7 +849,68 @@ def register() -> None:
     trace_rules.add("torch_tpu")
     _redirect_inductor()
     _skip_cudagraph_import()
+    _lighter_dynamo_bookkeeping()
     _registered = True
+
+
+def _lighter_dynamo_bookkeeping():
+    """Two pieces of dynamo bookkeeping that cost more than tracing itself
+    on the first call, and only feed logs and metrics:
+
+    - after building a frame's guards, dynamo times one guard evaluation for
+      its metrics (``guard_latency_us``) after flushing the CPU caches
+      (`profile_guard_manager`); here it reports 0 instead;
+    - for every traced call it computes the enclosing function's name for a
+      debug log line (`get_funcname`), tokenizing whole source files
+      (torch/nn/functional.py, ...) the first time; here the name comes from
+      files already tokenized, or is left out unless dynamo's verbose
+      logging is on.
+
+    Nothing else changes: guards, graphs and error messages are the same.
+    ``TORCH_TPU_DYNAMO_BOOKKEEPING=1`` keeps PyTorch's behaviour.
+    """
+    if os.environ.get("TORCH_TPU_DYNAMO_BOOKKEEPING", "0") in ("1", "true", "True"):
+        return
+    try:
+        from torch._dynamo import funcname_cache
+        from torch._dynamo import guards as dyn_guards
+        from torch._dynamo import symbolic_convert
+    except Exception:  # pragma: no cover - another torch layout
+        return
+    original_profile = getattr(dyn_guards, "profile_guard_manager", None)
+    if original_profile is not None and not getattr(original_profile, "_torch_tpu", False):
+
+        def profile_guard_manager(*args, **kwargs):
+            return 0.0
+
+        profile_guard_manager._torch_tpu = True
+        dyn_guards.profile_guard_manager = profile_guard_manager
+    original_funcname = getattr(symbolic_convert, "get_funcname", None)
+    if original_funcname is not None and not getattr(original_funcname, "_torch_tpu", False):
+
+        def get_funcname(filename, lineno):
+            names = funcname_cache.cache.get(filename)
+            if names is not None:
+                return names.get(lineno)
+            if _dynamo_verbose():
+                return original_funcname(filename, lineno)
+            return None
+
+        get_funcname._torch_tpu = True
+        symbolic_convert.get_funcname = get_funcname
+
+
+def _dynamo_verbose() -> bool:
+    try:
+        import logging
+
+        from torch._dynamo import config
+
+        if config.verbose:
+            return True
+        return logging.getLogger("torch._dynamo").isEnabledFor(logging.DEBUG)
+    except Exception:  # pragma: no cover
+        return True
 
 
 def _skip_cudagraph_import():
