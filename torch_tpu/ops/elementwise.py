@@ -606,23 +606,33 @@ def lcm(self, other):
 # -- bitwise and logical ------------------------------------------------------------
 
 
-def _bitwise(fn):
+def _integral_only(x, kernel):
+    """PyTorch CPU's bitwise kernels exist for integer and bool types only."""
+    if not (_is_int(x) or _is_bool(x)):
+        from .reductions import type_name
+
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{type_name(x.dtype)}\'')
+
+
+def _bitwise(fn, kernel):
     def lowering(self, other):
         x, y = prep(self, other)
+        _integral_only(x, kernel)
         return fn(x, y)
     return lowering
 
 
 lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_and))
+    _bitwise(jnp.bitwise_and, "bitwise_and_cpu"))
 lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_or))
+    _bitwise(jnp.bitwise_or, "bitwise_or_cpu"))
 lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)(
-    _bitwise(jnp.bitwise_xor))
+    _bitwise(jnp.bitwise_xor, "bitwise_xor_cpu"))
 
 
 @lower(aten.bitwise_not.default)
 def bitwise_not(self):
+    _integral_only(self, "bitwise_not_cpu")
     return jnp.logical_not(self) if _is_bool(self) else jnp.bitwise_not(self)
 
 
@@ -646,6 +656,7 @@ def _shift_right(x, y):
        aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
 def bitwise_left_shift(self, other):
     x, y = prep(self, other)
+    _integral_only(x, "lshift_cpu")
     return _shift_left(x, y)
 
 
@@ -653,6 +664,7 @@ def bitwise_left_shift(self, other):
        aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
 def bitwise_right_shift(self, other):
     x, y = prep(self, other)
+    _integral_only(x, "rshift_cpu")
     return _shift_right(x, y)
 
 

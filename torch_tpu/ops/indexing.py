@@ -349,6 +349,10 @@ def _as1d(x):
 
 @lower(aten.index_select.default)
 def index_select(x, dim, index):
+    if jnp.ndim(index) > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    if jnp.asarray(index).dtype not in (jnp.int32, jnp.int64):
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
     shape = tuple(out_meta().shape)
     x1 = _as1d(x)
     d = _norm_dim(dim, x.ndim)
@@ -371,6 +375,13 @@ def _source_for(x1, d, n, source):
 def index_add(x, dim, index, source, *, alpha=1):
     x1 = _as1d(x)
     d = _norm_dim(dim, x.ndim)
+    xs, ss = list(x.shape), list(jnp.shape(source))
+    if xs and ss:
+        del xs[d], ss[d:d + 1]
+    if xs != ss:
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified "
+            f"dimension. Got self.shape = {list(x.shape)} source.shape = {list(jnp.shape(source))}")
     idx = _neg_oob(jnp.asarray(index).reshape(-1), x1.shape[d])
     src = _source_for(x1, d, idx.shape[0], source)
     if x1.dtype == jnp.bool_:

@@ -138,6 +138,9 @@ def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None,
 
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def bucketize(x, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(
+            f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     t = jnp.result_type(boundaries, x)
     return _searchsorted(boundaries.astype(t), jnp.asarray(x).astype(t), right)
 
@@ -717,6 +720,7 @@ def _eager_out_kernel(out_op, functional):
     out_names = [a.name for a in schema.arguments if a.is_out]
 
     def kernel(*args, **kwargs):
+        executor.check_out_overlap(out_op, args, kwargs)
         vals = _bind(schema, args, kwargs)
         named = {a.name: v for a, v in zip(schema.arguments, vals)}
         outs = [named.pop(n) for n in out_names]

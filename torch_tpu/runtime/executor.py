@@ -398,6 +398,82 @@ def _with_op_name(e, op):
         return e
 
 
+# out= overloads whose CPU kernels reject an output with internal overlap
+# (at::assert_no_internal_overlap: a stride-0 dimension of size > 1), and those
+# that also reject an output sharing memory with an input (at::assert_no_overlap).
+# Elementwise (TensorIterator) ops get the first check from their meta kernels.
+_NO_INTERNAL_OVERLAP = frozenset({"cat", "index_select", "take", "masked_select", "kthvalue",
+                                  "bernoulli", "gather"})
+_NO_INPUT_OVERLAP = frozenset({"cat", "index_select", "take", "masked_select", "kthvalue",
+                               "gather", "topk", "median"})
+
+
+def _tensors(v):
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _mem_range(t):
+    item = t.element_size()
+    return t.storage_offset() * item, (t.storage_offset() + t.numel()) * item
+
+
+def check_out_overlap(op, args, kwargs):
+    """PyTorch CPU's memory-overlap checks on the out= tensors of `op`."""
+    schema = op._schema
+    base = schema.name.split("::")[1]
+    if base not in _NO_INTERNAL_OVERLAP and base not in _NO_INPUT_OVERLAP:
+        return
+    vals = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    outs, ins = [], []
+    for a, v in zip(schema.arguments, vals):
+        (outs if a.is_out else ins).extend(_tensors(v))
+    if base in _NO_INTERNAL_OVERLAP:
+        for o in outs:
+            if any(st == 0 and sz > 1 for sz, st in zip(o.shape, o.stride())):
+                raise RuntimeError(
+                    "unsupported operation: more than one element of the written-to tensor "
+                    "refers to a single memory location. Please clone() the tensor before "
+                    "performing the operation.")
+    if base in _NO_INPUT_OVERLAP:
+        for o in outs:
+            for i in ins:
+                if _overlaps(o, i):
+                    raise RuntimeError(
+                        "unsupported operation: some elements of the input tensor and the "
+                        "written-to tensor refer to a single memory location. Please clone() "
+                        "the tensor before performing the operation.")
+
+
+def _overlaps(a, b):
+    """at::get_overlap_status(a, b) is Full or Partial."""
+    if a is b:
+        return True
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (_dense(a) and _dense(b)):
+        return False  # TooHard: CPU does not raise
+    da = getattr(a.untyped_storage(), "_tpu", None)
+    if da is None or da is not getattr(b.untyped_storage(), "_tpu", None):
+        return False
+    (a0, a1), (b0, b1) = _mem_range(a), _mem_range(b)
+    return a0 < b1 and b0 < a1
+
+
+def _dense(t):
+    """TensorImpl::is_non_overlapping_and_dense."""
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
 class _Runner:
     """Runs one ATen overload through its lowering and the executable cache."""
 
@@ -465,6 +541,10 @@ class _Runner:
         op = self.op
         meta_out, margs, mkwargs = run_meta(op, args, kwargs)
         plan, fplan = self.plan, self.fplan
+        if plan.out_names:
+            # The key holds every tensor's storage slot and layout, so a call
+            # that passes here passes on every cache hit of this entry.
+            check_out_overlap(op, args, kwargs)
         if plan.out_names and self._resize_outs(vals, margs, mkwargs):
             return None
         if self.functional is not None:
