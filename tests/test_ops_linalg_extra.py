@@ -229,3 +229,33 @@ def test_eig_off_cpu_platform_uses_the_fallback(monkeypatch):
         w = torch.linalg.eigvals(tpu(a))
     assert w.device.type == "tpu"
     torch.testing.assert_close(w.cpu(), torch.linalg.eigvals(a))
+
+
+# -- LDL^T (Bunch-Kaufman) -------------------------------------------------------------------------
+
+
+def test_ldl_factor_pivots_match_lapack_and_solve():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(28):
+        n = [1, 2, 3, 4, 5, 7, 9][trial % 7]
+        a = torch.randn(2, n, n, generator=g)
+        a = a + a.mT  # symmetric indefinite: 1x1 and 2x2 pivots, interchanges
+        if trial % 5 == 0:
+            a[0, 0, 0] = 0
+        want = torch.linalg.ldl_factor_ex(a)
+        got = torch.linalg.ldl_factor_ex(tpu(a))
+        assert torch.equal(got.pivots.cpu(), want.pivots)
+        assert torch.equal(got.info.cpu(), want.info)
+        torch.testing.assert_close(got.LD.cpu(), want.LD, **LOOSE)
+        b = torch.randn(2, n, 3, generator=g)
+        torch.testing.assert_close(torch.linalg.ldl_solve(got.LD, got.pivots, tpu(b)).cpu(),
+                                   torch.linalg.ldl_solve(want.LD, want.pivots, b),
+                                   rtol=1e-3, atol=1e-3, equal_nan=True)
+    # Only the lower triangle is read; info for a zero matrix; empty inputs.
+    a = make((4, 4)) + 4 * torch.eye(4)
+    check(lambda a: torch.linalg.ldl_factor(a, hermitian=True), a, **LOOSE)
+    check(torch.linalg.ldl_factor_ex, torch.zeros(3, 3))
+    check(torch.linalg.ldl_factor_ex, make((0, 0)))
+    check(torch.linalg.ldl_factor_ex, make((2, 0, 0)))
+    ld, piv = torch.linalg.ldl_factor(a)
+    check(torch.linalg.ldl_solve, ld, piv, make((2, 4, 2), seed=1), **LOOSE)  # broadcast B
