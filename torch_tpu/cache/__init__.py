@@ -13,6 +13,13 @@ Tiers, looked up in order:
    `set_dir(None)`. Size cap: ``TORCH_TPU_CACHE_MAX_BYTES`` (default 4 GiB,
    least recently used entries evicted first) or `set_max_bytes()`.
 
+3. **graphs** - for compiled graphs (torch.compile), an index on disk from
+   the graph's fingerprint (ATen code, input metadata, specialization key,
+   torch_tpu's source hash) to its executable in the disk tier, so that a
+   warm process loads a graph's executable without tracing or lowering it
+   (`torch_tpu.cache.graphs`; ``TORCH_TPU_GRAPH_CACHE=0`` turns it off).
+   ``stats()["graph_disk"]`` counts its hits.
+
 The disk tier is JAX's persistent compilation cache machinery (its key covers
 the lowered program, compile options and shardings, devices, backend, jaxlib
 version and XLA flags; its executable serialization uses no pickle) with our

@@ -8,7 +8,9 @@ table handles directly) and splits training graphs into a forward and a
 backward graph. Each graph becomes a `CompiledGraph`: the graph is lowered to
 one jax function with the same lowering table eager mode uses (`lowering.py`)
 and jit-compiled once per input signature, through the executor's compile
-path, so both tiers of the compile cache apply (torch_tpu.cache).
+path, so both tiers of the compile cache apply (torch_tpu.cache). Static
+graphs are also indexed in the graph tier (torch_tpu.cache.graphs): a later
+process with the same graph loads its executable without lowering it.
 
 At run time a call reads the jax values of its tpu inputs (parameters and
 buffers stay on the device between calls: nothing is copied in or out),
