@@ -612,6 +612,11 @@ for _op, _sop, _pos in ((aten.masked_fill.Tensor, aten.masked_fill.Scalar, 2),
 
 @lower(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
+    if jnp.asarray(mask).dtype != jnp.bool_:
+        from .reductions import type_name
+
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with "
+                           f"dtype {type_name(jnp.asarray(mask).dtype)}")
     shape = tuple(out_meta().shape)
     m = jnp.broadcast_to(jnp.asarray(mask), shape).reshape(-1)
     xb = jnp.broadcast_to(x, shape).reshape(-1)
