@@ -32,14 +32,17 @@ def _(mo):
     2. data parallelism written by hand across those devices: gradients
        averaged over shards equal the full-batch gradient;
     3. the examples' DDP (`--dp`) and tensor-parallel (`--tp`) training under
-       `torchrun`.
+       `torchrun`, on torch_tpu's `torch.distributed` backend;
+    4. launching on several hosts, timeouts, and the limitations.
 
-    **Status.** torch_tpu's `torch.distributed` backend (`"tpu"`, collectives
-    compiled as XLA all-reduce/all-gather over the devices) is not written yet.
-    Until it is, part 3 runs the examples' parallel code path on the CPU with
-    PyTorch's `gloo` backend — the same script, the same `--dp/--tp` flags — and
-    switches to `--device tpu` by itself once the backend is registered. No
-    output below is pasted: everything is produced by this run.
+    **The backend.** `import torch_tpu` registers the `torch.distributed`
+    backend `"tpu"`: one process per device, `dist.init_process_group("tpu")`,
+    and every collective compiled as an XLA collective (all-reduce,
+    all-gather, …) over the group's devices. DDP, FSDP2 (`fully_shard`) and
+    tensor parallelism run on it. Part 3 uses it (`--device tpu`); only if
+    the backend were unavailable would it run the same script on the CPU
+    with PyTorch's `gloo`, and say so. No output below is pasted: everything
+    is produced by this run.
     """)
     return
 
@@ -290,6 +293,57 @@ def _(mo, runs):
     _failed = {k: r for k, r in runs.items() if r["rc"] != 0}
     mo.md("All three runs finished." if not _failed else "\n\n".join(
         f"**{k}** exited with {r['rc']}:\n\n```\n{r['tail']}\n```" for k, r in _failed.items()))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 4. Several hosts, timeouts, limitations
+
+    **Launching.** One process per device. On one host:
+    `torchrun --standalone --nproc-per-node=N train.py`. On `H` hosts, the
+    host of rank 0 is the coordinator; run on every host `h`:
+
+    ```bash
+    torchrun --nnodes=H --node-rank=h --nproc-per-node=N \
+             --master-addr=HOST0 --master-port=29500 train.py
+    # or, with torchrun's rendezvous (the same command everywhere):
+    torchrun --nnodes=H --nproc-per-node=N --rdzv-backend=c10d \
+             --rdzv-endpoint=HOST0:29500 --rdzv-id=JOB_ID train.py
+    ```
+
+    `init_process_group("tpu")` (before any tensor goes to the device) reads
+    torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+    `MASTER_ADDR` and `MASTER_PORT`, starts JAX's multi-process runtime with
+    process 0 as its coordinator (its `host:port` travels through the c10d
+    store; `TORCH_TPU_COORDINATOR_ADDRESS=host:port` fixes it, e.g. for a
+    firewall), and gives each process its own device as `tpu:0`. With several
+    chips per host, each process is restricted to its chip
+    (`torch_tpu.distributed.set_tpu_launch_env(local_rank, local_world_size)`,
+    which `init_process_group` calls under torchrun; a launcher that spawns
+    processes itself calls it in each child first). The tests run exactly
+    this path as two "hosts" on one machine.
+
+    **Timeouts.** `init_process_group("tpu", timeout=timedelta(seconds=...))`
+    bounds every collective (a watchdog fails one that another process never
+    joins) and the start-up wait for all processes;
+    `TORCH_TPU_HEARTBEAT_TIMEOUT` (100 s) is how long the runtime waits
+    before declaring a silent process dead, `TORCH_TPU_SHUTDOWN_TIMEOUT`
+    (300 s) how long a normal exit waits for the others. A dead peer or a
+    timeout raises `CollectiveError` on the survivors, after which the group
+    is unusable: restart the processes (`torchrun --max-restarts=K`). Shapes or
+    operations that differ between ranks raise on every rank and leave the
+    group usable.
+
+    **Limitations.** One device per process; the first `"tpu"` group spans
+    every process and must be created before the device is used;
+    `ReduceOp.PREMUL_SUM` and `recv` without a source are unsupported; each
+    collective has a fixed cost of milliseconds on the CPU platform
+    (`python benchmarks/allreduce.py` measures it against gloo); under FSDP2
+    the unsharded parameters stay allocated between uses. The
+    [backend's reference page](../api/distributed.md) has the details.
+    """)
     return
 
 
