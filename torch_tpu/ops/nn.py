@@ -521,6 +521,91 @@ def adaptive_max_pool3d_backward(grad_output, self, indices):
 
 
 # --------------------------------------------------------------------------
+# fractional max pooling
+
+
+def _fractional_starts(sample, L, O, k):
+    """CPU's generate_intervals: window starts (..., O) from samples (...)."""
+    if O == 1:
+        return jnp.full(sample.shape + (1,), L - k, jnp.int32)
+    alpha = (jnp.asarray(L - k, sample.dtype) / jnp.asarray(O - 1, sample.dtype))
+    i = jnp.arange(O - 1, dtype=sample.dtype)
+    s = sample[..., None]
+    seq = ((i + s) * alpha).astype(jnp.int32) - (s * alpha).astype(jnp.int32)
+    last = jnp.full(sample.shape + (1,), L - k, jnp.int32)
+    return jnp.concatenate([seq, last], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples):
+    nsp = len(kernel_size)
+    batched = x.ndim == nsp + 2
+    if not batched:
+        x, samples = x[None], samples.reshape((1,) + samples.shape[-2:])
+    sp = x.shape[-nsp:]
+    lead = x.shape[:2]
+    # samples[..., d] drives dim d (W, H for 2-D; T, H, W for 3-D).
+    order = (1, 0) if nsp == 2 else (0, 1, 2)
+    starts = [_fractional_starts(samples[..., order[d]], sp[d], output_size[d], kernel_size[d])
+              for d in range(nsp)]
+    # Flat input index of every (output position, tap), taps in row-major order.
+    idx = None
+    for d in range(nsp):
+        taps = jnp.arange(kernel_size[d], dtype=jnp.int32)
+        pos = starts[d][..., :, None] + taps  # (N, C, O_d, k_d)
+        # broadcastable to (N, C, O_0.., k_0..)
+        perm_shape = lead + (1,) * d + (output_size[d],) + (1,) * (nsp - d - 1) + \
+            (1,) * d + (kernel_size[d],) + (1,) * (nsp - d - 1)
+        pos = pos.reshape(perm_shape)
+        idx = pos if idx is None else idx * sp[d] + pos
+    full = lead + tuple(output_size) + tuple(kernel_size)
+    kk = int(np.prod(kernel_size))
+    idx = jnp.broadcast_to(idx, full).reshape(lead + tuple(output_size) + (kk,))
+    n_out = int(np.prod(output_size)) * kk
+    vals = jnp.take_along_axis(x.reshape(lead + (int(np.prod(sp)),)),
+                               idx.reshape(lead + (n_out,)), axis=-1).reshape(idx.shape)
+    # First maximum wins, like CPU's strict comparison; NaN counts as maximal.
+    key = jnp.where(jnp.isnan(vals), jnp.inf, vals)
+    best = jnp.argmax(key, axis=-1)
+    out = jnp.take_along_axis(vals, best[..., None], axis=-1)[..., 0]
+    ind = jnp.take_along_axis(idx, best[..., None], axis=-1)[..., 0].astype(jnp.int64)
+    if not batched:
+        out, ind = out[0], ind[0]
+    return out, ind
+
+
+@lower(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
+def fractional_max_pool(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, tuple(kernel_size), tuple(output_size), random_samples)
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_flat(_acc(grad_output), indices, self.shape[-2:])
+
+
+def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    # PyTorch has no meta kernel for this op (the executor needs one): a
+    # scatter-add of the gradient into the flattened input.
+    lead = tuple(self.shape[:-3])
+    n_out = grad_output.shape[-3] * grad_output.shape[-2] * grad_output.shape[-1]
+    g = grad_output.reshape(lead + (n_out,))
+    idx = indices.reshape(lead + (n_out,))
+    out = torch.zeros(lead + (self.shape[-3] * self.shape[-2] * self.shape[-1],),
+                      dtype=grad_output.dtype, device=grad_output.device)
+    return out.scatter_add(-1, idx, g).reshape(self.shape)
+
+
+def _install_fractional_kernel():
+    from . import core
+
+    core.KERNELS.setdefault(aten.fractional_max_pool3d_backward.default,
+                            _fractional_max_pool3d_backward)
+
+
+_install_fractional_kernel()
+
+
+# --------------------------------------------------------------------------
 # normalization
 
 
