@@ -703,19 +703,17 @@ def _pdist_backward(grad, x, p, pdist):
 # Python kernels: PyTorch's argument checks by hand, then one cached XLA
 # executable for the math (`_jit_run`), then tensors around its results.
 
-_JIT_CACHE: dict = {}
-
-
 def _jit_run(name, fn, tensors, static=()):
     """Run jax function fn(*arrays) (static args bound) on the tpu tensors' values."""
     from ..runtime import executor
 
     vals = [core._device_value(t) for t in tensors]
-    key = (name, static, tuple((v.shape, v.dtype) for v in vals), tensors[0].device.index)
-    compiled = _JIT_CACHE.get(key)
+    key = ("kernel", name, static, tuple((v.shape, v.dtype) for v in vals),
+           tensors[0].device.index, executor._precision_token())
+    compiled = executor._cache_get(key)  # the executor's LRU (and its statistics)
     if compiled is None:
         compiled = executor._compile(name, key, lambda *a: fn(*a, *static), tuple(vals))
-        _JIT_CACHE[key] = compiled
+        executor._cache_put(key, compiled)
     executor.STATS.per_op[name] += 1
     return compiled(*vals)
 
