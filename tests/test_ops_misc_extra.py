@@ -50,17 +50,25 @@ def test_frexp_out_and_grad():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_div_trunc_exact_quotients(dtype):
+def test_div_rounding_modes_match_cpu_bitwise(dtype):
     g = torch.Generator().manual_seed(0)
     a = (torch.randn(4000, generator=g) * 50).to(dtype)
     b = torch.randn(4000, generator=g).to(dtype)
     s = torch.randn(1, generator=g).to(dtype)
     # exact quotients: XLA's A / broadcast(B) -> A * (1 / B) must not apply
     a[:8] = (s * torch.arange(1, 9).to(dtype)).to(dtype)
+    a[8:12] = 0
+    b[12:14] = 0
+    a[14], b[15] = float("inf"), float("inf")
     for other in (b, s, s.reshape(()), s.reshape(1, 1), 0.37, s.item()):
-        want = torch.div(a, other, rounding_mode="trunc")
-        got = torch.div(tpu(a), tpu(other), rounding_mode="trunc")
-        same(want, got, rtol=0, atol=0)
+        for mode in ("trunc", "floor"):
+            want = torch.div(a, other, rounding_mode=mode)
+            got = torch.div(tpu(a), tpu(other), rounding_mode=mode)
+            same(want, got, rtol=0, atol=0)
+        same(torch.floor_divide(a, other), torch.floor_divide(tpu(a), tpu(other)), rtol=0, atol=0)
+    # a broadcast (not single-element) divisor
+    same(torch.div(a.reshape(2, -1), b[:2000], rounding_mode="floor"),
+         torch.div(tpu(a.reshape(2, -1)), tpu(b[:2000]), rounding_mode="floor"), rtol=0, atol=0)
 
 
 def test_histogram_matches_cpu():

@@ -200,14 +200,15 @@ def _int_floor_div(x, y):
     return _int_div_by_zero(jnp.where(fix, q - 1, q), y)
 
 
-def _float_floor_div(x, y):
-    """PyTorch's div_floor_floating, step by step."""
-    mod = _rem(x, y)
-    d = (x - mod) / y
-    d = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), d - 1, d)
+def _float_floor_div(x, y, rnd=lambda v: v):
+    """PyTorch's div_floor_floating, step by step; `rnd` rounds each step to
+    the tensor dtype (CPU's bfloat16/half kernel computes in scalar_t)."""
+    mod = rnd(_rem(x, y))
+    d = rnd(_true_div(rnd(x - mod), y))
+    d = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), rnd(d - 1), d)
     fl = jnp.floor(d)
-    fl = jnp.where(d - fl > 0.5, fl + 1, fl)
-    q = x / y
+    fl = jnp.where(rnd(d - fl) > 0.5, rnd(fl + 1), fl)
+    q = rnd(_true_div(x, y))
     fl = jnp.where(d == 0, jnp.copysign(_zero(q), q), fl)
     return jnp.where(y == 0, q, fl)
 
@@ -256,12 +257,19 @@ def div_mode(self, other, *, rounding_mode=None):
             # single-element divisor takes its float (opmath) path.
             return jnp.trunc(_true_div(x, y).astype(res).astype(x.dtype))
         return _trunc_div(x, y)
-    return _floor_div(x, y)
+    return floor_divide(self, other)
 
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(self, other):
     x, y = prep(self, other)
+    _, res = promote(self, other)
+    if (res in (jnp.bfloat16, jnp.float16) and jnp.size(y) != 1
+            and math.prod(jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))) != 1):
+        # as for trunc: CPU's half-type kernel computes every step of
+        # div_floor_floating in scalar_t (a single-element divisor: in float)
+        bits = (8, 7) if res == jnp.bfloat16 else (5, 10)
+        return _float_floor_div(x, y, lambda v: lax.reduce_precision(v, *bits))
     return _floor_div(x, y)
 
 
