@@ -1,0 +1,159 @@
+"""nn lowerings beyond OpInfo: batch-norm saved statistics, negative replicate
+padding, grid sampling, antialiased bilinear resampling, rrelu, fractional
+max pooling — each against PyTorch's CPU kernels."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu  # noqa: F401
+
+aten = torch.ops.aten
+
+
+def _tpu(*xs):
+    return [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+@pytest.mark.parametrize("wdtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_saved_stats_like_cpu(wdtype, training):
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 4, dtype=torch.bfloat16)
+    sd = wdtype or torch.float32
+    w = None if wdtype is None else torch.randn(2, dtype=wdtype)
+    rm, rv = torch.zeros(2, dtype=sd), torch.ones(2, dtype=sd)
+    cpu = aten._native_batch_norm_legit(x, w, w, rm.clone(), rv.clone(), training, 0.1, 1e-5)
+    tpu = aten._native_batch_norm_legit(*_tpu(x, w, w, rm.clone(), rv.clone()), training, 0.1,
+                                        1e-5)
+    for c, t in zip(cpu, tpu):
+        assert t.dtype == c.dtype and t.shape == c.shape
+    torch.testing.assert_close(tpu[0].cpu(), cpu[0], atol=0.02, rtol=0.016)
+
+
+def test_batch_norm_running_stats_update():
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 4)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    trm, trv = _tpu(rm.clone(), rv.clone())
+    aten._native_batch_norm_legit(x, None, None, rm, rv, True, 0.3, 1e-5)
+    aten._native_batch_norm_legit(x.to("tpu"), None, None, trm, trv, True, 0.3, 1e-5)
+    torch.testing.assert_close(trm.cpu(), rm)
+    torch.testing.assert_close(trv.cpu(), rv)
+
+
+@pytest.mark.parametrize("pad", [(-4, 5), (-3, 5), (5, -4), (-4, 1), (-1, 2), (2, -3), (-2, -1)])
+def test_replicate_pad_negative(pad):
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(F.pad(x.to("tpu"), pad, mode="replicate").cpu(),
+                               F.pad(x, pad, mode="replicate"))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_2d(mode, padding_mode, align_corners):
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 5, 6, requires_grad=True)
+    g = (torch.rand(2, 4, 7, 2) * 2.4 - 1.2).requires_grad_()
+    out = F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    xt = x.detach().to("tpu").requires_grad_()
+    gt = g.detach().to("tpu").requires_grad_()
+    outt = F.grid_sample(xt, gt, mode=mode, padding_mode=padding_mode,
+                         align_corners=align_corners)
+    torch.testing.assert_close(outt.detach().cpu(), out.detach(), atol=1e-5, rtol=1e-5)
+    go = torch.randn_like(out)
+    out.backward(go)
+    outt.backward(go.to("tpu"))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gt.grad.cpu(), g.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_grid_sample_3d(mode, padding_mode):
+    torch.manual_seed(2)
+    x = torch.randn(1, 2, 3, 4, 5, requires_grad=True)
+    g = (torch.rand(1, 2, 3, 4, 3) * 2.4 - 1.2).requires_grad_()
+    out = F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=False)
+    xt = x.detach().to("tpu").requires_grad_()
+    gt = g.detach().to("tpu").requires_grad_()
+    outt = F.grid_sample(xt, gt, mode=mode, padding_mode=padding_mode, align_corners=False)
+    torch.testing.assert_close(outt.detach().cpu(), out.detach(), atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    outt.sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gt.grad.cpu(), g.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_grid_sample_bfloat16_like_cpu():
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 5, 6).bfloat16()
+    g = (torch.rand(2, 4, 7, 2) * 2 - 1).bfloat16()
+    torch.testing.assert_close(F.grid_sample(x.to("tpu"), g.to("tpu"), align_corners=False).cpu(),
+                               F.grid_sample(x, g, align_corners=False), atol=0.02, rtol=0.016)
+
+
+@pytest.mark.parametrize("size", [(3, 3), (5, 7), (12, 30)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_bilinear_antialias(size, align_corners):
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 10, 20, requires_grad=True)
+    out = F.interpolate(x, size=size, mode="bilinear", antialias=True,
+                        align_corners=align_corners)
+    xt = x.detach().to("tpu").requires_grad_()
+    outt = F.interpolate(xt, size=size, mode="bilinear", antialias=True,
+                         align_corners=align_corners)
+    torch.testing.assert_close(outt.detach().cpu(), out.detach(), atol=1e-5, rtol=1e-5)
+    go = torch.randn_like(out)
+    out.backward(go)
+    outt.backward(go.to("tpu"))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_upsample_bilinear_antialias_half_raises_like_cpu():
+    x = torch.randn(1, 1, 4, 4).bfloat16()
+    with pytest.raises(NotImplementedError):
+        aten._upsample_bilinear2d_aa(x, [2, 2], False)
+    with pytest.raises(NotImplementedError):
+        aten._upsample_bilinear2d_aa(x.to("tpu"), [2, 2], False)
+
+
+def test_rrelu_training_slopes_and_noise():
+    torch.manual_seed(5)
+    x = torch.randn(200)
+    xt = x.to("tpu")
+    noise = torch.empty(200, device="tpu")
+    y = aten.rrelu_with_noise(xt, noise, 0.1, 0.3, True).cpu()
+    n = noise.cpu()
+    neg = x <= 0
+    assert torch.all(n[~neg] == 1)
+    assert torch.all((n[neg] >= 0.1) & (n[neg] <= 0.3))
+    torch.testing.assert_close(y, x * n)
+    # eval: the mean slope, noise untouched
+    torch.testing.assert_close(F.rrelu(xt, 0.1, 0.3, training=False).cpu(),
+                               F.rrelu(x, 0.1, 0.3, training=False))
+    z = x.to("tpu")
+    F.rrelu_(z, 0.1, 0.3, training=True)
+    r = z.cpu() / x
+    assert torch.all(r[~neg] == 1) and torch.all((r[neg] >= 0.1 - 1e-6) & (r[neg] <= 0.3 + 1e-6))
+
+
+@pytest.mark.parametrize("shape,k,o", [((2, 3, 9, 11), (3, 2), (4, 5)), ((3, 9, 9), (3, 3), (2, 3)),
+                                       ((2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5))])
+def test_fractional_max_pool_given_samples(shape, k, o):
+    torch.manual_seed(6)
+    nsp = len(k)
+    x = torch.randn(shape, requires_grad=True)
+    n = shape[0] if len(shape) == nsp + 2 else 1
+    s = torch.rand(n, shape[-nsp - 1], nsp)
+    f = F.fractional_max_pool2d if nsp == 2 else F.fractional_max_pool3d
+    out, idx = f(x, k, output_size=o, return_indices=True, _random_samples=s)
+    xt = x.detach().to("tpu").requires_grad_()
+    outt, idxt = f(xt, k, output_size=o, return_indices=True, _random_samples=s.to("tpu"))
+    assert torch.equal(outt.detach().cpu(), out.detach())
+    assert torch.equal(idxt.cpu(), idx)
+    go = torch.randn_like(out)
+    out.backward(go)
+    outt.backward(go.to("tpu"))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
