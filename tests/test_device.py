@@ -259,3 +259,18 @@ def test_save_load_roundtrip_keeps_sharing():
     m2 = torch.nn.Linear(3, 2).to("tpu")
     m2.load_state_dict(torch.load(buf))
     torch.testing.assert_close(m2.weight.cpu(), m.weight.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("n", [5, 4096])
+def test_copy_to_tpu_does_not_alias_the_cpu_tensor(dtype, n):
+    """A later in-place change of the CPU source must not show on the copy."""
+    x = torch.zeros(n, dtype=dtype)
+    t = x.to("tpu")
+    x.add_(1)
+    assert t.cpu().eq(0).all()
+    y = torch.zeros(n, dtype=dtype)
+    u = torch.empty(n, dtype=dtype, device="tpu")
+    u.copy_(y)
+    y.add_(1)
+    assert u.cpu().eq(0).all()
