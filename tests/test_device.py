@@ -274,3 +274,14 @@ def test_copy_to_tpu_does_not_alias_the_cpu_tensor(dtype, n):
     u.copy_(y)
     y.add_(1)
     assert u.cpu().eq(0).all()
+
+
+def test_stream_events():
+    s = torch.tpu.current_stream()
+    x = torch.ones(4, device="tpu") * 2
+    ev = s.record_event()
+    assert isinstance(ev, torch.tpu.Event)
+    torch.tpu.default_stream().wait_event(ev)
+    ev.synchronize()
+    assert ev.query()
+    assert x.sum().item() == 8

@@ -245,6 +245,25 @@ class Stream:
     def query(self):
         return True
 
+    def record_event(self, event=None):
+        """Record `event` (a new `torch.tpu.Event` if None) here and return it."""
+        if event is None:
+            event = Event()
+        event.record()
+        return event
+
+    def wait_event(self, event):
+        # One in-order stream per device: the work recorded before `event`
+        # already precedes everything issued after this call.
+        return None
+
+
+class Event(torch.Event):
+    """A tpu event (`torch.tpu.Event`), recorded on the device's one stream."""
+
+    def synchronize(self):
+        synchronize()
+
 
 def current_stream(device=None) -> Stream:
     return Stream(device)
