@@ -233,3 +233,30 @@ def test_ctc_errors(bad):
     first = str(cpu_err.value).splitlines()[0].split("(while")[0].strip()
     assert first in str(tpu_err.value)
     assert _fallbacks(before) == []
+
+
+@pytest.mark.parametrize("layout", ["2d", "1d"])
+def test_ctc_new_lengths_reuse_the_executable(layout):
+    """The lengths are data in the program: a new batch of lengths (same
+    shapes, same padded state count) compiles nothing new."""
+    from torch_tpu.runtime import executor
+
+    lp, tg, il, tl = _case(17, T=10, N=4, S=8)
+    x = lp.to(DEV).requires_grad_()
+    runs = [([10, 9, 8, 7], [8, 5, 3, 2]), ([7, 10, 10, 9], [1, 8, 4, 6]),
+            ([10, 10, 6, 8], [7, 2, 8, 5])]
+    if layout == "1d":  # longest target 5..8: one power-of-two bucket
+        runs = [(a, [min(max(v, 5), 8) for v in b]) for a, b in runs]
+    for i, (il, tl) in enumerate(runs):
+        if i == 1:
+            before = executor.STATS.misses
+        tgt = _targets(tg, tl, layout).to(DEV)
+        loss = F.ctc_loss(x, tgt, il, tl, reduction="sum")
+        (g,) = torch.autograd.grad(loss, x)
+        ref_x = lp.clone().requires_grad_()
+        ref = F.ctc_loss(ref_x, _targets(tg, tl, layout), il, tl, reduction="sum")
+        torch.testing.assert_close(loss.cpu(), ref, **TOL[torch.float32])
+        torch.testing.assert_close(g.cpu(), torch.autograd.grad(ref, ref_x)[0],
+                                   equal_nan=True, **TOL[torch.float32])
+    if layout == "2d":
+        assert executor.STATS.misses == before

@@ -2279,8 +2279,9 @@ def _ctc_alpha(emit, il, tl, valid, skip):
     return jnp.where(live, alpha, ninf)
 
 
-def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
-    L = tuple(_meta_list()[1].shape)[2]
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank, L=None):
+    if L is None:
+        L = tuple(_meta_list()[1].shape)[2]
     T, N, _ = log_probs.shape
     lp = log_probs
     dt = lp.dtype
@@ -2389,29 +2390,105 @@ def _ctc_host_lengths(input_lengths, target_lengths):
             [int(v) for v in target_lengths.detach().to("cpu", torch.long).reshape(-1).tolist()])
 
 
-def _ctc_loss_tensor_kernel(log_probs, targets, input_lengths, target_lengths, blank=0,
-                            zero_infinity=False):
-    from ..runtime import executor
+# In eager mode both overloads run kernels that keep the lengths as data
+# inside the executable (the IntList lowering bakes them in, so every new set
+# of lengths, i.e. nearly every training batch, would compile a new program;
+# it stays in the table for graphs): the executable is keyed on the shapes and
+# a padded number of extended states, 2 * targets.size(1) + 1 for padded
+# targets, the next power of two of the longest target for concatenated ones.
+# Extra states stay -inf and change no valid value; log_alpha is cut to CPU's
+# 2 * max(target_lengths) + 1. PyTorch's checks run on meta tensors first.
+_CTC_JAX_OPS: dict = {}
 
-    il, tl = _ctc_host_lengths(input_lengths, target_lengths)
-    return executor.runner_for(aten._ctc_loss.default)(
-        log_probs, targets, il, tl, blank, zero_infinity)
+
+def _ctc_padded_states(targets, L):
+    if targets.dim() == 2:
+        return 2 * targets.shape[1] + 1
+    s = (L - 1) // 2
+    p = 1 << max(s - 1, 0).bit_length() if s else 0
+    return 2 * max(s, min(p, targets.numel())) + 1
 
 
-def _ctc_loss_backward_tensor_kernel(grad, log_probs, targets, input_lengths, target_lengths,
-                                     neg_log_likelihood, log_alpha, blank, zero_infinity=False):
-    from ..runtime import executor
+def _ctc_jax_op(kind, L, blank, zero_infinity):
+    key = (kind, L, blank, zero_infinity)
+    op = _CTC_JAX_OPS.get(key)
+    if op is None:
+        from ..jax_op import jax_op
 
-    il, tl = _ctc_host_lengths(input_lengths, target_lengths)
-    return executor.runner_for(aten._ctc_loss_backward.default)(
-        grad, log_probs, targets, il, tl, neg_log_likelihood, log_alpha, blank, zero_infinity)
+        if kind == "fwd":
+            def fn(log_probs, targets, il, tl):
+                return _ctc_forward(log_probs, targets, il, tl, blank, L)
+        else:
+            def fn(grad, log_probs, targets, il, tl, nll):
+                _, log_alpha = _ctc_forward(log_probs, targets, il, tl, blank, L)
+                return _ctc_backward(grad, log_probs, targets, il, tl, nll, log_alpha, blank,
+                                     zero_infinity)
+        op = _CTC_JAX_OPS[key] = jax_op(
+            fn, name=f"ctc_loss_{kind}_L{L}_b{blank}_z{int(bool(zero_infinity))}", vjp=False)
+    return op
+
+
+def _ctc_meta_check(log_probs, targets, il, tl, blank, zero_infinity):
+    """PyTorch's own checks (and log_alpha's size) from the IntList overload on meta."""
+    meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (log_probs, targets)]
+    _, la = aten._ctc_loss.default(*meta, il, tl, blank, zero_infinity)
+    if not 0 <= blank < log_probs.shape[2]:
+        raise RuntimeError("blank must be in label range")
+    return la.shape[2]
+
+
+def _ctc_lengths_on(dev, il, tl, input_lengths, target_lengths):
+    if isinstance(input_lengths, torch.Tensor):
+        return input_lengths.to(dev), target_lengths.to(dev)
+    return (torch.tensor(il, dtype=torch.long, device=dev),
+            torch.tensor(tl, dtype=torch.long, device=dev))
+
+
+def _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    if isinstance(input_lengths, torch.Tensor):
+        il, tl = _ctc_host_lengths(input_lengths, target_lengths)
+    else:
+        il, tl = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
+    L = _ctc_meta_check(log_probs, targets, il, tl, blank, zero_infinity)
+    ilt, tlt = _ctc_lengths_on(log_probs.device, il, tl, input_lengths, target_lengths)
+    op = _ctc_jax_op("fwd", _ctc_padded_states(targets, L), blank, False)
+    nll, la = op(log_probs, targets, ilt, tlt)
+    if la.shape[2] != L:
+        la = la[:, :, :L].contiguous()
+    return nll, la
+
+
+def _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
+                      neg_log_likelihood, log_alpha, blank, zero_infinity):
+    if isinstance(input_lengths, torch.Tensor):
+        il, tl = _ctc_host_lengths(input_lengths, target_lengths)
+    else:
+        il, tl = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
+    L = _ctc_meta_check(log_probs, targets, il, tl, blank, zero_infinity)
+    ilt, tlt = _ctc_lengths_on(log_probs.device, il, tl, input_lengths, target_lengths)
+    op = _ctc_jax_op("bwd", _ctc_padded_states(targets, L), blank, zero_infinity)
+    return op(grad, log_probs, targets, ilt, tlt, neg_log_likelihood)
+
+
+def _ctc_loss_kernel(log_probs, targets, input_lengths, target_lengths, blank=0,
+                     zero_infinity=False):
+    return _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank,
+                            zero_infinity)
+
+
+def _ctc_loss_backward_kernel(grad, log_probs, targets, input_lengths, target_lengths,
+                              neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    return _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
+                             neg_log_likelihood, log_alpha, blank, zero_infinity)
 
 
 def _install_ctc_kernels():
     from . import core
 
-    core.KERNELS.setdefault(aten._ctc_loss.Tensor, _ctc_loss_tensor_kernel)
-    core.KERNELS.setdefault(aten._ctc_loss_backward.Tensor, _ctc_loss_backward_tensor_kernel)
+    for op in (aten._ctc_loss.default, aten._ctc_loss.Tensor):
+        core.KERNELS.setdefault(op, _ctc_loss_kernel)
+    for op in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor):
+        core.KERNELS.setdefault(op, _ctc_loss_backward_kernel)
 
 
 _install_ctc_kernels()
