@@ -2470,12 +2470,16 @@ def _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
     return op(grad, log_probs, targets, ilt, tlt, neg_log_likelihood)
 
 
+# Eager kernels: when dynamo runs them eagerly (a graph break), their host
+# code (lengths to the device) must not be traced as frames.
+@torch._dynamo.disable
 def _ctc_loss_kernel(log_probs, targets, input_lengths, target_lengths, blank=0,
                      zero_infinity=False):
     return _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank,
                             zero_infinity)
 
 
+@torch._dynamo.disable
 def _ctc_loss_backward_kernel(grad, log_probs, targets, input_lengths, target_lengths,
                               neg_log_likelihood, log_alpha, blank, zero_infinity=False):
     return _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
