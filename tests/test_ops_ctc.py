@@ -260,3 +260,23 @@ def test_ctc_new_lengths_reuse_the_executable(layout):
                                    equal_nan=True, **TOL[torch.float32])
     if layout == "2d":
         assert executor.STATS.misses == before
+
+
+@pytest.mark.parametrize("layout", ["2d", "1d"])
+def test_ctc_intlist_lowering_for_graphs(layout):
+    """The table's IntList lowerings (used inside graphs; eager runs the
+    kernels) agree with CPU too."""
+    from torch_tpu.runtime import executor
+
+    aten = torch.ops.aten
+    lp, tg, il, tl = _case(19)
+    tgt = _targets(tg, tl, layout)
+    nll, la = aten._ctc_loss(lp, tgt, il, tl, 0, True)
+    out = executor.runner_for(aten._ctc_loss.default)(lp.to(DEV), tgt.to(DEV), il, tl, 0, True)
+    torch.testing.assert_close(out[0].cpu(), nll, **TOL[torch.float32])
+    assert out[1].shape == la.shape
+    grad = torch.rand(lp.shape[1])
+    ref = aten._ctc_loss_backward(grad, lp, tgt, il, tl, nll, la, 0, True)
+    got = executor.runner_for(aten._ctc_loss_backward.default)(
+        grad.to(DEV), lp.to(DEV), tgt.to(DEV), il, tl, out[0], out[1], 0, True)
+    torch.testing.assert_close(got.cpu(), ref, **TOL[torch.float32])
