@@ -40,6 +40,29 @@ TOLERANCES = {
     ("matrix_exp", "float32", "grad"): (
         1e-5, 1e-5, "entries up to ~40: relative error 6.9e-6 from the Pade vs Taylor "
         "series (XLA expm vs CPU)"),
+    ("linalg.lstsq", "float32", "grad"): (
+        1e-4, 1e-4, "least-squares backward through QR (ours, float64 work) vs LAPACK gelsy "
+        "in float32: CPU's own float32 gradient is 1.8e-4 from float64, ours 5.8e-5; "
+        "measured 1.9e-5 abs between the two"),
+    ("linalg.lstsq.grad_oriented", "float32", "grad"): (
+        1e-4, 1e-4, "as linalg.lstsq: CPU's float32 gradient is itself 1.8e-4 from float64"),
+    ("linalg.householder_product", "float32", "grad"): (
+        3e-4, 3e-4, "ill-conditioned backward: CPU float32 is 8.4e-5 from float64, ours "
+        "1.2e-4; measured 3.1e-3 abs (2.2e-4 rel) on one element of magnitude ~14"),
+    ("matrix_exp", "float32"): (
+        1e-3, 1e-5, "samples with entries up to 9.3e4: we compute in float64 on the CPU "
+        "platform, CPU's float32 result is itself 0.05 abs from float64; small entries "
+        "differ by <= 7e-4 abs"),
+    ("nn.functional.ctc_loss", "float32", "grad"): (
+        5e-5, 1.3e-6, "losses ~200: the harness's log_softmax differs from CPU's by 1 ulp "
+        "(1.9e-6), one ulp of the loss is 1.5e-5, which reaches the gradient; fed CPU's "
+        "log_softmax the gradients agree to 2.4e-7; measured 3.5e-5"),
+    ("grid_sampler_2d", "float32", "grad"): (
+        5e-5, 1.3e-6, "grid gradient: sums of products in another order; against float64 "
+        "CPU and ours are each ~1.5e-5 off, on opposite sides; measured 3.5e-5"),
+    ("grid_sampler_3d", "float32", "grad"): (
+        5e-5, 1.3e-6, "as grid_sampler_2d: rounding of the grid gradient's sums, measured "
+        "<= 3.5e-5 on 11 of 318780 elements"),
     # bfloat16: one-ulp effects around cancellation and normalization
     ("cross", "bfloat16"): (
         0.07, 0.016, "a*b - c*d cancels: products rounded differently, one bf16 ulp of "
@@ -55,7 +78,7 @@ TOLERANCES = {
     ("_native_batch_norm_legit", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
     ("_batch_norm_with_update", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
     ("nn.functional.batch_norm", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
-    ("nn.functional.instance_norm", "bfloat16"): (0.02, 0.016, _BF16_ULP.format(0.0137)),
+    ("nn.functional.instance_norm", "bfloat16"): (0.03, 0.016, _BF16_ULP.format(0.024)),
     ("nn.functional.interpolate.linear", "bfloat16"): (0.02, 0.016, _BF16_ULP.format(0.0107)),
     ("nn.functional.interpolate.trilinear", "bfloat16"): (0.02, 0.016,
                                                           _BF16_ULP.format(0.0156)),
