@@ -433,23 +433,30 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return work
 
     def _collective(self, op, param, inputs, outputs_of_results, payload, out_blocks,
-                    meta_shape, meta_dtype, result, extra_key=()):
+                    meta_shape, meta_dtype, result, extra_key=(), fused_payload=None):
         """Run `payload` over the group.
 
         inputs: local jax values (any shape); out_blocks: [(shape, dtype)] of
         the payload's local outputs; outputs_of_results: callable(list of
-        arrays) -> list of (tensor, array) writes.
+        arrays) -> list of (tensor, array) writes. fused_payload: optional
+        callable(*gathered) -> outputs computing the result locally from
+        every process's inputs ((n,) + block shape each); used when the
+        checks are on and the inputs fit in the check's all-gather
+        (`programs.FUSED_BYTES`), so the call is one collective.
         """
         self._check_ready(op)
         seq = self._next_seq()
         check = pg_programs.checks_enabled() and self._size > 1
         blocks = [_as_block(x) for x in inputs]
-        key = (op, self.global_ranks, param, extra_key,
-               tuple((tuple(b.shape), str(b.dtype)) for b in blocks),
-               tuple((tuple(s), str(np.dtype(d))) for s, d in out_blocks), check)
+        sig = tuple((tuple(b.shape), np.dtype(b.dtype)) for b in blocks)
+        fused = (check and fused_payload is not None
+                 and pg_programs.fused_nbytes(sig) <= pg_programs.FUSED_BYTES)
+        key = (op, self.global_ranks, param, extra_key, sig,
+               tuple((tuple(s), str(np.dtype(d))) for s, d in out_blocks), check, fused)
         in_shapes = [tuple(b.shape) for b in blocks]
         prog = pg_programs.program(key, lambda: pg_programs.Program(
-            self.global_ranks, payload, in_shapes, out_blocks, check))
+            self.global_ranks, fused_payload if fused else payload, in_shapes, out_blocks,
+            check, fused=fused))
         meta = pg_programs.meta_vector(op, param if isinstance(param, int) else -1,
                                        meta_dtype, tuple(meta_shape), seq)
         desc = (f"{op} #{seq} ({np.dtype(meta_dtype) if meta_dtype is not None else ''}"
@@ -498,6 +505,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         def payload(*xs):
             return [pg_programs.reduce_values(x, op, n) for x in xs]
 
+        def fused_payload(*gathered):
+            return [pg_programs.fold_reduce(g, op, n) for g in gathered]
+
         blocks = [(_block_shape(s), v.dtype) for s, v in zip(shapes, values)]
 
         def writes(outs):
@@ -506,7 +516,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         meta_shape = shapes[0] if len(shapes) == 1 else (len(shapes), sum(map(_numel, shapes)))
         return self._collective("all_reduce", pg_programs.REDUCE_OPS.index(op), values, writes,
                                 payload, blocks, meta_shape, values[0].dtype,
-                                tensors if result is None else result)
+                                tensors if result is None else result,
+                                fused_payload=fused_payload)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else ReduceOp.SUM

@@ -233,17 +233,139 @@ def reduce_scatter_values(x, op, n, scale=None):
 # programs
 
 
-def _guarded(payload, out_shapes, check):
-    """body(meta, *xs): the metadata check around `payload(*xs)`."""
+# The check's all-gather has one size for every collective of every group
+# (META_LEN metadata words + FUSED_WORDS words of room), so processes that
+# called different collectives still meet in the same all-gather. A small
+# all_reduce travels in that room (`fused`): one collective per call instead
+# of the all-gather followed by the payload's all-reduce.
+FUSED_BYTES = 4096
+FUSED_WORDS = FUSED_BYTES // 8
+GATHER_LEN = META_LEN + FUSED_WORDS
+
+
+def gather_check(meta, extra=None):
+    """All-gather `meta` (META_LEN int64) and `extra` (<= FUSED_WORDS int64).
+
+    Returns (allm (n, META_LEN), ok: every process passed the same meta,
+    extras (n, FUSED_WORDS)).
+    """
+    # lax (not jnp) ops: they trace faster, and this is in every program.
+    buf = lax.convert_element_type(meta, np.int64)
+    if extra is not None:
+        buf = lax.concatenate([buf, extra], 0)
+    buf = lax.pad(buf, np.int64(0), [(0, GATHER_LEN - buf.shape[0], 0)])
+    g = lax.all_gather(buf, AXIS)  # (n, GATHER_LEN)
+    n = g.shape[0]
+    allm = lax.slice(g, (0, 0), (n, META_LEN))
+    ok = jnp.all(allm == lax.slice(allm, (0, 0), (1, META_LEN)))
+    return allm, ok, lax.slice(g, (0, META_LEN), (n, GATHER_LEN))
+
+
+def _bits_layout(shape, dtype):
+    """(shape, dtype) of `_to_bits` of an array of `shape`, `dtype`."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = np.dtype(jnp.float32 if dtype == np.complex64 else jnp.float64)
+        return tuple(shape) + (2,), np.dtype(_bits_dtype(part))
+    if dtype == np.bool_:
+        return tuple(shape), np.dtype(np.uint8)
+    return tuple(shape), np.dtype(_bits_dtype(dtype))
+
+
+def fused_nbytes(shapes_dtypes) -> int:
+    total = 0
+    for shape, dtype in shapes_dtypes:
+        bshape, bdt = _bits_layout(shape, dtype)
+        total += int(np.prod(bshape, dtype=np.int64)) * bdt.itemsize
+    return total
+
+
+def pack_words(xs):
+    """The bytes of arrays xs, concatenated and zero-padded, as int64 words."""
+    parts = []
+    for x in xs:
+        b = _to_bits(x).reshape(-1)
+        if b.dtype.itemsize > 1:
+            b = lax.bitcast_convert_type(b, jnp.uint8).reshape(-1)
+        parts.append(b)
+    u8 = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    pad = (-u8.shape[0]) % 8
+    if pad:
+        u8 = jnp.concatenate([u8, jnp.zeros((pad,), jnp.uint8)])
+    return lax.bitcast_convert_type(u8.reshape(-1, 8), jnp.int64)
+
+
+def unpack_words(rows, xs):
+    """Every process's copy of xs from the gathered words rows (n, W): (n,) + x.shape each."""
+    n = rows.shape[0]
+    u8 = lax.bitcast_convert_type(rows, jnp.uint8).reshape(n, -1)
+    out, off = [], 0
+    for x in xs:
+        bshape, bdt = _bits_layout(x.shape, x.dtype)
+        count = int(np.prod(bshape, dtype=np.int64))
+        nb = count * bdt.itemsize
+        seg = lax.slice(u8, (0, off), (n, off + nb))
+        off += nb
+        if bdt.itemsize > 1:
+            seg = lax.bitcast_convert_type(seg.reshape(n, count, bdt.itemsize), bdt)
+        out.append(_from_bits(seg.reshape((n,) + bshape), x.dtype))
+    return out
+
+
+def fold_reduce(g, op, n):
+    """The c10d reduction `op` of the n gathered copies g (n, ...), computed locally."""
+    dtype = g.dtype
+    if dtype == jnp.bool_:
+        if op in ("sum", "max", "bor", "avg"):
+            return jnp.any(g, axis=0)
+        if op in ("min", "product", "band"):
+            return jnp.all(g, axis=0)
+        return (jnp.sum(g.astype(jnp.int32), axis=0) % 2) != 0  # bxor
+    if op in ("product", "band", "bor", "bxor"):
+        if op == "product":
+            return jnp.prod(g, axis=0, dtype=dtype)
+        f = {"band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}[op]
+        return functools.reduce(f, [g[i] for i in range(n)])
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        if op not in ("sum", "avg"):
+            raise ValueError(f"ReduceOp.{op.upper()} is not supported for complex tensors")
+        r = functools.reduce(jnp.add, [g[i] for i in range(n)])
+        return r / n if op == "avg" else r
+    work = g.astype(jnp.float32) if _low_precision(dtype) else g
+    if op in ("sum", "avg"):
+        r = functools.reduce(jnp.add, [work[i] for i in range(n)])
+        if op == "avg":
+            r = r / n
+    elif op == "max":
+        r = functools.reduce(jnp.maximum, [work[i] for i in range(n)])
+    elif op == "min":
+        r = functools.reduce(jnp.minimum, [work[i] for i in range(n)])
+    else:  # pragma: no cover
+        raise NotImplementedError(op)
+    return r.astype(dtype)
+
+
+def _guarded(payload, out_shapes, check, fused=False):
+    """body(meta, *xs): the metadata check around `payload(*xs)`.
+
+    fused: `payload(*gathered)` takes every process's copy of each input
+    ((n,) + shape, from the check's all-gather) and runs no collective.
+    """
     if not check:
         def body(meta, *xs):
             outs = tuple(payload(*xs))
             return (outs, jnp.ones((1,), jnp.bool_), jnp.zeros((1, META_LEN), jnp.int64))
         return body
 
+    if fused:
+        def body(meta, *xs):
+            allm, ok, rows = gather_check(meta, pack_words(xs))
+            outs = tuple(payload(*unpack_words(rows, xs)))
+            return outs, ok.reshape(1), allm.reshape(1, -1)
+        return body
+
     def body(meta, *xs):
-        allm = lax.all_gather(meta, AXIS)  # (n, META_LEN)
-        ok = jnp.all(allm == allm[0:1])
+        allm, ok, _ = gather_check(meta)  # (n, META_LEN)
         zeros = tuple(jnp.zeros(s, d) for s, d in out_shapes)
         outs = lax.cond(ok, lambda *v: tuple(payload(*v)), lambda *v: zeros, *xs)
         return outs, ok.reshape(1), allm.reshape(1, -1)
@@ -253,14 +375,14 @@ def _guarded(payload, out_shapes, check):
 class Program:
     """A compiled collective for one group, operation and input signature."""
 
-    def __init__(self, ranks, payload, in_shapes, out_shapes, check, donate=False):
+    def __init__(self, ranks, payload, in_shapes, out_shapes, check, donate=False, fused=False):
         self.ranks = ranks
         self.n = len(ranks)
         self.in_shapes = in_shapes      # local block shapes (each with ndim >= 1)
         self.out_shapes = out_shapes    # [(shape, dtype)] local result blocks
         self.check = check
         mesh = mesh_of(ranks)
-        body = _guarded(payload, out_shapes, check)
+        body = _guarded(payload, out_shapes, check, fused and check)
         n_in = len(in_shapes)
         fn = shard_map(body, mesh, in_specs=(P(AXIS),) * (n_in + 1),
                        out_specs=(tuple(P(AXIS) for _ in out_shapes), P(AXIS), P(AXIS)))

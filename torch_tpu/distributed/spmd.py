@@ -224,8 +224,7 @@ class SpmdExecutable:
             return [jnp.reshape(o, (1,)) if jnp.ndim(o) == 0 else o for o in out_leaves]
 
         def body(meta, *blocks):
-            allm = lax.all_gather(meta, programs.AXIS)
-            ok = jnp.all(allm == allm[0:1])
+            allm, ok, _ = programs.gather_check(meta)  # the same all-gather as eager checks
             shapes = jax.eval_shape(local_call, list(blocks))
             zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
             outs = lax.cond(ok, lambda bs: local_call(list(bs)), lambda bs: zeros, blocks)
