@@ -473,7 +473,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return self._launch(op, run, None, result, desc)
 
     def _mismatch_message(self, op, seq, allm):
-        rows = allm.reshape(self._size, pg_programs.META_LEN)
+        rows = np.asarray(allm).reshape(self._size, -1)[:, :pg_programs.META_LEN]
         calls = [f"  rank {self.global_ranks[i]}: {pg_programs.describe_meta(rows[i])}"
                  for i in range(self._size)]
         return (f"[torch_tpu] collective mismatch in {op} #{seq} on ranks "
@@ -975,7 +975,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         def run():
             outs, ok, allm = prog(jax.device_put(meta, dev), x)
             if check and not bool(np.asarray(ok)[0]):
-                rows = np.asarray(allm).reshape(2, pg_programs.META_LEN)
+                rows = np.asarray(allm).reshape(2, -1)[:, :pg_programs.META_LEN]
                 raise CollectiveError(
                     f"[torch_tpu] {desc}: the two processes disagree:\n"
                     f"  rank {ranks[0]}: {pg_programs.describe_meta(rows[0])}\n"

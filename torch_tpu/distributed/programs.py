@@ -84,7 +84,7 @@ def dtype_code(dtype) -> int:
 
 
 def meta_vector(op: str, param: int, dtype, shape, seq: int) -> np.ndarray:
-    m = np.full((META_LEN,), -1, np.int64)
+    m = np.full((GATHER_LEN,), -1, np.int64)  # META_LEN words, then the check's room
     m[0] = _MAGIC
     m[1] = OPS[op]
     m[2] = param
@@ -244,15 +244,19 @@ GATHER_LEN = META_LEN + FUSED_WORDS
 
 
 def gather_check(meta, extra=None):
-    """All-gather `meta` (META_LEN int64) and `extra` (<= FUSED_WORDS int64).
+    """All-gather this process's metadata `meta` (GATHER_LEN int64, from `meta_vector`).
 
-    Returns (allm (n, META_LEN), ok: every process passed the same meta,
-    extras (n, FUSED_WORDS)).
+    Returns (allm, ok, extras): allm (n, >= META_LEN), whose first META_LEN
+    columns are every process's metadata; ok: they all agree; extras
+    (n, FUSED_WORDS): every process's `extra` (<= FUSED_WORDS int64 words,
+    sent in the room after the metadata), or None without `extra`.
     """
-    # lax (not jnp) ops: they trace faster, and this is in every program.
-    buf = lax.convert_element_type(meta, np.int64)
-    if extra is not None:
-        buf = lax.concatenate([buf, extra], 0)
+    if extra is None:
+        # meta is already GATHER_LEN long (padded on the host): gathering it
+        # as it is keeps the program as cheap to compile as a bare all-gather.
+        g = lax.all_gather(meta, AXIS)  # (n, GATHER_LEN)
+        return g, jnp.all(g == g[0:1]), None
+    buf = lax.concatenate([lax.slice(meta, (0,), (META_LEN,)), extra], 0)
     buf = lax.pad(buf, np.int64(0), [(0, GATHER_LEN - buf.shape[0], 0)])
     g = lax.all_gather(buf, AXIS)  # (n, GATHER_LEN)
     n = g.shape[0]
@@ -365,7 +369,7 @@ def _guarded(payload, out_shapes, check, fused=False):
         return body
 
     def body(meta, *xs):
-        allm, ok, _ = gather_check(meta)  # (n, META_LEN)
+        allm, ok, _ = gather_check(meta)
         zeros = tuple(jnp.zeros(s, d) for s, d in out_shapes)
         outs = lax.cond(ok, lambda *v: tuple(payload(*v)), lambda *v: zeros, *xs)
         return outs, ok.reshape(1), allm.reshape(1, -1)

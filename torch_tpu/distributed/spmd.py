@@ -239,7 +239,7 @@ class SpmdExecutable:
             gshape = (n * block[0],) + block[1:]
             return jax.ShapeDtypeStruct(gshape, x.dtype, sharding=self.sharding)
 
-        meta_abs = jax.ShapeDtypeStruct((n * programs.META_LEN,), jnp.int64,
+        meta_abs = jax.ShapeDtypeStruct((n * programs.GATHER_LEN,), jnp.int64,
                                         sharding=self.sharding)
         gargs = [meta_abs] + [glob(leaves[i]) for i in self.dyn]
         jit_kwargs = {k: v for k, v in jit_kwargs.items() if k != "donate_argnums"}
@@ -273,7 +273,7 @@ class SpmdExecutable:
 
         def run():
             g_meta = jax.make_array_from_single_device_arrays(
-                (self.plan.n * programs.META_LEN,), self.sharding, [jax.device_put(meta, dev)])
+                (self.plan.n * programs.GATHER_LEN,), self.sharding, [jax.device_put(meta, dev)])
             outs, ok, allm = self.compiled(g_meta, *gl)
             if not bool(np.asarray(ok.addressable_data(0))[0]):
                 raise CollectiveError(
