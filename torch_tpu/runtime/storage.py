@@ -324,6 +324,10 @@ def to_host(t: torch.Tensor) -> np.ndarray:
 def from_host(src: torch.Tensor, index: int):
     """A jax.Array on tpu:index holding the CPU tensor `src`."""
     src = src.detach()
+    if src._is_zerotensor():
+        # autograd's efficient zeros (CPU kernels return them, e.g. through
+        # the fallback) have no data to copy.
+        src = torch.zeros(src.shape, dtype=src.dtype)
     if src.is_conj():
         src = src.resolve_conj()
     if src.is_neg():
