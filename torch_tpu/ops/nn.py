@@ -2444,13 +2444,20 @@ def _ctc_lengths_on(dev, il, tl, input_lengths, target_lengths):
             torch.tensor(tl, dtype=torch.long, device=dev))
 
 
-def _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+def _ctc_prepare(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    """CPU's checks on host lengths; (label states, lengths as device tensors)."""
     if isinstance(input_lengths, torch.Tensor):
         il, tl = _ctc_host_lengths(input_lengths, target_lengths)
     else:
         il, tl = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
     L = _ctc_meta_check(log_probs, targets, il, tl, blank, zero_infinity)
     ilt, tlt = _ctc_lengths_on(log_probs.device, il, tl, input_lengths, target_lengths)
+    return L, ilt, tlt
+
+
+def _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    L, ilt, tlt = _ctc_prepare(log_probs, targets, input_lengths, target_lengths, blank,
+                               zero_infinity)
     op = _ctc_jax_op("fwd", _ctc_padded_states(targets, L), blank, False)
     nll, la = op(log_probs, targets, ilt, tlt)
     if la.shape[2] != L:
@@ -2460,12 +2467,8 @@ def _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank, z
 
 def _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
                       neg_log_likelihood, log_alpha, blank, zero_infinity):
-    if isinstance(input_lengths, torch.Tensor):
-        il, tl = _ctc_host_lengths(input_lengths, target_lengths)
-    else:
-        il, tl = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
-    L = _ctc_meta_check(log_probs, targets, il, tl, blank, zero_infinity)
-    ilt, tlt = _ctc_lengths_on(log_probs.device, il, tl, input_lengths, target_lengths)
+    L, ilt, tlt = _ctc_prepare(log_probs, targets, input_lengths, target_lengths, blank,
+                               zero_infinity)
     op = _ctc_jax_op("bwd", _ctc_padded_states(targets, L), blank, zero_infinity)
     return op(grad, log_probs, targets, ilt, tlt, neg_log_likelihood)
 
