@@ -3,7 +3,8 @@
 `registry.LOWERINGS` is the lowering table, filled by the family modules
 imported below; `core.KERNELS` holds the storage-level kernels. `install()`
 registers both with the dispatcher for PrivateUse1 and puts the fallback
-(decompositions, then the CPU) behind every other op.
+(decompositions, then the CPU) behind every other op; `sparse.install()`
+adds the sparse COO kernels (SparsePrivateUse1).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import registry  # noqa: F401  (the table, filled by the imports below)
-from . import core, fallback
+from . import core, fallback, sparse
 from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
 
 _libs = []
@@ -45,6 +46,7 @@ def install() -> None:
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(fallback.handle, "PrivateUse1")
+    sparse.install()
 
 
 def _variants(op):

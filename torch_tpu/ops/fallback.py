@@ -5,6 +5,10 @@ op), PyTorch's own decomposition (`torch._decomp`) into ops we do lower, and
 last the CPU: inputs copied to the host, the op run there, results copied
 back, with one warning per op and a counter. `TORCH_TPU_CPU_FALLBACK=0`
 turns the CPU step into a `NotImplementedError` naming the op.
+
+Sparse COO tensors travel as their indices and values (see `ops/sparse.py`);
+a result in a layout `tpu` does not have (CSR, CSC, BSR, BSC, mkldnn) raises
+`NotImplementedError` naming the op and the layout.
 """
 
 from __future__ import annotations
@@ -68,17 +72,24 @@ def cpu_fallback(op, *args, **kwargs):
             "copied to the host and results back), which is slow. See "
             "torch_tpu.debug.fallback_report().", stacklevel=3)
     metrics.fallback(name)
-    from . import core
+    from . import core, sparse
 
     device = None
     cpu_of = {}
+
+    def dense_to_cpu(x):
+        c = torch.empty(tuple(x.shape), dtype=x.dtype)
+        core.copy_(c, x)
+        return c
 
     def to_cpu(x):
         nonlocal device
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
             device = device or x.device
-            c = torch.empty(tuple(x.shape), dtype=x.dtype)
-            core.copy_(c, x)
+            if x.layout == torch.sparse_coo:
+                c = sparse.coo_to_cpu(x, dense_to_cpu)
+            else:
+                c = dense_to_cpu(x)
             cpu_of[id(c)] = x
             return c
         if isinstance(x, torch.device) and x.type == "tpu":
@@ -96,16 +107,31 @@ def cpu_fallback(op, *args, **kwargs):
             for c in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(c, torch.Tensor) and id(c) in cpu_of:
                     orig = cpu_of[id(c)]
+                    if orig.layout == torch.sparse_coo:
+                        orig.copy_(c)  # the sparse copy_ (structure, then indices/values)
+                        continue
                     if tuple(orig.shape) != tuple(c.shape):
                         orig.resize_(c.shape)
                     core.copy_(orig, c)
     device = device or torch.device("tpu", 0)
 
+    index = device.index or 0
+
+    def dense_back(x):
+        return core.new_tensor_like_value(x, x.dtype, index)
+
     def back(x):
         if isinstance(x, torch.Tensor):
             if id(x) in cpu_of:
                 return cpu_of[id(x)]
-            return core.new_tensor_like_value(x, x.dtype, device.index or 0)
+            if x.layout == torch.sparse_coo:
+                return sparse.coo_from_cpu(x, torch.device("tpu", index), dense_back)
+            if x.layout != torch.strided:
+                raise NotImplementedError(
+                    f"The operator '{name}' returned a tensor with layout {x.layout}, which "
+                    "the tpu device does not support (only torch.strided and "
+                    "torch.sparse_coo).")
+            return dense_back(x)
         return x
 
     return pytree.tree_map(back, out)
