@@ -38,7 +38,7 @@ import torch
 import torch.fx
 
 from ..ops import registry
-from ..runtime import executor
+from ..runtime import executor, gc_pause
 from ..runtime import storage as st
 from . import dynamic as dyn
 from . import padding
@@ -816,6 +816,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
     from torch._dynamo.backends.common import aot_autograd
 
     t0 = time.perf_counter()
+    gc_pause.install_dynamo_hooks()
     options = dict(options or {})
     aot = aot_autograd(
         fw_compiler=_compiler("forward", options),
@@ -852,6 +853,7 @@ def register() -> None:
     _redirect_inductor()
     _skip_cudagraph_import()
     _lighter_dynamo_bookkeeping()
+    gc_pause.install_dynamo_hooks()
     _registered = True
 
 

@@ -31,7 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..ops import registry
-from . import platform
+from . import gc_pause, platform
 from . import storage as st
 
 _T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS = range(9)
@@ -119,6 +119,7 @@ def _compile(name: str, key, fn, args, **jit_kwargs):
     token = _tiers.begin_compile()
     t0 = time.perf_counter()
     t1 = None
+    gc_pause.begin()
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
         t1 = time.perf_counter()
@@ -126,6 +127,7 @@ def _compile(name: str, key, fn, args, **jit_kwargs):
             listener(name, key, lowered)
         compiled = lowered.compile()
     finally:
+        gc_pause.end()
         seconds = time.perf_counter() - t0
         source = _tiers.end_compile(token, name, seconds,
                                     trace_seconds=(t1 - t0) if t1 is not None else seconds)
@@ -385,6 +387,11 @@ def run_meta(op, args, kwargs):
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
         # PyTorch's own check failed: same exception type, with the op named.
         raise _with_op_name(e, op) from None
+    except AssertionError as e:
+        # Some Python meta kernels and decompositions check with `assert`
+        # (embedding's 2-D weight, nll_loss's 1-D target) where the CPU
+        # kernel's TORCH_CHECK raises RuntimeError: raise what the CPU raises.
+        raise RuntimeError(f"{op}: {e}") from None
 
 
 def _with_op_name(e, op):
@@ -574,6 +581,8 @@ class _Runner:
                                    "view; call resolve_conj()/resolve_neg() first")
             if t[2][0] != "t":
                 raise RuntimeError(f"{name}: cannot write to a CPU tensor argument")
+        if is_derived and not plan.out_names:
+            _check_inplace_cast(name, targets, fmeta)
         out_slots = tuple(dict.fromkeys(t[2][1] for t in targets))
 
         def program(arrays, dyn):
@@ -657,6 +666,25 @@ class _Runner:
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)
+
+
+def _check_inplace_cast(name, targets, fmeta):
+    """An in-place op whose result type cannot be cast back to self's dtype
+    (int.mul_(1.5), int.sqrt_()): PyTorch's CPU kernels (TensorIterator)
+    refuse it; several meta kernels do not check. Host metadata only."""
+    results = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
+    for (_, _, _, m), r in zip(targets, results):
+        if m is not None and not torch.can_cast(r.dtype, m.dtype):
+            raise RuntimeError(f"{name}: result type {_dtype_name(r.dtype)} can't be cast to "
+                               f"the desired output type {_dtype_name(m.dtype)}")
+
+
+def _dtype_name(dtype):
+    """PyTorch's C++ name of a dtype (torch.float32 -> Float), as CPU messages print it."""
+    try:
+        return torch.empty((), dtype=dtype, device="meta").type().split(".")[-1][:-len("Tensor")]
+    except Exception:  # noqa: BLE001
+        return str(dtype)
 
 
 def _split_named(plan, named):

@@ -1,0 +1,87 @@
+"""Pause Python's cyclic garbage collector while a program is being compiled.
+
+Compiling (dynamo's bytecode tracing, AOTAutograd, our lowering, JAX's
+tracing) allocates hundreds of thousands of short-lived objects, many in
+reference cycles (FX nodes, proxies, tracers). Every 700 net allocations
+Python runs a collection, and the older generations rescan the ~360k objects
+that importing torch and jax leaves alive: on the compile benchmark's first
+step this was 0.3-0.5 s of a 1.3-1.5 s first call (183 collections). With the
+collector paused for the duration of a compile the same step runs ~60
+collections fewer and spends ~0.05 s in them; garbage made during the compile
+is collected by the first collection after it.
+
+Reference counting still frees everything acyclic while paused; only cycles
+wait until the compile ends, so memory grows by at most one compile's cyclic
+garbage. The pause nests and is thread-safe (the collector is process-wide:
+it resumes when the last concurrent compile ends), and it never turns on a
+collector the user had turned off. ``TORCH_TPU_COMPILE_GC=1`` keeps the
+collector running during compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+
+_lock = threading.Lock()
+_depth = 0
+_resume = False   # was the collector on when the outermost pause began?
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCH_TPU_COMPILE_GC", "0") not in ("1", "true", "True")
+
+
+def begin() -> None:
+    global _depth, _resume
+    with _lock:
+        if _depth == 0:
+            _resume = gc.isenabled() and enabled()
+            if _resume:
+                gc.disable()
+        _depth += 1
+
+
+def end() -> None:
+    global _depth
+    with _lock:
+        if _depth == 0:
+            return  # an end without a begin (e.g. hooks installed mid-compile)
+        _depth -= 1
+        if _depth == 0 and _resume:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def paused():
+    begin()
+    try:
+        yield
+    finally:
+        end()
+
+
+def _on_compile_start(_args) -> None:
+    begin()
+
+
+def _on_compile_end(_args) -> None:
+    end()
+
+
+def install_dynamo_hooks() -> None:
+    """Pause the collector for each dynamo compile (tracing through backend).
+
+    `torch._dynamo.reset()` clears dynamo's callbacks; calling this again
+    (the backend does on every graph it compiles) puts them back.
+    """
+    try:
+        from torch._dynamo.callback import callback_handler
+    except Exception:  # pragma: no cover - another torch layout
+        return
+    if _on_compile_start not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_on_compile_start)
+    if _on_compile_end not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_on_compile_end)
