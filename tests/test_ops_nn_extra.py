@@ -157,3 +157,36 @@ def test_fractional_max_pool_given_samples(shape, k, o):
     out.backward(go)
     outt.backward(go.to("tpu"))
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("wdtype", [None, torch.bfloat16, torch.float32])
+def test_layer_norm_stats_dtype_like_cpu(wdtype):
+    # CPU keeps mean/rstd in the input's dtype (float32 only with float32
+    # parameters); PyTorch's meta function says float32 for halves.
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, dtype=torch.bfloat16)
+    w = None if wdtype is None else torch.randn(5, dtype=wdtype)
+    cpu = aten.native_layer_norm(x, [5], w, w, 1e-5)
+    tpu = aten.native_layer_norm(*_tpu(x, [5], w, w), 1e-5)
+    for c, t in zip(cpu, tpu):
+        assert t.dtype == c.dtype and t.shape == c.shape
+        torch.testing.assert_close(t.cpu(), c, atol=0.02, rtol=0.016)
+
+
+def test_layer_norm_one_element_rows_like_cpu():
+    # CPU normalizes as fma(x, rstd, -rstd * mean): over one element that is the
+    # rounding error of rstd * mean (not 0), in the bf16 output and in the
+    # weight gradient.
+    x = torch.tensor([[-8.5], [3.3]])
+    w = torch.tensor([-8.5, ])
+    cpu = aten.native_layer_norm(x.bfloat16(), [1], w.bfloat16(), None, 1e-5)[0]
+    tpu = aten.native_layer_norm(*_tpu(x.bfloat16(), [1], w.bfloat16()), None, 1e-5)[0]
+    assert cpu.abs().max() > 0
+    torch.testing.assert_close(tpu.cpu(), cpu, atol=0, rtol=0)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        xx, ww = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        y = F.layer_norm(xx, [1], ww)
+        grads.append(torch.autograd.grad(y.sum(), ww)[0].cpu())
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-6)

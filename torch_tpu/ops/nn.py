@@ -134,9 +134,28 @@ def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, g
         precision=prec)
 
 
+def _check_conv_params(stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch CPU's convolution parameter checks (ConvUtils.h check_shape_forward)
+    that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
+    op = "aten.convolution"
+    stride, padding, dilation, output_padding = (
+        _expand_param(v, 1) for v in (stride, padding, dilation, output_padding))
+    if any(s <= 0 for s in stride):
+        raise RuntimeError(f"{op}: non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError(f"{op}: negative padding is not supported")
+    if transposed and any(p < 0 for p in output_padding):
+        raise RuntimeError(f"{op}: negative output_padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(f"{op}: dilation should be greater than zero")
+    if groups <= 0:
+        raise RuntimeError(f"{op}: non-positive groups is not supported")
+
+
 @lower(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
+    _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
     prec = _precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
     x = _acc(input)[None] if unbatched else _acc(input)
@@ -615,6 +634,39 @@ def _moments(x, axes):
     return mean, var
 
 
+def _fma(x, a, b):
+    """x * a + b rounded once, like a fused multiply-add, for float32/float64
+    (XLA has no fma op): the product split exactly into p + e (Dekker's
+    two-product on halves taken by bit masks, no rounding), p + b split exactly
+    into s + t (two-sum), then s + (t + e)."""
+    if x.dtype == jnp.float64:
+        ut, mask = jnp.uint64, np.uint64(0xFFFFFFFFF8000000)
+    else:
+        ut, mask = jnp.uint32, np.uint32(0xFFFFF000)
+
+    def split(v):
+        hi = lax.bitcast_convert_type(lax.bitcast_convert_type(v, ut) & mask, v.dtype)
+        return hi, v - hi
+
+    x, a, b = jnp.broadcast_arrays(x, a, b)
+    p = x * a
+    xh, xl = split(x)
+    ah, al = split(a)
+    e = ((xh * ah - p) + xh * al + xl * ah) + xl * al
+    s = p + b
+    bb = s - p
+    t = (p - (s - bb)) + (b - bb)
+    r = s + (t + e)
+    return jnp.where(jnp.isfinite(r), r, p + b)
+
+
+def _cpu_xhat(x, mean, rstd):
+    """(x - mean) * rstd the way PyTorch's CPU layer-norm kernels evaluate it:
+    fma(x, rstd, -rstd * mean). For a row whose variance is ~0 (one element)
+    this is the rounding error of rstd * mean, not 0."""
+    return _fma(x, rstd, -(rstd * mean))
+
+
 def _norm_input_grad(g, xhat, rstd, axes):
     """d/dx of (x - mean(x)) * rstd over `axes`, given g = dL/dxhat."""
     mg = jnp.mean(g, axis=axes, keepdims=True)
@@ -631,8 +683,12 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
         stat_shape = x.shape[:x.ndim - k] + (1,) * k
         return x, jnp.zeros(stat_shape, x.dtype), jnp.zeros(stat_shape, x.dtype)
     mean, var = _moments(x, axes)
-    rstd = lax.rsqrt(var + eps)
-    y = (x - mean) * rstd
+    # 1 / sqrt as CPU computes it; the barrier keeps XLA from rewriting it to
+    # its rsqrt, which is off by an ulp for about a third of the values.
+    rstd = 1 / lax.optimization_barrier(jnp.sqrt(var + eps))
+    # CPU's half-precision kernel normalizes as fma(x, rstd, -rstd * mean)
+    # (its float kernels as (x - mean) * rstd, up to rounding).
+    y = _cpu_xhat(x, mean, rstd) if _is_half(input) else (x - mean) * rstd
     if weight is not None:
         y = y * _acc(weight)
     if bias is not None:
@@ -653,9 +709,37 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     xhat = (x - mean) * rstd
     g = dy * _acc(weight) if weight is not None else dy
     gi = _norm_input_grad(g, xhat, rstd, axes) if output_mask[0] else None
-    gw = jnp.sum(dy * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
+    # CPU's weight gradient sums dy * fma(x, rstd, -rstd * mean).
+    gw = (jnp.sum(dy * _cpu_xhat(x, mean, rstd), axis=batch_axes)
+          if output_mask[1] and weight is not None else None)
     gb = jnp.sum(dy, axis=batch_axes) if output_mask[2] and bias is not None else None
     return gi, gw, gb
+
+
+def _layer_norm_kernel(input, normalized_shape, weight, bias, eps):
+    """PrivateUse1 kernel of native_layer_norm: the lowering's runner, then CPU's
+    dtype for mean/rstd. CPU keeps them in the input's dtype (float32 only for a
+    half input with float32 weight or bias); PyTorch's meta function, which
+    sizes the lowering's outputs, says float32 for half inputs always."""
+    from ..runtime import executor
+
+    out, mean, rstd = executor.runner_for(aten.native_layer_norm.default)(
+        input, normalized_shape, weight, bias, eps)
+    dt = _bn_stat_dtype(input, weight, bias)
+    if mean.dtype != dt:
+        mean, rstd = mean.to(dt), rstd.to(dt)
+    return out, mean, rstd
+
+
+def _install_layer_norm_kernel():
+    # Takes the op's PrivateUse1 slot in place of the runner (the lowering stays
+    # in the table for graphs).
+    from . import core
+
+    core.KERNELS.setdefault(aten.native_layer_norm.default, _layer_norm_kernel)
+
+
+_install_layer_norm_kernel()
 
 
 def _bn_shape(x, v):
