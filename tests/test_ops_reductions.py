@@ -746,3 +746,26 @@ def test_grad(name):
     xd = x.to(DEV).requires_grad_()
     fn(xd).backward(g.to(DEV))
     compare(xd.grad, xc.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                                   torch.int64, torch.int32, torch.bool])
+def test_hash_tensor_bit_exact(dtype):
+    # float32 subnormals, signed zeros, infinities, quiet and signalling NaNs
+    # widen to float64 bit patterns as on the host
+    import numpy as np
+
+    special = torch.from_numpy(np.array(
+        [0x7F800001, 0xFF800001, 1, 0x80000001, 0x7FFFFF, 0, 0x80000000, 0x7F800000,
+         0x3FC00000], dtype=np.uint32).view(np.float32))
+    r = torch.randn(64, 7, generator=torch.Generator().manual_seed(0)) * torch.logspace(-45, 38, 7)
+    x = r.to(dtype) if dtype.is_floating_point else (r * 100).to(dtype)
+    cases = [(x, {}), (x, {"dim": 0}), (x, {"dim": (0, 1), "keepdim": True})]
+    if dtype == torch.float32:
+        cases.append((special[:, None], {"dim": 1}))
+    for t, kw in cases:
+        want = torch.hash_tensor(t, **kw)
+        got = torch.hash_tensor(t.to(DEV), **kw).cpu()
+        assert got.dtype == torch.uint64 and torch.equal(got, want), (t.dtype, kw)
+    with pytest.raises(RuntimeError, match="Unknown hash_tensor mode"):
+        torch.hash_tensor(x.to(DEV), mode=1)

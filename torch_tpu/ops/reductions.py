@@ -162,6 +162,46 @@ def prod(x, dim=None, keepdim=False, *, dtype=None):
     return jnp.prod(x.astype(_acc(od)), axis=_axes(x, dim), keepdims=keepdim)
 
 
+def _f32_bits_as_f64(x):
+    """The bit pattern (uint64) of float32 `x` converted to float64, built with
+    integer ops (TPUs have no float64): exact for zeros, subnormals, infinities
+    and NaNs (quieted, payload kept, as the host's conversion does)."""
+    b = lax.bitcast_convert_type(x, jnp.uint32).astype(jnp.uint64)
+    sign = (b >> 31) << 63
+    exp = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    normal = (((exp + (1023 - 127)) << 52) | (mant << 29))
+    special = (jnp.uint64(0x7FF) << 52) | (
+        jnp.where(mant != 0, mant | 0x400000, mant) << 29)
+    # Subnormal: value mant * 2**-149, highest set bit h of mant.
+    h = 63 - lax.clz(jnp.maximum(mant, 1)).astype(jnp.uint64)
+    sub = ((h + (1023 - 149)) << 52) | ((mant << (52 - h)) & ((1 << 52) - 1))
+    bits = jnp.where(exp == 0xFF, special, jnp.where(exp != 0, normal, jnp.where(
+        mant != 0, sub, jnp.uint64(0))))
+    return sign | bits
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, *, mode=0):
+    """xor of the elements widened to 64 bits (float64 or int64) and bitcast to
+    uint64, like PyTorch's CPU kernel (mode 0, the only mode it has)."""
+    if mode != 0:
+        raise RuntimeError(f"Unknown hash_tensor mode: {mode}")
+    if x.dtype == jnp.float64:
+        bits = lax.bitcast_convert_type(x, jnp.uint64)
+    elif _is_float(x):
+        bits = _f32_bits_as_f64(x.astype(jnp.float32))
+    elif x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        bits = x.astype(jnp.uint64)
+    else:
+        bits = lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    axes = _axes(x, dim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes)
+    if keepdim:
+        out = jnp.expand_dims(out, axes)
+    return out
+
+
 # -- max/min -------------------------------------------------------------------
 
 
