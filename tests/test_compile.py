@@ -270,6 +270,27 @@ def test_graph_break_falls_back_to_eager():
     close(compiled((-x.abs() - 1).to("tpu")), f(-x.abs() - 1))
 
 
+def test_eager_op_at_a_graph_break_is_not_traced_into_jax():
+    # ctc_loss's output shape depends on data: dynamo breaks the graph and runs
+    # it eagerly; the device kernel's JAX calls must run, not be traced.
+    torch.manual_seed(0)
+    lp = torch.randn(12, 3, 5).log_softmax(2)
+    tg = torch.randint(1, 5, (3, 4))
+    il, tl = torch.full((3,), 12, dtype=torch.long), torch.tensor([4, 3, 2])
+
+    def f(lp, tg, il, tl):
+        return F.ctc_loss(lp, tg, il, tl)
+
+    lp_cpu = lp.clone().requires_grad_()
+    ref = f(lp_cpu, tg, il, tl)
+    ref.backward()
+    lp_tpu = lp.to("tpu").requires_grad_()
+    out = torch.compile(f, backend="tpu")(lp_tpu, tg.to("tpu"), il.to("tpu"), tl.to("tpu"))
+    out.backward()
+    close(out, ref)
+    close(lp_tpu.grad, lp_cpu.grad)
+
+
 def test_op_without_lowering_still_runs(monkeypatch):
     # An op missing from the lowering table runs through its decomposition or,
     # as the last resort, on the CPU inside the graph (host callback).

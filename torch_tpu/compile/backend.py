@@ -846,10 +846,14 @@ def register() -> None:
     if "tpu" not in _COMPILER_FNS:
         register_backend(name="tpu")(tpu_backend)
     # Dynamo must never trace torch_tpu's own Python (the device kernels run
-    # eagerly between graphs, e.g. `.item()` at a graph break).
+    # eagerly between graphs, e.g. `.item()` at a graph break), nor the JAX
+    # those kernels call: a frame dynamo skips still has its callees traced,
+    # and tracing jax.device_put under an eager op at a graph break (ctc_loss,
+    # whose output shape depends on data) broke the call.
     from torch._dynamo import trace_rules
 
-    trace_rules.add("torch_tpu")
+    for module in ("torch_tpu", "jax", "jaxlib"):
+        trace_rules.add(module)
     _redirect_inductor()
     _skip_cudagraph_import()
     _lighter_dynamo_bookkeeping()
