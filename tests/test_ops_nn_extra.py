@@ -190,3 +190,36 @@ def test_layer_norm_one_element_rows_like_cpu():
         grads.append(torch.autograd.grad(y.sum(), ww)[0].cpu())
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_loss_backward_like_cpu(reduction):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=g)
+    t = torch.randint(0, 5, (6,), generator=g)
+    w = torch.rand(5, generator=g)
+    # repeated labels and labels after the -1 terminator (ignored)
+    mt = torch.tensor([[1, 1, -1, 2, 0], [0, 3, 4, -1, -1], [-1, 2, 2, 2, 2],
+                       [4, 3, 2, 1, 0], [2, -1, 0, 0, 0], [3, 0, -1, 4, 4]])
+    cases = [
+        (F.multi_margin_loss, (t,), dict(p=1, margin=1.0)),
+        (F.multi_margin_loss, (t,), dict(p=2, margin=-0.5, weight=w)),
+        (F.multilabel_margin_loss, (mt,), {}),
+    ]
+    for fn, extra, kw in cases:
+        grads = []
+        for dev in ("cpu", "tpu"):
+            xx = x.to(dev).requires_grad_()
+            out = fn(xx, *_tpu(*extra) if dev == "tpu" else extra, reduction=reduction,
+                     **{k: (v.to(dev) if isinstance(v, torch.Tensor) else v)
+                        for k, v in kw.items()})
+            cot = torch.linspace(0.5, 2, out.numel()).reshape(out.shape).to(dev)
+            grads.append(torch.autograd.grad(out, xx, cot)[0].cpu())
+        torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+    # one sample: a 1-D input
+    for fn, tt in ((F.multi_margin_loss, t[0]), (F.multilabel_margin_loss, mt[0])):
+        xc = x[0].clone().requires_grad_()
+        gc = torch.autograd.grad(fn(xc, tt, reduction=reduction).sum(), xc)[0]
+        xd = x[0].to("tpu").requires_grad_()
+        gd = torch.autograd.grad(fn(xd, tt.to("tpu"), reduction=reduction).sum(), xd)[0]
+        torch.testing.assert_close(gd.cpu(), gc, atol=1e-6, rtol=1e-5)

@@ -1093,6 +1093,51 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
     return _reduce(loss, reduction)
 
 
+def _margin_rows(x, grad_output, reduction):
+    """(N, C) view of a margin loss input (a 0-dim or 1-D input is one row),
+    the per-element scale 1/C (1/(N*C) for the mean) and grad_output as a
+    column (reduction 'none' with rows) or a scalar."""
+    x2 = x.reshape(1, -1) if x.ndim <= 1 else x
+    n, c = x2.shape
+    scale = 1.0 / (n * c) if reduction == 1 else 1.0 / c
+    g = _acc(grad_output)
+    g = g.reshape(-1, 1) if g.ndim > 0 else g
+    return x2, n, c, scale, g
+
+
+@lower(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+    """CPU's formula: for each class d != y with z = margin - x[y] + x[d] > 0,
+    grad[d] = g (p=1) or 2*g*z (p=2), times weight[y]; grad[y] = -sum."""
+    x2, n, c, scale, g = _margin_rows(_acc(self), grad_output, reduction)
+    t = target.reshape(-1).astype(jnp.int32)
+    xt = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = margin - xt + x2
+    is_y = jnp.arange(c, dtype=jnp.int32)[None, :] == t[:, None]
+    h = jnp.where(p == 1, jnp.full_like(z, scale), (2 * scale) * z)
+    if weight is not None:
+        h = h * _acc(weight)[t][:, None]
+    h = jnp.where((z > 0) & ~is_y, h, jnp.zeros((), h.dtype))
+    gi = jnp.where(is_y, -jnp.sum(h, axis=1, keepdims=True), h)
+    return (gi * g).reshape(self.shape)
+
+
+@lower(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    """CPU's formula: each listed target y (up to the first -1, repeats count)
+    and each non-target d with z = 1 - x[y] + x[d] > 0 add g to grad[d] and
+    -g to grad[y]."""
+    x2, n, c, scale, g = _margin_rows(_acc(self), grad_output, reduction)
+    t = target.reshape(n, c).astype(jnp.int32)
+    listed = jnp.cumsum(t < 0, axis=1) == 0
+    count = jnp.sum(jax.nn.one_hot(jnp.where(listed, t, -1), c, dtype=x2.dtype), axis=1)
+    other = is_target.reshape(n, c) == 0
+    z = 1 - x2[:, :, None] + x2[:, None, :]  # [n, y, d]
+    w = jnp.where((z > 0) & other[:, None, :], count[:, :, None], jnp.zeros((), x2.dtype))
+    gi = scale * (jnp.sum(w, axis=1) - jnp.sum(w, axis=2))
+    return (gi * g).reshape(self.shape)
+
+
 # --------------------------------------------------------------------------
 # embedding
 
@@ -2597,3 +2642,14 @@ def _ctc_loss_backward_meta(grad, log_probs, *args, **kwargs):
 for _op in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor):
     if not torch._C._dispatch_has_kernel_for_dispatch_key(_op.name(), "Meta"):
         _CTC_META_LIB.impl(_op, _ctc_loss_backward_meta, "Meta")
+
+
+# Nor for the margin-loss backwards: the gradient has the input's shape.
+def _margin_loss_backward_meta(grad_output, self, *args, **kwargs):
+    return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+
+
+for _op in (aten.multi_margin_loss_backward.default,
+            aten.multilabel_margin_loss_backward.default):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(_op.name(), "Meta"):
+        _CTC_META_LIB.impl(_op, _margin_loss_backward_meta, "Meta")
