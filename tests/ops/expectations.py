@@ -104,8 +104,6 @@ XFAILS = {
         'error: ValueError: number of dimensions must be within [0, 64]',
     ('aminmax', 'any', 'error'):
         'error: ValueError: number of dimensions must be within [0, 64]',
-    ('as_strided_scatter', 'any', 'error'):
-        'error input 0: tpu returns a result, CPU raises RuntimeError: setStorage: sizes [2, 2], strides [200, 200], storage offset 0, and itemsize 4 requiring a storage size of 1604 are out ',
     ('cat', 'any', 'error'):
         'error input 6: tpu returns a result, CPU raises RuntimeError: unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. Pl',
     ('chalf', 'float32', 'forward'):
@@ -116,8 +114,6 @@ XFAILS = {
         'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
     ('chalf', 'float32', 'grad'):
         'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
-    ('cross_entropy_float_target', 'any', 'bad_call'):
-        'cross_entropy_float_target: tpu raises AssertionError (error: AssertionError: 0D or 1D target tensor expected, multi-target not supported, got 2D), CPU raises RuntimeError: 0D or 1D target tensor expected, multi-target not supported',
     ('embedding_oob', 'any', 'bad_call'):
         'embedding_oob: tpu returns a result, CPU raises IndexError: index out of range in self',
     ('gather', 'any', 'error'):
@@ -144,18 +140,10 @@ XFAILS = {
         'mismatch (grad sample N): Tensor-likes are not close!, 2/125 elements, max abs diff 0.004022121429443359 (allowed 1e-05), max rel diff 0.0010281188879162073 (allowed 1.3e-06), output [0]',
     ('masked_select', 'any', 'error'):
         'error input 1: tpu returns a result, CPU raises RuntimeError: unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. Pl',
-    ('matmul_bool', 'any', 'bad_call'):
-        'matmul_bool: tpu returns a result, CPU raises RuntimeError: expected m1 and m2 to have the same dtype, but got: float != bool',
     ('matrix_exp', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 25/25 elements, max abs diff nan (allowed 1e-05), max rel diff nan (allowed 0.016)',
-    ('mm_int_float', 'any', 'bad_call'):
-        'mm_int_float: tpu returns a result, CPU raises RuntimeError: expected m1 and m2 to have the same dtype, but got: float != long int',
-    ('mul_inplace_int_float_scalar', 'any', 'bad_call'):
-        "mul_inplace_int_float_scalar: tpu returns a result, CPU raises RuntimeError: result type Float can't be cast to the desired output type Long",
     ('multinomial', 'any', 'error'):
         'error input 1: tpu raises ValueError (error: ValueError: dtype argument to `gumbel` must be a float dtype, got int64), CPU raises RuntimeError: multinomial only supports floating-point dtypes for input, got: Long',
-    ('narrow_copy', 'any', 'error'):
-        'error input 1: tpu raises IndexError (error: IndexError: aten.narrow_copy.default: Dimension out of range (expected to be in range of [-3, 2], but got 3)), CPU raises RuntimeError: Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false.  (Could this error message be improved',
     ('native_layer_norm', 'bfloat16', 'forward'):
         "mismatch (forward sample N): The values for attribute 'dtype' do not match: torch.float32 != torch.bfloat16., output [1]",
     ('native_layer_norm', 'float32', 'grad'):
@@ -166,18 +154,10 @@ XFAILS = {
         'mismatch (forward sample N): Tensor-likes are not close!, 92/1120 elements, max abs diff 0.0234375 (allowed 1e-05), max rel diff 2.625 (allowed 0.016)',
     ('nn.functional.binary_cross_entropy_with_logits', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 2/25 elements, max abs diff 0.01953125 (allowed 1e-05), max rel diff 0.6484375 (allowed 0.016)',
-    ('nn.functional.conv1d', 'any', 'error'):
-        'error input 4: tpu raises TypeError (error: TypeError: All dilations must be positive, got (-1,).), CPU raises RuntimeError: dilation should be greater than zero',
-    ('nn.functional.conv2d', 'any', 'error'):
-        'error input 4: tpu raises TypeError (error: TypeError: All dilations must be positive, got (-1, -1).), CPU raises RuntimeError: dilation should be greater than zero',
-    ('nn.functional.conv3d', 'any', 'error'):
-        'error input 3: tpu returns a result, CPU raises RuntimeError: negative padding is not supported',
     ('nn.functional.conv_transpose2d', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 42/3872 elements, max abs diff 0.1875 (allowed 1e-05), max rel diff inf (allowed 0.016)',
     ('nn.functional.conv_transpose3d', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 707/73568 elements, max abs diff 0.375 (allowed 1e-05), max rel diff inf (allowed 0.016)',
-    ('nn.functional.embedding', 'any', 'error'):
-        "error input 0: tpu raises AssertionError (error: AssertionError: 'weight' must be 2-D, got 0-D), CPU raises RuntimeError: 'weight' must be 2-D",
     ('nn.functional.interpolate.trilinear', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/1296 elements, max abs diff 0.020751953125 (allowed 0.02), max rel diff 0.52734375 (allowed 0.016)',
     ('nn.functional.layer_norm', 'float32', 'grad'):
@@ -228,8 +208,6 @@ XFAILS = {
         'no lowering: aten._to_sparse.default',
     ('to_sparse', 'float32', 'grad'):
         'no lowering: aten._to_sparse.default',
-    ('uniform', 'any', 'error'):
-        'error input 0: tpu returns a result, CPU raises RuntimeError: uniform_ expects to return a [from, to) range, but found from=3 > to=-1',
 }
 
 # Out-of-range *tensor* indices are values inside a compiled program; checking

@@ -63,8 +63,19 @@ def _beta_alpha(self, prod, beta, alpha):
     return jnp.where(beta == 0, jnp.zeros((), dt), self * beta) + scaled
 
 
+def _same_dtype(name, *arrays):
+    """The matrix products' CPU kernels refuse mixed dtypes (the meta kernels do
+    not check): RuntimeError while tracing; _cpu_error_kernel below then raises
+    the CPU kernel's own message."""
+    dts = [jnp.asarray(x).dtype for x in arrays]
+    if any(d != dts[0] for d in dts):
+        raise RuntimeError(f"{name}: expected all operands to have the same dtype, "
+                           f"but got {', '.join(str(d) for d in dts)}")
+
+
 @lower(aten.mm.default, aten.bmm.default, aten.mv.default)
 def mm(a, b):
+    _same_dtype("mm", a, b)
     return _matmul(a, b)
 
 
@@ -80,16 +91,19 @@ def _int_mm(a, b):
 
 @lower(aten.dot.default)
 def dot(a, b):
+    _same_dtype("dot", a, b)
     return _matmul(a, b)
 
 
 @lower(aten.vdot.default)
 def vdot(a, b):
+    _same_dtype("vdot", a, b)
     return _matmul(jnp.conj(a), b)
 
 
 @lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self, a, b, *, beta=1, alpha=1):
+    _same_dtype("addmm", self, a, b)
     return _beta_alpha(self, _matmul(a, b), beta, alpha)
 
 
@@ -100,6 +114,7 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
+    _same_dtype("addbmm", self, b1, b2)
     acc = _acc(b1.dtype)
     if acc is not None and b1.shape[0] > 0:
         # PyTorch's CPU kernel runs one addmm_ per batch, rounding the

@@ -24,6 +24,7 @@ from jax import lax
 from . import core
 from .registry import LOWERINGS, lower, out_dtype, out_meta
 from ..device.random import jax_key
+from ..runtime.storage import torch_dtype
 
 aten = torch.ops.aten
 
@@ -58,8 +59,35 @@ def _normal(key, shape, dtype):
 # -- uniform / normal ------------------------------------------------------------------------
 
 
+def _dtype_name(dtype):
+    from ..runtime.executor import _dtype_name as name
+
+    return name(dtype)
+
+
+def _check_uniform(dtype, lo, hi):
+    """PyTorch CPU's uniform_ argument checks (host values: from/to are floats)."""
+    tdt = out_meta().dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise NotImplementedError(f'aten.uniform: "check_uniform_bounds" not implemented '
+                                  f"for '{_dtype_name(tdt)}'")
+    fi = jnp.finfo(_float(dtype) if jnp.issubdtype(dtype, jnp.complexfloating) else dtype)
+    lowest, biggest = float(fi.min), float(fi.max)
+    for what, v in (("from", lo), ("to", hi)):
+        if not lowest <= v <= biggest:  # NaN included
+            raise RuntimeError(f"aten.uniform: {what} is out of bounds for "
+                               f"{_dtype_name(tdt)}")
+    if lo > hi:
+        raise RuntimeError(f"aten.uniform: uniform_ expects to return a [from, to) range, "
+                           f"but found from={lo:g} > to={hi:g}")
+    if hi - lo > biggest:
+        raise RuntimeError(f"aten.uniform: uniform_ expects to-from <= the largest "
+                           f"{_dtype_name(tdt)}, but found to={hi:g} and from={lo:g}")
+
+
 @lower(aten.uniform.default, random=True)
 def uniform(x, from_=0.0, to=1.0, *, generator=None, rng_key):
+    _check_uniform(x.dtype, float(from_), float(to))
     return _uniform(jax_key(rng_key), x.shape, x.dtype, from_, to)
 
 
@@ -294,6 +322,25 @@ core.KERNELS[aten.binomial.default] = _direct_kernel("aten.binomial.default", _b
 # -- multinomial ------------------------------------------------------------------------------------
 
 
+def _check_multinomial(p, num_samples, replacement):
+    """PyTorch CPU's multinomial checks that need only shapes, dtypes and arguments
+    (the checks on the weights' values are not made: see below)."""
+    op = "aten.multinomial"
+    if p.ndim not in (1, 2):
+        raise RuntimeError(f"{op}: prob_dist must be 1 or 2 dim")
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        raise RuntimeError(f"{op}: multinomial only supports floating-point dtypes for input, "
+                           f"got: {_dtype_name(torch_dtype(p.dtype))}")
+    if num_samples <= 0:
+        raise RuntimeError(f"{op}: cannot sample n_sample <= 0 samples")
+    k = p.shape[-1]
+    if not replacement and num_samples > k:
+        raise RuntimeError(f"{op}: cannot sample n_sample > prob_dist.size(-1) samples "
+                           "without replacement")
+    if k > 2 ** 24:
+        raise RuntimeError(f"{op}: number of categories cannot exceed 2^24")
+
+
 @lower(aten.multinomial.default, random=True)
 def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
     """Categories drawn by weight (unnormalized, non-negative).
@@ -304,13 +351,12 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
     fewer non-zero weights than samples without replacement) are not made:
     they would need a device-to-host read.
     """
+    _check_multinomial(p, num_samples, replacement)
     key = jax_key(rng_key)
     p2 = p.reshape(1, -1) if p.ndim == 1 else p
     f = jnp.float32 if p2.dtype in (jnp.bfloat16, jnp.float16) else p2.dtype
     logits = jnp.log(p2.astype(f))
     n, k = p2.shape
-    if num_samples == 0:
-        return jnp.zeros(_shape(), jnp.int64)
     if replacement:
         out = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, n)).T
     else:
@@ -318,6 +364,21 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
         out = lax.top_k(g, num_samples)[1]
     out = out.astype(jnp.int64)
     return out.reshape(_shape())
+
+
+def _multinomial_out_kernel(self, num_samples, replacement=False, *, generator=None, out):
+    # CPU checks the out= dtype before sampling; the functional lowering that
+    # computes the values never sees the out tensor.
+    if out.dtype != torch.int64:
+        raise RuntimeError(f"aten.multinomial.out: multinomial expects Long tensor out, "
+                           f"got: {_dtype_name(out.dtype)}")
+    from ..runtime import executor
+
+    return executor.runner_for(aten.multinomial.out)(self, num_samples, replacement,
+                                                     generator=generator, out=out)
+
+
+core.KERNELS[aten.multinomial.out] = _multinomial_out_kernel
 
 
 # -- in-place forms whose functional overload has another name ---------------------------------------

@@ -156,6 +156,21 @@ def narrow_copy(x, dim, start, length):
     return lax.slice_in_dim(x, s, s + length, axis=d)
 
 
+def _narrow_copy_kernel(self, dim, start, length):
+    # CPU's narrow_copy wraps a negative dim (IndexError when out of range, as
+    # the meta kernel does) but checks a non-negative one with TORCH_CHECK
+    # (RuntimeError, where the meta kernel raises IndexError).
+    if self.dim() > 0 and dim >= self.dim():
+        raise RuntimeError(f"aten.narrow_copy.default: Expected dim < {self.dim()} "
+                           f"(the tensor's number of dimensions), but got dim={dim}")
+    from ..runtime import executor
+
+    return executor.runner_for(aten.narrow_copy.default)(self, dim, start, length)
+
+
+core.KERNELS[aten.narrow_copy.default] = _narrow_copy_kernel
+
+
 @lower(aten.diagonal_copy.default)
 def diagonal_copy(x, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(x, offset, _norm(dim1, x.ndim), _norm(dim2, x.ndim))
@@ -344,7 +359,18 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 @lower(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     # Relative to x as a contiguous storage, like as_strided_copy.
-    layout = (out_torch_dtype(), tuple(size), tuple(stride), storage_offset or 0)
+    offset = storage_offset or 0
+    # CPU writes through a strided view of a clone of x (x.numel() elements):
+    # a view reaching past it fails in setStorage. Host metadata only.
+    numel = math.prod(size)
+    need = 0 if numel == 0 else offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if need > x.size or offset < 0:
+        item = jnp.dtype(x.dtype).itemsize
+        raise RuntimeError(
+            f"aten.as_strided_scatter: setStorage: sizes {list(size)}, strides {list(stride)}, "
+            f"storage offset {offset}, and itemsize {item} requiring a storage size of "
+            f"{need * item} are out of bounds for storage of size {x.size * item}")
+    layout = (out_torch_dtype(), tuple(size), tuple(stride), offset)
     return st.strided_write(x, layout, jnp.asarray(src).astype(x.dtype))
 
 
