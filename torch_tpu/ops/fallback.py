@@ -6,9 +6,10 @@ last the CPU: inputs copied to the host, the op run there, results copied
 back, with one warning per op and a counter. `TORCH_TPU_CPU_FALLBACK=0`
 turns the CPU step into a `NotImplementedError` naming the op.
 
-Sparse COO tensors travel as their indices and values (see `ops/sparse.py`);
-a result in a layout `tpu` does not have (CSR, CSC, BSR, BSC, mkldnn) raises
-`NotImplementedError` naming the op and the layout.
+Sparse tensors travel as their parts (COO: indices and values; CSR/CSC/
+BSR/BSC: compressed and plain indices and values, see `ops/sparse.py`); a
+result in a layout `tpu` does not have (mkldnn) raises `NotImplementedError`
+naming the op and the layout.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def cpu_fallback(op, *args, **kwargs):
             device = device or x.device
             if x.layout == torch.sparse_coo:
                 c = sparse.coo_to_cpu(x, dense_to_cpu)
+            elif x.layout in sparse.COMPRESSED:
+                c = sparse.compressed_moved(x, torch.device("cpu"), dense_to_cpu)
             else:
                 c = dense_to_cpu(x)
             cpu_of[id(c)] = x
@@ -98,6 +101,15 @@ def cpu_fallback(op, *args, **kwargs):
         return x
 
     cargs, ckwargs = pytree.tree_map(to_cpu, (args, kwargs))
+    if any(x.layout != torch.strided for x in cpu_of.values()):
+        # Some sparse CPU kernels read their inputs' requires_grad (e.g.
+        # _sparse_mm_reduce_impl saves arg indices for its backward only
+        # then): the copies keep it. This runs below autograd, so nothing
+        # is recorded.
+        for c in pytree.tree_leaves((cargs, ckwargs)):
+            if (isinstance(c, torch.Tensor) and id(c) in cpu_of
+                    and cpu_of[id(c)].requires_grad):
+                c.requires_grad_(True)
     out = op(*cargs, **ckwargs)
     # Mutated arguments: copy the CPU result back into the tpu tensor.
     schema = op._schema
@@ -107,7 +119,7 @@ def cpu_fallback(op, *args, **kwargs):
             for c in (v if isinstance(v, (list, tuple)) else [v]):
                 if isinstance(c, torch.Tensor) and id(c) in cpu_of:
                     orig = cpu_of[id(c)]
-                    if orig.layout == torch.sparse_coo:
+                    if orig.layout != torch.strided:
                         orig.copy_(c)  # the sparse copy_ (structure, then indices/values)
                         continue
                     if tuple(orig.shape) != tuple(c.shape):
@@ -126,11 +138,12 @@ def cpu_fallback(op, *args, **kwargs):
                 return cpu_of[id(x)]
             if x.layout == torch.sparse_coo:
                 return sparse.coo_from_cpu(x, torch.device("tpu", index), dense_back)
+            if x.layout in sparse.COMPRESSED:
+                return sparse.compressed_moved(x, torch.device("tpu", index), dense_back)
             if x.layout != torch.strided:
                 raise NotImplementedError(
                     f"The operator '{name}' returned a tensor with layout {x.layout}, which "
-                    "the tpu device does not support (only torch.strided and "
-                    "torch.sparse_coo).")
+                    "the tpu device does not support.")
             return dense_back(x)
         return x
 

@@ -1,4 +1,4 @@
-"""Sparse COO tensors on `tpu` (the SparsePrivateUse1 dispatch key).
+"""Sparse tensors on `tpu`: COO (SparsePrivateUse1) and CSR/CSC/BSR/BSC (SparseCsrPrivateUse1).
 
 This lives in `ops/` next to `core.py` because, like the storage kernels, it
 is a set of ATen kernels registered with the dispatcher, not device plumbing.
@@ -10,19 +10,22 @@ A sparse COO `tpu` tensor is PyTorch's own `SparseTensorImpl` whose indices
 - structure (construction, `_indices`/`_values`, `_nnz`, `sparse_dim`,
   `is_coalesced`, `sparse_resize_`, `clone`, `copy_`, `zero_`, ...): PyTorch's
   SparseCPU kernels for these only build or query the `SparseTensorImpl` and
-  call ATen ops on the indices/values, never their memory, and the impl takes
-  its dispatch key from the device, so they are redispatched as they are;
+  call dispatched ATen ops on the indices/values, never their memory, and the
+  impl takes its dispatch key from the device, so they are redispatched as
+  they are;
 - native kernels built from dense `tpu` ops: `_to_sparse` (dense -> COO, a
   `nonzero` read of the count like CPU), `_to_dense` (scatter-add of the
   values), `_coalesce` (`unique` of the flattened indices, then `index_add`)
   and `sparse_mask` of a dense tensor (a gather at the mask's indices);
 - every other op with a SparseCPU kernel runs on the CPU through
-  `fallback.cpu_fallback`, which carries COO tensors over as indices/values
-  (an error naming the op when the fallback is off).
+  `fallback.cpu_fallback`, which carries sparse tensors over as their parts
+  (with the fallback off: `NotImplementedError` naming the op).
 
-Sparse compressed layouts (CSR/CSC/BSR/BSC) are not supported on `tpu`: a
-kernel on the SparseCsrPrivateUse1 key, or a result of such a layout coming
-back from the CPU, raises `NotImplementedError` naming the op and layout.
+The compressed layouts get the same treatment with less native work: their
+`SparseCsrTensorImpl` structure (`crow_indices`, `col_indices`, `values`,
+`_nnz`, `clone`, `copy_`, ...) is redispatched to the SparseCsrCPU kernels,
+and every computation on them runs on the CPU. Conversions from a dense
+tensor to these layouts run on the CPU too.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from . import fallback
 
 aten = torch.ops.aten
 _SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
+_SPARSE_CSR_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCsrCPU)
+COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 # SparseCPU kernels that only build or query the SparseTensorImpl (and call
 # dispatched ATen ops on indices/values): device-generic, redispatched as is.
@@ -62,6 +67,25 @@ STRUCTURAL = (
     aten.is_pinned.default,
 )
 
+# The same for the compressed layouts (CSR/CSC/BSR/BSC: SparseCsrCPU kernels).
+STRUCTURAL_COMPRESSED = (
+    aten._nnz.default,
+    aten.crow_indices.default,
+    aten.col_indices.default,
+    aten.ccol_indices.default,
+    aten.row_indices.default,
+    aten.values.default,
+    aten.sparse_dim.default,
+    aten.dense_dim.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.clone.default,
+    aten.copy_.default,
+    aten.resize_.default,
+    aten.resize_as_sparse_.default,
+    aten.is_pinned.default,
+)
+
 # Native kernels on the SparsePrivateUse1 key (filled below).
 NATIVE: dict = {}
 # Native kernels on the PrivateUse1 key: dense -> sparse conversions.
@@ -77,11 +101,11 @@ def _native(table, *ops):
     return deco
 
 
-def _redispatch(op):
+def _redispatch(op, keys=_SPARSE_CPU):
     handle = op._handle
 
     def kernel(*args, **kwargs):
-        return handle.redispatch_boxed(_SPARSE_CPU, *args, **kwargs)
+        return handle.redispatch_boxed(keys, *args, **kwargs)
 
     kernel.__name__ = op.__name__
     return kernel
@@ -89,6 +113,14 @@ def _redispatch(op):
 
 def _on_cpu(op):
     def kernel(*args, **kwargs):
+        # The CPU run would accept a CPU sparse operand next to the moved tpu
+        # ones; on the device (as on CUDA) that is a device mismatch.
+        for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if (isinstance(a, torch.Tensor) and a.layout != torch.strided
+                    and a.device.type != "tpu"):
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least "
+                    f"two devices, tpu and {a.device} (in {op})")
         return fallback.cpu_fallback(op, *args, **kwargs)
 
     kernel.__name__ = op.__name__
@@ -117,12 +149,6 @@ def _check_like_cpu(op, self, *args, **kwargs):
     op(probe, *args, **kwargs)
 
 
-def _unsupported_layout(op, layout):
-    raise NotImplementedError(
-        f"The operator '{op}' with layout {layout} is not supported on the tpu device: "
-        "of the sparse layouts only torch.sparse_coo exists on tpu.")
-
-
 @_native(DENSE, aten._to_sparse.sparse_dim)
 def dense_to_coo(self, sparse_dim):
     _check_like_cpu(aten._to_sparse.sparse_dim, self, sparse_dim)
@@ -143,10 +169,11 @@ def dense_to_coo(self, sparse_dim):
 
 @_native(DENSE, aten._to_sparse.default)
 def dense_to_sparse(self, *, layout=None, blocksize=None, dense_dim=None):
+    if layout not in (None, torch.sparse_coo):  # CSR/CSC/BSR/BSC: on the CPU
+        return fallback.cpu_fallback(aten._to_sparse.default, self, layout=layout,
+                                     blocksize=blocksize, dense_dim=dense_dim)
     _check_like_cpu(aten._to_sparse.default, self, layout=layout, blocksize=blocksize,
                     dense_dim=dense_dim)
-    if layout not in (None, torch.sparse_coo):
-        _unsupported_layout("aten._to_sparse", layout)
     return dense_to_coo(self, self.dim() - (dense_dim or 0))
 
 
@@ -229,6 +256,20 @@ def sparse_mask(self, mask):
 # -- the CPU fallback's conversions ------------------------------------------------
 
 
+def _compressed_parts(x):
+    if x.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return x.crow_indices(), x.col_indices(), x.values()
+    return x.ccol_indices(), x.row_indices(), x.values()
+
+
+def compressed_moved(x, device, move):
+    """A copy on `device` of CSR/CSC/BSR/BSC tensor `x`, its parts moved by `move`."""
+    compressed, plain, values = _compressed_parts(x)
+    return aten._sparse_compressed_tensor_unsafe.default(
+        move(compressed), move(plain), move(values), list(x.shape), dtype=x.dtype,
+        layout=x.layout, device=device, pin_memory=False)
+
+
 def coo_to_cpu(x, copy):
     """CPU copy of sparse COO tpu tensor `x`; `copy(dense_tpu)` moves a dense part."""
     return aten._sparse_coo_tensor_with_dims_and_tensors.default(
@@ -250,24 +291,18 @@ def coo_from_cpu(x, device, to_device):
 _libs: list = []
 
 
-def _sparse_cpu_ops():
-    """Every aten overload with a SparseCPU kernel."""
+def _cpu_ops(key):
+    """Every aten overload with a kernel for dispatch key `key` (SparseCPU, ...)."""
     for name in torch._C._dispatch_get_all_op_names():
         if not name.startswith("aten::"):
             continue
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "SparseCPU"):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
             continue
         base, _, overload = name[len("aten::"):].partition(".")
         packet = getattr(aten, base, None)
         op = getattr(packet, overload or "default", None) if packet is not None else None
         if op is not None:
             yield op
-
-
-def _compressed_fallback(op, *args, **kwargs):
-    layouts = sorted({str(a.layout) for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                      if isinstance(a, torch.Tensor) and a.layout != torch.strided})
-    _unsupported_layout(op, ", ".join(layouts) or "sparse compressed")
 
 
 def install() -> None:
@@ -287,13 +322,21 @@ def install() -> None:
     # than only a backend fallback) matters: many also have a dense
     # CompositeExplicitAutograd kernel, which would otherwise win over a
     # fallback and fail on a sparse tensor.
-    for op in _sparse_cpu_ops():
+    for op in _cpu_ops("SparseCPU"):
         if op not in done:
             lib.impl(op, _on_cpu(op), "SparsePrivateUse1")
+            done.add(op)
+    done = set()
+    for op in STRUCTURAL_COMPRESSED:
+        lib.impl(op, _redispatch(op, _SPARSE_CSR_CPU), "SparseCsrPrivateUse1")
+        done.add(op)
+    for op in _cpu_ops("SparseCsrCPU"):
+        if op not in done:
+            lib.impl(op, _on_cpu(op), "SparseCsrPrivateUse1")
             done.add(op)
     for op, fn in DENSE.items():
         lib.impl(op, fn, "PrivateUse1")
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(fallback.cpu_fallback, "SparsePrivateUse1")
-    fb.fallback(_compressed_fallback, "SparseCsrPrivateUse1")
+    fb.fallback(fallback.cpu_fallback, "SparseCsrPrivateUse1")
