@@ -239,6 +239,10 @@ def sparse_mask(self, mask):
     if self.layout != torch.strided:
         return fallback.cpu_fallback(aten.sparse_mask.default, self, mask)
     torch._check(
+        mask.device == self.device,
+        lambda: f"Expected all tensors to be on the same device, but found at least two "
+                f"devices, {self.device} and {mask.device} (in aten.sparse_mask)")
+    torch._check(
         tuple(mask.shape) == tuple(self.shape),
         lambda: f"sparse_mask(): operands have incompatible sizes; self has size "
                 f"{list(self.shape)} but mask has size {list(mask.shape)}")
