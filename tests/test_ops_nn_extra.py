@@ -223,3 +223,23 @@ def test_margin_loss_backward_like_cpu(reduction):
         xd = x[0].to("tpu").requires_grad_()
         gd = torch.autograd.grad(fn(xd, tt.to("tpu"), reduction=reduction).sum(), xd)[0]
         torch.testing.assert_close(gd.cpu(), gc, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_conv_transpose_half_slow_path_like_cpu(dtype):
+    # CPU's slow_conv_transpose (bfloat16 with output_padding >= stride, which
+    # oneDNN lacks; float16 always): columns rounded to the half type, then
+    # accumulated in it one kernel offset at a time. Bit-exact.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 4, 4, generator=g).to(dtype)
+    w = torch.randn(2, 2, 4, 5, generator=g).to(dtype)
+    b = torch.randn(4, generator=g).to(dtype)
+    kw = dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4))
+    cpu = F.conv_transpose2d(x, w, b, **kw)
+    tpu = F.conv_transpose2d(*_tpu(x, w, b), **kw).cpu()
+    assert torch.equal(tpu, cpu)
+    x3 = torch.randn(1, 2, 3, 4, 3, generator=g).to(dtype)
+    w3 = torch.randn(2, 3, 3, 2, 3, generator=g).to(dtype)
+    kw3 = dict(stride=(2, 1, 2), padding=1, output_padding=(1, 0, 1))
+    assert torch.equal(F.conv_transpose3d(*_tpu(x3, w3), **kw3).cpu(),
+                       F.conv_transpose3d(x3, w3, **kw3))

@@ -134,6 +134,41 @@ def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, g
         precision=prec)
 
 
+def _conv_transpose_half_slow(x, w, bias, stride, padding, dilation, output_padding, groups):
+    """A half-precision transposed convolution the way PyTorch's CPU computes it
+    without oneDNN (slow_conv_transpose2d/3d): per group, the
+    columns w^T x (float32 sums, rounded to the half type), then col2im adding
+    them into the half-precision output one kernel offset at a time (each add
+    rounded), then the bias (one rounding). `x` is batched."""
+    dt = x.dtype
+    nsp = x.ndim - 2
+    stride, padding, dilation, output_padding = (
+        _expand_param(v, nsp) for v in (stride, padding, dilation, output_padding))
+    n, cin = x.shape[:2]
+    sp = x.shape[2:]
+    coutg, k = w.shape[1], w.shape[2:]
+    letters = "uvw"[:nsp]
+    kl = "pqr"[:nsp]
+    xg = x.reshape((n, groups, cin // groups) + sp).astype(jnp.float32)
+    wg = w.reshape((groups, cin // groups, coutg) + k).astype(jnp.float32)
+    cols = jnp.einsum(f"ngc{letters},gco{kl}->ngo{kl}{letters}", xg, wg,
+                      precision=lax.Precision.HIGHEST).astype(dt)
+    full = tuple((m - 1) * s + d * (kk - 1) + 1 for m, s, d, kk in zip(sp, stride, dilation, k))
+    out = jnp.zeros((n, groups, coutg) + full, dt)
+    for off in itertools.product(*(range(kk) for kk in k)):
+        sl = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                   for o, d, m, s in zip(off, dilation, sp, stride))
+        out = out.at[(slice(None),) * 3 + sl].add(cols[(slice(None),) * 3 + off])
+    size = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding))
+    out = jnp.pad(out, [(0, 0)] * 3 + [(0, max(0, p + o - f))
+                                       for p, o, f in zip(padding, size, full)])
+    out = out[(slice(None),) * 3 + tuple(slice(p, p + o) for p, o in zip(padding, size))]
+    out = out.reshape((n, groups * coutg) + size)
+    if bias is not None:
+        out = (out.astype(jnp.float32) + _acc(bias).reshape((1, -1) + (1,) * nsp)).astype(dt)
+    return out
+
+
 def _check_conv_params(stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch CPU's convolution parameter checks (ConvUtils.h check_shape_forward)
     that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
@@ -158,6 +193,15 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
     prec = _precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
+    nsp = weight.ndim - 2
+    # PyTorch's CPU takes its slow path for float16 (oneDNN needs AVX512-FP16
+    # or AMX-FP16 there), and for bfloat16 when oneDNN lacks the output padding.
+    if transposed and _is_half(input) and (input.dtype == jnp.float16 or any(
+            o >= s for o, s in zip(_expand_param(output_padding, nsp),
+                                   _expand_param(stride, nsp)))):
+        y = _conv_transpose_half_slow(input[None] if unbatched else input, weight, bias,
+                                      stride, padding, dilation, output_padding, groups)
+        return y[0] if unbatched else y
     x = _acc(input)[None] if unbatched else _acc(input)
     y = _conv_forward(x, _acc(weight), stride, padding, dilation, transposed, output_padding,
                       groups, prec)
