@@ -114,12 +114,8 @@ XFAILS = {
         'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
     ('chalf', 'float32', 'grad'):
         'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
-    ('embedding_oob', 'any', 'bad_call'):
-        'embedding_oob: tpu returns a result, CPU raises IndexError: index out of range in self',
     ('gather', 'any', 'error'):
         'error input 4: tpu returns a result, CPU raises RuntimeError: index 23 is out of bounds for dimension 1 with size 2',
-    ('gather_oob', 'any', 'bad_call'):
-        'gather_oob: tpu returns a result, CPU raises RuntimeError: index 4 is out of bounds for dimension 1 with size 4',
     ('grid_sampler_3d', 'float32', 'grad'):
         'mismatch (grad sample N): Tensor-likes are not close!, 566/637560 elements, max abs diff 0.00028228759765625 (allowed 5e-05), max rel diff 0.024261603131890297 (allowed 1.3e-06), output [1]',
     ('hash_tensor', 'float32', 'forward'):
@@ -128,12 +124,6 @@ XFAILS = {
         'no lowering: aten.hash_tensor.out',
     ('hash_tensor', 'int64', 'forward'):
         'no lowering: aten.hash_tensor.out',
-    ('index_put_oob', 'any', 'bad_call'):
-        'index_put_oob: tpu returns a result, CPU raises IndexError: index 3 is out of bounds for dimension 0 with size 3',
-    ('index_select_oob', 'any', 'bad_call'):
-        'index_select_oob: tpu returns a result, CPU raises IndexError: index out of range in self',
-    ('index_tensor_oob', 'any', 'bad_call'):
-        'index_tensor_oob: tpu returns a result, CPU raises IndexError: index 5 is out of bounds for dimension 0 with size 3',
     ('kthvalue', 'any', 'error'):
         'error input 0: tpu returns a result, CPU raises RuntimeError: unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. Pl',
     ('logcumsumexp', 'float32', 'grad'):
@@ -148,8 +138,6 @@ XFAILS = {
         "mismatch (forward sample N): The values for attribute 'dtype' do not match: torch.float32 != torch.bfloat16., output [1]",
     ('native_layer_norm', 'float32', 'grad'):
         'mismatch (grad sample N): Tensor-likes are not close!, 1/1 elements, max abs diff 0.00011090812768088654 (allowed 1e-05), max rel diff 1.0 (allowed 1.3e-06), output [1]',
-    ('nll_loss_target_oob', 'any', 'bad_call'):
-        'nll_loss_target_oob: tpu returns a result, CPU raises IndexError: Target 3 is out of bounds.',
     ('nn.functional.adaptive_avg_pool3d', 'bfloat16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 92/1120 elements, max abs diff 0.0234375 (allowed 1e-05), max rel diff 2.625 (allowed 0.016)',
     ('nn.functional.binary_cross_entropy_with_logits', 'bfloat16', 'forward'):
@@ -176,14 +164,6 @@ XFAILS = {
         'mismatch (grad sample N): Tensor-likes are not close!, 2/96 elements, max abs diff 0.00010219133400823921 (allowed 0.0001), max rel diff 1.539426565170288 (allowed 0.0001), output [0]',
     ('one_hot_oob', 'any', 'bad_call'):
         'one_hot_oob: tpu returns a result, CPU raises RuntimeError: Class values must be smaller than num_classes.',
-    ('scatter', 'any', 'error'):
-        'error input 3: tpu returns a result, CPU raises RuntimeError: index 34 is out of bounds for dimension 0 with size 3',
-    ('scatter_add', 'any', 'error'):
-        'error input 3: tpu returns a result, CPU raises RuntimeError: index 34 is out of bounds for dimension 0 with size 3',
-    ('scatter_oob', 'any', 'bad_call'):
-        'scatter_oob: tpu returns a result, CPU raises RuntimeError: index 4 is out of bounds for dimension 0 with size 3',
-    ('setitem_oob', 'any', 'bad_call'):
-        'setitem_oob: tpu returns a result, CPU raises IndexError: index -4 is out of bounds for dimension 0 with size 3',
     ('sgn', 'float32', 'grad'):
         'no lowering: aten._efficientzerotensor.default',
     ('sparse.mm.reduce', 'float32', 'forward'):
@@ -198,8 +178,6 @@ XFAILS = {
         "error: NotImplementedError: Could not run 'aten::sparse_sampled_addmm' with arguments from the 'SparseCsrtpu' backend. This could be because the operator doesn't exist for this backend, or was omitted during the selective/custom",
     ('take', 'any', 'error'):
         'error input 1: tpu returns a result, CPU raises RuntimeError: unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. Pl',
-    ('take_oob', 'any', 'bad_call'):
-        'take_oob: tpu returns a result, CPU raises IndexError: out of range: tried to access index 12 on a tensor of 12 elements.',
     ('to_sparse', 'float32', 'forward'):
         'no lowering: aten._to_sparse.default',
     ('to_sparse', 'bfloat16', 'forward'):
@@ -215,4 +193,30 @@ XFAILS = {
 # raise for them. What it does instead, per op (tests/ops/test_bad_input.py
 # checks that it is deterministic):
 UNCHECKED_INDEX = {
+    # reads: an index outside the valid range reads a fill value (XLA gather,
+    # fill mode): NaN for floating types (complex: nan+0j), the type's minimum
+    # for signed integers, its maximum for unsigned ones, True for bool.
+    'gather': 'index outside [0, size) (negatives included) reads the fill value '
+              '(NaN / integer min / unsigned max / True)',
+    'index_select': 'index outside [0, size) (negatives included) reads a row of the '
+                    'fill value (NaN / integer min / unsigned max / True)',
+    'take': 'index in [-numel, -1] wraps like CPU; beyond [-numel, numel) reads the '
+            'fill value (NaN / integer min / unsigned max / True)',
+    'index': 'index tensor entry in [-size, -1] wraps like CPU; beyond [-size, size) '
+             'reads the fill value (NaN / integer min / unsigned max / True)',
+    'nn.functional.embedding': 'index clamped to [0, num_embeddings - 1] (a negative '
+                               'index reads row 0, a too-large one the last row)',
+    # writes: updates at an index outside the valid range are dropped (XLA
+    # scatter), the rest of the op happens.
+    'scatter': 'updates at an index outside [0, size) (negatives included) are dropped',
+    'scatter_add': 'updates at an index outside [0, size) (negatives included) are dropped',
+    'index_put': 'index in [-size, -1] wraps like CPU; updates beyond [-size, size) '
+                 'are dropped (accumulate=True too)',
+    '__setitem__': 'index in [-size, -1] wraps like CPU; assignments beyond '
+                   '[-size, size) are dropped',
+    'nn.functional.one_hot': 'a class outside [0, num_classes) (negatives included) '
+                             'gives an all-zero row',
+    'nn.functional.nll_loss': 'target in [-C, -1] (not ignore_index) wraps to class '
+                              'C + target; target >= C or < -C makes its loss term NaN '
+                              '(so mean/sum are NaN)',
 }
