@@ -31,6 +31,7 @@ tensor to these layouts run on the CPU too.
 from __future__ import annotations
 
 import torch
+from torch.utils import _pytree as pytree
 
 from . import fallback
 
@@ -115,7 +116,7 @@ def _on_cpu(op):
     def kernel(*args, **kwargs):
         # The CPU run would accept a CPU sparse operand next to the moved tpu
         # ones; on the device (as on CUDA) that is a device mismatch.
-        for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+        for a in pytree.tree_leaves((args, kwargs)):
             if (isinstance(a, torch.Tensor) and a.layout != torch.strided
                     and a.device.type != "tpu"):
                 raise RuntimeError(
