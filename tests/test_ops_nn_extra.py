@@ -243,3 +243,11 @@ def test_conv_transpose_half_slow_path_like_cpu(dtype):
     kw3 = dict(stride=(2, 1, 2), padding=1, output_padding=(1, 0, 1))
     assert torch.equal(F.conv_transpose3d(*_tpu(x3, w3), **kw3).cpu(),
                        F.conv_transpose3d(x3, w3, **kw3))
+
+
+@pytest.mark.parametrize("out", [(5, 7, 4), (2, 1, 3), (1, 1, 1)])
+def test_adaptive_avg_pool3d_bfloat16_like_cpu(out):
+    # CPU sums each window in bfloat16, in order, then divides by each extent.
+    x = torch.randn(2, 3, 8, 9, 20, generator=torch.Generator().manual_seed(0)).bfloat16()
+    cpu = aten._adaptive_avg_pool3d(x, out)
+    assert torch.equal(aten._adaptive_avg_pool3d(x.to("tpu"), out).cpu(), cpu)

@@ -504,8 +504,50 @@ def _adaptive_avg_pool2d(self, output_size):
     return _adaptive_avg(self, tuple(output_size))
 
 
+def _adaptive_avg3d_half(x, out_sp):
+    """CPU's 3-d adaptive average of a bfloat16 input: each window summed in
+    bfloat16, element by element in (d, h, w) order, then divided by its depth,
+    height and width in turn (each step rounded). (float16 differs on CPU too,
+    in another way: not matched.)"""
+    dt = x.dtype
+    lead = x.ndim - 3
+    y = x
+    valid = np.ones((), bool)
+    for j, (L, O) in enumerate(zip(x.shape[lead:], out_sp)):
+        start, end = _adaptive_windows(L, O)
+        k = int((end - start).max())
+        idx = start[:, None] + np.arange(k)[None, :]
+        ok = idx < end[:, None]
+        axis = lead + 2 * j
+        y = jnp.take(y, np.where(ok, idx, start[:, None]).reshape(-1), axis=axis)
+        y = y.reshape(y.shape[:axis] + (O, k) + y.shape[axis + 1:])
+        valid = valid[..., None, None] & ok.reshape((1,) * (2 * j) + (O, k))
+    # Padding slots add +0: a running sum that starts at +0 is unchanged by it.
+    y = jnp.where(valid, y, jnp.zeros((), dt))
+    perm = tuple(range(lead)) + tuple(lead + 2 * j for j in range(3)) + tuple(
+        lead + 2 * j + 1 for j in range(3))
+    y = jnp.transpose(y, perm)
+    y = y.reshape(y.shape[:lead + 3] + (-1,))
+    n = y.shape[-1]
+    if n <= 64:
+        acc = jnp.zeros(y.shape[:-1], dt)
+        for i in range(n):
+            acc = acc + y[..., i]
+    else:
+        acc = lax.fori_loop(0, n, lambda i, a: a + lax.dynamic_index_in_dim(
+            y, i, axis=y.ndim - 1, keepdims=False), jnp.zeros(y.shape[:-1], dt))
+    for j, (L, O) in enumerate(zip(x.shape[lead:], out_sp)):
+        start, end = _adaptive_windows(L, O)
+        shape = [1] * 3
+        shape[j] = O
+        acc = acc / jnp.asarray((end - start).reshape(shape), dt)
+    return acc
+
+
 @lower(aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool3d(self, output_size):
+    if self.dtype == jnp.bfloat16 and self.size:
+        return _adaptive_avg3d_half(self, tuple(output_size))
     return _adaptive_avg(self, tuple(output_size))
 
 
