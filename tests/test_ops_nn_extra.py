@@ -251,3 +251,35 @@ def test_adaptive_avg_pool3d_bfloat16_like_cpu(out):
     x = torch.randn(2, 3, 8, 9, 20, generator=torch.Generator().manual_seed(0)).bfloat16()
     cpu = aten._adaptive_avg_pool3d(x, out)
     assert torch.equal(aten._adaptive_avg_pool3d(x.to("tpu"), out).cpu(), cpu)
+
+
+@pytest.mark.parametrize("n", [1, 17, 300, 4097])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_nll_loss_bfloat16_cascade_like_cpu(n, ignore):
+    # CPU sums half-precision nll_loss in bfloat16 through an 8-level cascade
+    # of 16-element partial sums; ignored elements at flush indices change the
+    # grouping (the element-by-element path). Bit-exact.
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, 5, generator=g) * 3).bfloat16()
+    t = torch.randint(0, 5, (n,), generator=g)
+    if ignore:
+        t[torch.rand(n, generator=g) < 0.3] = -100
+        t[0] = -100
+    w = torch.rand(5, generator=g).bfloat16()
+    for weight in (None, w):
+        for red in ("sum", "mean"):
+            cpu = F.nll_loss(x, t, weight, reduction=red)
+            tpu = F.nll_loss(*_tpu(x, t, weight), reduction=red).cpu()
+            assert torch.equal(tpu, cpu) or (cpu.isnan() and tpu.isnan()), (weight, red)
+
+
+def test_bce_with_logits_bfloat16_like_cpu():
+    # CPU's composite rounds every step to bfloat16.
+    g = torch.Generator().manual_seed(0)
+    x, t = (torch.randn(6, 5, generator=g) * 4).bfloat16(), torch.rand(6, 5, generator=g).bfloat16()
+    w, pw = torch.rand(5, generator=g).bfloat16(), torch.rand(5, generator=g).bfloat16() * 3
+    for kw in ({}, {"weight": w}, {"pos_weight": pw}, {"weight": w, "pos_weight": pw}):
+        cpu = F.binary_cross_entropy_with_logits(x, t, reduction="none", **kw)
+        tpu = F.binary_cross_entropy_with_logits(
+            *_tpu(x, t), reduction="none", **{k: v.to("tpu") for k, v in kw.items()}).cpu()
+        assert torch.equal(tpu, cpu), kw

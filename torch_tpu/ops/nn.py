@@ -1048,7 +1048,84 @@ def _nll(self, target, weight, ignore_index):
     return cdim, nclass, safe, w
 
 
+def _cascade_tree(v):
+    """PyTorch CPU's cascade sum (nll_loss) of the 1-D `v` in v's dtype when no
+    element at a flush index (i % 16 == 0) is skipped: element 0 goes to the top
+    level; every later level sums, in order, chunks of 16 values of the level
+    below; the levels' residuals and the top are added in order at the end."""
+    dt = v.dtype
+    zero = jnp.zeros((), dt)
+    seq = v[1:]
+    residuals = []
+    for _ in range(7):
+        m = seq.shape[0]
+        full = m // 16
+        chunks = seq[:full * 16].reshape(full, 16)
+        sums = jnp.zeros((full,), dt)
+        for t in range(16):
+            sums = sums + chunks[:, t]
+        r = zero
+        for t in range(full * 16, m):
+            r = r + seq[t]
+        residuals.append(r)
+        seq = sums
+    top = zero + v[0]
+    for t in range(seq.shape[0]):
+        top = top + seq[t]
+    out = zero
+    for r in residuals + [top]:
+        out = out + r
+    return out
+
+
+def _cascade_scan(v, skip):
+    """The same cascade, element by element (any skipped elements)."""
+    dt = v.dtype
+
+    def step(levels, item):
+        i, val, sk = item
+        lv = list(levels)
+        lv[0] = jnp.where(sk, lv[0], lv[0] + val)
+        go = ~sk
+        for j in range(7):
+            go = go & (((i >> (4 * j)) & 15) == 0)
+            lv[j + 1] = jnp.where(go, lv[j + 1] + lv[j], lv[j + 1])
+            lv[j] = jnp.where(go, jnp.zeros((), dt), lv[j])
+        return jnp.stack(lv), None
+
+    levels, _ = lax.scan(step, jnp.zeros((8,), dt),
+                         (jnp.arange(v.shape[0], dtype=jnp.int32), v, skip))
+    out = jnp.zeros((), dt)
+    for j in range(8):
+        out = out + levels[j]
+    return out
+
+
+def _cascade_sum(v, skip):
+    """sum(v[~skip]) exactly as PyTorch's CPU nll_loss kernels accumulate it in
+    a half type (8 levels of 16-element partial sums, in the input dtype)."""
+    v = jnp.where(skip, jnp.zeros((), v.dtype), v)
+    if v.shape[0] == 0:
+        return jnp.zeros((), v.dtype)
+    return lax.cond(jnp.any(skip[::16]), _cascade_scan, lambda a, _: _cascade_tree(a), v, skip)
+
+
 def _nll_forward(self, target, weight, reduction, ignore_index):
+    if reduction != 0 and _is_half(self):
+        # CPU sums the picked values in the half type, through a cascade.
+        dt = self.dtype
+        cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
+        picked = jnp.squeeze(jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim),
+                             cdim).reshape(-1)
+        skip = (target.astype(jnp.int32) == ignore_index).reshape(-1)
+        if weight is not None:
+            wv = w.astype(dt).reshape(-1)
+            s = _cascade_sum(-(picked * wv), skip)
+            total = _cascade_sum(wv, skip)
+        else:
+            s = _cascade_sum(-picked, skip)
+            total = jnp.sum(~skip).astype(dt)
+        return (s / total if reduction == 1 else s), total
     x = _acc(self)
     cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
     picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, cdim), axis=cdim), cdim)
@@ -1167,16 +1244,22 @@ def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduct
 
 @lower(aten.binary_cross_entropy_with_logits.default)
 def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
-    x, t = _acc(self), _acc(target)
+    # PyTorch's composite, op by op, each result in its tensor's dtype (the
+    # in-place steps keep the left operand's; what a bfloat16 input sees):
+    # log_sigmoid(x) [* ((pw - 1) * t + 1)], (1 - t) * x - that [* weight].
+    def rnd(v, like):
+        return v.astype(like.dtype)
+
+    xf = _acc(self)
+    lsi = rnd(jnp.minimum(xf, 0) - jnp.log1p(jnp.exp(-jnp.abs(xf))), self)
     if pos_weight is not None:
-        log_weight = (_acc(pos_weight) - 1) * t + 1
-        loss = (1 - t) * x + log_weight * (jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0))
-    else:
-        m = jnp.maximum(-x, 0)
-        loss = (1 - t) * x + m + jnp.log(jnp.exp(-m) + jnp.exp(-x - m))
+        log_weight = (pos_weight - 1) * target + 1
+        lsi = rnd(lsi * log_weight, lsi)
+    one_m_t = rnd(1 - target, target)
+    loss = rnd(rnd(one_m_t * self, one_m_t) - lsi, one_m_t)
     if weight is not None:
-        loss = loss * _acc(weight)
-    return _reduce(loss, reduction)
+        loss = rnd(loss * weight, loss)
+    return _reduce(_acc(loss), reduction)
 
 
 def _margin_rows(x, grad_output, reduction):
