@@ -1607,8 +1607,10 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
     return _ungroup(out, grp), lse
 
 
-def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key):
-    """Gradients of _attention from the saved logsumexp (no second softmax)."""
+def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key, out=None):
+    """Gradients of _attention from the saved logsumexp (no second softmax).
+    With the forward's `out`, the softmax-gradient row term sum(p * dp) is
+    taken as rowsum(g * out), as CPU's fused attention backward does."""
     scale, grp = _attn_setup(q, k, scale)
     s = _attn_scores(q, k, bias, is_causal, scale, grp)
     lse = lse.reshape(s.shape[:-1])[..., None]
@@ -1626,7 +1628,11 @@ def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key)
     dp = _ungroup(jnp.einsum("...ld,...sd->...ls", gg, _kv(_acc(v), grp), precision=prec), grp)
     if dropout_p > 0:
         dp = dp * z
-    ds = p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
+    if out is not None:
+        row = jnp.sum(ga * _acc(out), axis=-1, keepdims=True)
+    else:
+        row = jnp.sum(p * dp, axis=-1, keepdims=True)
+    ds = p * (dp - row)
     dsg = _group(ds, grp)
     dq = _ungroup(jnp.einsum("...ls,...se->...le", dsg, _kv(_acc(k), grp), precision=prec),
                   grp) * scale
@@ -1666,7 +1672,7 @@ def _sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask
                          philox_seed, philox_offset, *, scale=None):
     rkey = _unpack_key(philox_seed, philox_offset) if dropout_p > 0 else None
     gq, gk, gv, ds = _attention_backward(grad_out, query, key, value, attn_bias, logsumexp,
-                                         dropout_p, is_causal, scale, rkey)
+                                         dropout_p, is_causal, scale, rkey, out)
     gb = None
     if attn_bias is not None:
         if attn_bias.dtype != jnp.bool_ and grad_input_mask[3]:
