@@ -302,3 +302,15 @@ def test_sdpa_backward_row_term_like_cpu(is_causal):
     exact = grads("cpu", torch.float64)
     for t, c, e in zip(grads("tpu", torch.float32), grads("cpu", torch.float32), exact):
         assert (t - e).abs().max() <= 1.5 * (c - e).abs().max() + 2e-6
+
+
+@pytest.mark.parametrize("mode,shape,size", [("linear", (2, 3, 7), (12,)),
+                                             ("trilinear", (2, 3, 4, 3, 5), (5, 4, 6))])
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_upsample_linear_bfloat16_weights_like_cpu(mode, shape, size, align_corners):
+    # CPU's generic kernel keeps a bfloat16 input's interpolation weights in
+    # bfloat16 (lambda1, then 1 - lambda1, each rounded). Bit-exact.
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).bfloat16()
+    cpu = F.interpolate(x, size=size, mode=mode, align_corners=align_corners)
+    tpu = F.interpolate(x.to("tpu"), size=size, mode=mode, align_corners=align_corners)
+    assert torch.equal(tpu.cpu(), cpu)

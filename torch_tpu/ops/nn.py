@@ -1754,9 +1754,16 @@ def _upsample_linear(x, out_sp, align_corners, scales):
     nsp = len(out_sp)
     lead = x.ndim - nsp
     xa = _acc(x)
+    # CPU's generic (1-d and 3-d) kernel stores a half input's weights in its
+    # dtype: lambda1 rounded, lambda0 = 1 - that, rounded (its 2-d kernel not).
+    round_w = _is_half(x) and nsp != 2
     for j, (O, sc) in enumerate(zip(out_sp, scales)):
         L = xa.shape[lead + j]
         i0, i1, l0, l1 = _linear_weights(L, O, align_corners, sc)
+        if round_w:
+            hd = jnp.dtype(x.dtype)
+            l1 = l1.astype(hd).astype(np.float32)
+            l0 = (np.float32(1) - l1).astype(hd).astype(np.float32)
         shape = [1] * xa.ndim
         shape[lead + j] = O
         a = jnp.take(xa, jnp.asarray(i0), axis=lead + j)
