@@ -188,16 +188,49 @@ CPU_ARGS = {"tensor_split": (0,)}
 
 
 def sample_to_tpu(sample, op_name=None):
-    """(input, args, kwargs) of `sample` with tensors and devices on tpu."""
-    inp = pytree.tree_map(_map_device, sample.input)
+    """(input, args, kwargs) of `sample` with tensors and devices on tpu.
+
+    Aliasing is kept: the same CPU tensor in two places (an input passed as
+    out=) becomes the same tpu tensor, and CPU tensors sharing a storage
+    become views of one tpu storage, so PyTorch's memory-overlap errors
+    (error_inputs of cat, take, gather, ...) can happen on tpu too.
+    """
+    leaves = [x for x in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+              if isinstance(x, torch.Tensor) and x.device.type == "cpu"
+              and x.layout == torch.strided]
+    users = {}
+    for x in leaves:
+        if x.untyped_storage().nbytes():
+            users.setdefault(x.untyped_storage().data_ptr(), set()).add(id(x))
+    bases, done = {}, {}
+
+    def move(x):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return _map_device(x)
+        if id(x) in done:
+            return done[id(x)]
+        key = x.untyped_storage().data_ptr()
+        if x.layout == torch.strided and len(users.get(key, ())) > 1:
+            if key not in bases:
+                flat = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
+                bases[key] = flat.detach().clone().to(TPU)
+            out = bases[key].as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset())
+            if x.requires_grad:
+                out = out.detach().requires_grad_(True)
+        else:
+            out = _map_device(x)
+        done[id(x)] = out
+        return out
+
+    inp = pytree.tree_map(move, sample.input)
     keep = CPU_ARGS.get(op_name, ())
-    args = tuple(a if i in keep and isinstance(a, torch.Tensor) else pytree.tree_map(_map_device, a)
+    args = tuple(a if i in keep and isinstance(a, torch.Tensor) else pytree.tree_map(move, a)
                  for i, a in enumerate(sample.args))
     kwargs = {}
     for k, v in sample.kwargs.items():
         if k == "device" and isinstance(v, str) and v.startswith("cpu"):
             v = "tpu"
-        kwargs[k] = pytree.tree_map(_map_device, v)
+        kwargs[k] = pytree.tree_map(move, v)
     return inp, args, kwargs
 
 

@@ -43,7 +43,7 @@ def _error_ops():
     return out
 
 
-_INDEX_WORDS = re.compile(r"index|out of (range|bounds)|bounds", re.I)
+_INDEX_WORDS = re.compile(r"index|out of (range|bounds)|bounds|num_classes", re.I)
 
 
 def _tensors_equal(a, b):

@@ -154,9 +154,12 @@ def copy_(self, src, non_blocking=False):
         assign(self, value)
         return self
     # tpu -> cpu (or another host device)
-    host = np.asarray(_device_value(src))
+    value = _device_value(src)
+    if value.ndim > st.NUMPY_MAX_DIMS:  # numpy's limit: carry the elements flat
+        value = value.reshape(-1)
+    host = np.asarray(value)
     metrics.transfer("device_to_host", host.nbytes)
-    cpu = st.host_tensor(host, src.dtype)
+    cpu = st.host_tensor(host, src.dtype).reshape(tuple(src.shape))
     with torch.no_grad():
         self.copy_(cpu)
     return self

@@ -245,6 +245,65 @@ def aminmax(x, *, dim=None, keepdim=False):
             jnp.max(x, axis=axes, keepdims=keepdim))
 
 
+def _checked_kernel(op, label, dim_at, default_dim=None, any_dim_error=None):
+    """CPU's argument checks that PyTorch's meta kernels make differently, then
+    the op's runner. Host metadata only.
+
+    - A reduced dim of size 0 is an IndexError on CPU ("Expected reduction dim
+      d to have non-zero size"); the meta kernels raise RuntimeError, or (max
+      and min over a dim) nothing.
+    - `any_dim_error`: the exception type CPU raises for an empty input reduced
+      over all dims (argmax/argmin: IndexError).
+    - aminmax's out= tensors must have the input's dtype (meta: any castable).
+    """
+    def kernel(self, *args, **kwargs):
+        dim = args[dim_at] if len(args) > dim_at else kwargs.get("dim", default_dim)
+        if self.numel() == 0:
+            if dim is None:
+                if any_dim_error is not None:
+                    raise any_dim_error(f"{label}: Expected reduction dim to be specified "
+                                        "for input.numel() == 0.")
+            else:
+                for d in ([dim] if isinstance(dim, int) else list(dim)):
+                    d = d + max(self.dim(), 1) if d < 0 else d
+                    if self.dim() == 0 or (0 <= d < self.dim() and self.shape[d] == 0):
+                        raise IndexError(f"{label}: Expected reduction dim {d} to have "
+                                         "non-zero size.")
+        for name in ("min", "max"):
+            out = kwargs.get(name)
+            if isinstance(out, torch.Tensor) and out.dtype != self.dtype:
+                raise RuntimeError(f"{op}: Expected out tensor to have dtype {self.dtype}, "
+                                   f"but got {out.dtype} instead")
+        from ..runtime import executor
+
+        return executor.runner_for(op)(self, *args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+def _install_checked_kernels():
+    from . import core
+
+    table = [
+        # (ops, label, index of dim in the positional args after self, default dim)
+        ((aten.amax.default, aten.amax.out), "amax()", 0, None, None),
+        ((aten.amin.default, aten.amin.out), "amin()", 0, None, None),
+        ((aten.aminmax.default, aten.aminmax.out), "aminmax", 99, None, None),
+        ((aten.argmax.default, aten.argmax.out), "argmax()", 0, None, IndexError),
+        ((aten.argmin.default, aten.argmin.out), "argmin()", 0, None, IndexError),
+        ((aten.max.dim, aten.max.dim_max), "max()", 0, None, None),
+        ((aten.min.dim, aten.min.dim_min), "min()", 0, None, None),
+        ((aten.kthvalue.default, aten.kthvalue.values), "kthvalue()", 1, -1, None),
+    ]
+    for ops, label, dim_at, default, any_dim in table:
+        for op in ops:
+            core.KERNELS.setdefault(op, _checked_kernel(op, label, dim_at, default, any_dim))
+
+
+_install_checked_kernels()
+
+
 def _arg_extreme(x, axis, largest):
     """First index of the max (min) along `axis`; a NaN counts as the extreme."""
     f = lax.argmax if largest else lax.argmin

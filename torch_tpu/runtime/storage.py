@@ -321,6 +321,9 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     return np.asarray(executor.value(t))
 
 
+NUMPY_MAX_DIMS = 64
+
+
 def from_host(src: torch.Tensor, index: int):
     """A jax.Array on tpu:index holding the CPU tensor `src`."""
     src = src.detach()
@@ -332,6 +335,11 @@ def from_host(src: torch.Tensor, index: int):
         src = src.resolve_conj()
     if src.is_neg():
         src = src.resolve_neg()
+    shape = tuple(src.shape)
+    if len(shape) > NUMPY_MAX_DIMS:
+        # numpy (the transfer's carrier) stops at 64 dimensions, XLA does not:
+        # move the elements flat and give them their shape on the device.
+        return from_host(src.contiguous().reshape(-1), index).reshape(shape)
     jd = jax_dtype(src.dtype)
     if src.dtype == torch.bfloat16:
         host = src.contiguous().view(torch.int16).numpy().view(jnp.bfloat16)
