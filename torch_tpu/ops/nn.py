@@ -134,41 +134,6 @@ def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, g
         precision=prec)
 
 
-def _conv_transpose_half_slow(x, w, bias, stride, padding, dilation, output_padding, groups):
-    """A half-precision transposed convolution the way PyTorch's CPU computes it
-    without oneDNN (slow_conv_transpose2d/3d): per group, the
-    columns w^T x (float32 sums, rounded to the half type), then col2im adding
-    them into the half-precision output one kernel offset at a time (each add
-    rounded), then the bias (one rounding). `x` is batched."""
-    dt = x.dtype
-    nsp = x.ndim - 2
-    stride, padding, dilation, output_padding = (
-        _expand_param(v, nsp) for v in (stride, padding, dilation, output_padding))
-    n, cin = x.shape[:2]
-    sp = x.shape[2:]
-    coutg, k = w.shape[1], w.shape[2:]
-    letters = "uvw"[:nsp]
-    kl = "pqr"[:nsp]
-    xg = x.reshape((n, groups, cin // groups) + sp).astype(jnp.float32)
-    wg = w.reshape((groups, cin // groups, coutg) + k).astype(jnp.float32)
-    cols = jnp.einsum(f"ngc{letters},gco{kl}->ngo{kl}{letters}", xg, wg,
-                      precision=lax.Precision.HIGHEST).astype(dt)
-    full = tuple((m - 1) * s + d * (kk - 1) + 1 for m, s, d, kk in zip(sp, stride, dilation, k))
-    out = jnp.zeros((n, groups, coutg) + full, dt)
-    for off in itertools.product(*(range(kk) for kk in k)):
-        sl = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                   for o, d, m, s in zip(off, dilation, sp, stride))
-        out = out.at[(slice(None),) * 3 + sl].add(cols[(slice(None),) * 3 + off])
-    size = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding))
-    out = jnp.pad(out, [(0, 0)] * 3 + [(0, max(0, p + o - f))
-                                       for p, o, f in zip(padding, size, full)])
-    out = out[(slice(None),) * 3 + tuple(slice(p, p + o) for p, o in zip(padding, size))]
-    out = out.reshape((n, groups * coutg) + size)
-    if bias is not None:
-        out = (out.astype(jnp.float32) + _acc(bias).reshape((1, -1) + (1,) * nsp)).astype(dt)
-    return out
-
-
 def _check_conv_params(stride, padding, dilation, transposed, output_padding, groups):
     """PyTorch CPU's convolution parameter checks (ConvUtils.h check_shape_forward)
     that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
@@ -193,15 +158,6 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
     prec = _precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
-    nsp = weight.ndim - 2
-    # PyTorch's CPU takes its slow path for float16 (oneDNN needs AVX512-FP16
-    # or AMX-FP16 there), and for bfloat16 when oneDNN lacks the output padding.
-    if transposed and _is_half(input) and (input.dtype == jnp.float16 or any(
-            o >= s for o, s in zip(_expand_param(output_padding, nsp),
-                                   _expand_param(stride, nsp)))):
-        y = _conv_transpose_half_slow(input[None] if unbatched else input, weight, bias,
-                                      stride, padding, dilation, output_padding, groups)
-        return y[0] if unbatched else y
     x = _acc(input)[None] if unbatched else _acc(input)
     y = _conv_forward(x, _acc(weight), stride, padding, dilation, transposed, output_padding,
                       groups, prec)
@@ -504,50 +460,8 @@ def _adaptive_avg_pool2d(self, output_size):
     return _adaptive_avg(self, tuple(output_size))
 
 
-def _adaptive_avg3d_half(x, out_sp):
-    """CPU's 3-d adaptive average of a bfloat16 input: each window summed in
-    bfloat16, element by element in (d, h, w) order, then divided by its depth,
-    height and width in turn (each step rounded). (float16 differs on CPU too,
-    in another way: not matched.)"""
-    dt = x.dtype
-    lead = x.ndim - 3
-    y = x
-    valid = np.ones((), bool)
-    for j, (L, O) in enumerate(zip(x.shape[lead:], out_sp)):
-        start, end = _adaptive_windows(L, O)
-        k = int((end - start).max())
-        idx = start[:, None] + np.arange(k)[None, :]
-        ok = idx < end[:, None]
-        axis = lead + 2 * j
-        y = jnp.take(y, np.where(ok, idx, start[:, None]).reshape(-1), axis=axis)
-        y = y.reshape(y.shape[:axis] + (O, k) + y.shape[axis + 1:])
-        valid = valid[..., None, None] & ok.reshape((1,) * (2 * j) + (O, k))
-    # Padding slots add +0: a running sum that starts at +0 is unchanged by it.
-    y = jnp.where(valid, y, jnp.zeros((), dt))
-    perm = tuple(range(lead)) + tuple(lead + 2 * j for j in range(3)) + tuple(
-        lead + 2 * j + 1 for j in range(3))
-    y = jnp.transpose(y, perm)
-    y = y.reshape(y.shape[:lead + 3] + (-1,))
-    n = y.shape[-1]
-    if n <= 64:
-        acc = jnp.zeros(y.shape[:-1], dt)
-        for i in range(n):
-            acc = acc + y[..., i]
-    else:
-        acc = lax.fori_loop(0, n, lambda i, a: a + lax.dynamic_index_in_dim(
-            y, i, axis=y.ndim - 1, keepdims=False), jnp.zeros(y.shape[:-1], dt))
-    for j, (L, O) in enumerate(zip(x.shape[lead:], out_sp)):
-        start, end = _adaptive_windows(L, O)
-        shape = [1] * 3
-        shape[j] = O
-        acc = acc / jnp.asarray((end - start).reshape(shape), dt)
-    return acc
-
-
 @lower(aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool3d(self, output_size):
-    if self.dtype == jnp.bfloat16 and self.size:
-        return _adaptive_avg3d_half(self, tuple(output_size))
     return _adaptive_avg(self, tuple(output_size))
 
 
@@ -720,39 +634,6 @@ def _moments(x, axes):
     return mean, var
 
 
-def _fma(x, a, b):
-    """x * a + b rounded once, like a fused multiply-add, for float32/float64
-    (XLA has no fma op): the product split exactly into p + e (Dekker's
-    two-product on halves taken by bit masks, no rounding), p + b split exactly
-    into s + t (two-sum), then s + (t + e)."""
-    if x.dtype == jnp.float64:
-        ut, mask = jnp.uint64, np.uint64(0xFFFFFFFFF8000000)
-    else:
-        ut, mask = jnp.uint32, np.uint32(0xFFFFF000)
-
-    def split(v):
-        hi = lax.bitcast_convert_type(lax.bitcast_convert_type(v, ut) & mask, v.dtype)
-        return hi, v - hi
-
-    x, a, b = jnp.broadcast_arrays(x, a, b)
-    p = x * a
-    xh, xl = split(x)
-    ah, al = split(a)
-    e = ((xh * ah - p) + xh * al + xl * ah) + xl * al
-    s = p + b
-    bb = s - p
-    t = (p - (s - bb)) + (b - bb)
-    r = s + (t + e)
-    return jnp.where(jnp.isfinite(r), r, p + b)
-
-
-def _cpu_xhat(x, mean, rstd):
-    """(x - mean) * rstd the way PyTorch's CPU layer-norm kernels evaluate it:
-    fma(x, rstd, -rstd * mean). For a row whose variance is ~0 (one element)
-    this is the rounding error of rstd * mean, not 0."""
-    return _fma(x, rstd, -(rstd * mean))
-
-
 def _norm_input_grad(g, xhat, rstd, axes):
     """d/dx of (x - mean(x)) * rstd over `axes`, given g = dL/dxhat."""
     mg = jnp.mean(g, axis=axes, keepdims=True)
@@ -769,12 +650,8 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
         stat_shape = x.shape[:x.ndim - k] + (1,) * k
         return x, jnp.zeros(stat_shape, x.dtype), jnp.zeros(stat_shape, x.dtype)
     mean, var = _moments(x, axes)
-    # 1 / sqrt as CPU computes it; the barrier keeps XLA from rewriting it to
-    # its rsqrt, which is off by an ulp for about a third of the values.
-    rstd = 1 / lax.optimization_barrier(jnp.sqrt(var + eps))
-    # CPU's half-precision kernel normalizes as fma(x, rstd, -rstd * mean)
-    # (its float kernels as (x - mean) * rstd, up to rounding).
-    y = _cpu_xhat(x, mean, rstd) if _is_half(input) else (x - mean) * rstd
+    rstd = lax.rsqrt(var + eps)
+    y = (x - mean) * rstd
     if weight is not None:
         y = y * _acc(weight)
     if bias is not None:
@@ -795,9 +672,7 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     xhat = (x - mean) * rstd
     g = dy * _acc(weight) if weight is not None else dy
     gi = _norm_input_grad(g, xhat, rstd, axes) if output_mask[0] else None
-    # CPU's weight gradient sums dy * fma(x, rstd, -rstd * mean).
-    gw = (jnp.sum(dy * _cpu_xhat(x, mean, rstd), axis=batch_axes)
-          if output_mask[1] and weight is not None else None)
+    gw = jnp.sum(dy * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
     gb = jnp.sum(dy, axis=batch_axes) if output_mask[2] and bias is not None else None
     return gi, gw, gb
 
@@ -1048,84 +923,7 @@ def _nll(self, target, weight, ignore_index):
     return cdim, nclass, safe, w
 
 
-def _cascade_tree(v):
-    """PyTorch CPU's cascade sum (nll_loss) of the 1-D `v` in v's dtype when no
-    element at a flush index (i % 16 == 0) is skipped: element 0 goes to the top
-    level; every later level sums, in order, chunks of 16 values of the level
-    below; the levels' residuals and the top are added in order at the end."""
-    dt = v.dtype
-    zero = jnp.zeros((), dt)
-    seq = v[1:]
-    residuals = []
-    for _ in range(7):
-        m = seq.shape[0]
-        full = m // 16
-        chunks = seq[:full * 16].reshape(full, 16)
-        sums = jnp.zeros((full,), dt)
-        for t in range(16):
-            sums = sums + chunks[:, t]
-        r = zero
-        for t in range(full * 16, m):
-            r = r + seq[t]
-        residuals.append(r)
-        seq = sums
-    top = zero + v[0]
-    for t in range(seq.shape[0]):
-        top = top + seq[t]
-    out = zero
-    for r in residuals + [top]:
-        out = out + r
-    return out
-
-
-def _cascade_scan(v, skip):
-    """The same cascade, element by element (any skipped elements)."""
-    dt = v.dtype
-
-    def step(levels, item):
-        i, val, sk = item
-        lv = list(levels)
-        lv[0] = jnp.where(sk, lv[0], lv[0] + val)
-        go = ~sk
-        for j in range(7):
-            go = go & (((i >> (4 * j)) & 15) == 0)
-            lv[j + 1] = jnp.where(go, lv[j + 1] + lv[j], lv[j + 1])
-            lv[j] = jnp.where(go, jnp.zeros((), dt), lv[j])
-        return jnp.stack(lv), None
-
-    levels, _ = lax.scan(step, jnp.zeros((8,), dt),
-                         (jnp.arange(v.shape[0], dtype=jnp.int32), v, skip))
-    out = jnp.zeros((), dt)
-    for j in range(8):
-        out = out + levels[j]
-    return out
-
-
-def _cascade_sum(v, skip):
-    """sum(v[~skip]) exactly as PyTorch's CPU nll_loss kernels accumulate it in
-    a half type (8 levels of 16-element partial sums, in the input dtype)."""
-    v = jnp.where(skip, jnp.zeros((), v.dtype), v)
-    if v.shape[0] == 0:
-        return jnp.zeros((), v.dtype)
-    return lax.cond(jnp.any(skip[::16]), _cascade_scan, lambda a, _: _cascade_tree(a), v, skip)
-
-
 def _nll_forward(self, target, weight, reduction, ignore_index):
-    if reduction != 0 and _is_half(self):
-        # CPU sums the picked values in the half type, through a cascade.
-        dt = self.dtype
-        cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
-        picked = jnp.squeeze(jnp.take_along_axis(self, jnp.expand_dims(safe, cdim), axis=cdim),
-                             cdim).reshape(-1)
-        skip = (target.astype(jnp.int32) == ignore_index).reshape(-1)
-        if weight is not None:
-            wv = w.astype(dt).reshape(-1)
-            s = _cascade_sum(-(picked * wv), skip)
-            total = _cascade_sum(wv, skip)
-        else:
-            s = _cascade_sum(-picked, skip)
-            total = jnp.sum(~skip).astype(dt)
-        return (s / total if reduction == 1 else s), total
     x = _acc(self)
     cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
     picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, cdim), axis=cdim), cdim)
