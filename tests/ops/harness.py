@@ -209,8 +209,8 @@ def sample_to_tpu(sample, op_name=None):
             return _map_device(x)
         if id(x) in done:
             return done[id(x)]
-        key = x.untyped_storage().data_ptr()
-        if x.layout == torch.strided and len(users.get(key, ())) > 1:
+        key = x.untyped_storage().data_ptr() if x.layout == torch.strided else None
+        if key is not None and len(users.get(key, ())) > 1:
             if key not in bases:
                 flat = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
                 bases[key] = flat.detach().clone().to(TPU)
