@@ -406,8 +406,8 @@ _DEFAULT_TOL = {torch.float16: (1e-5, 1e-3), torch.bfloat16: (1e-5, 1.6e-2),
                 torch.float32: (1e-5, 1.3e-6), torch.float64: (1e-7, 1e-7)}
 
 
-def _snap_to(a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
-    """`a` with each value within rounding tolerance of a value of `b` set to it.
+def _snap_to(a: torch.Tensor, bs: torch.Tensor, dtype) -> torch.Tensor:
+    """`a` with each value within rounding tolerance of a value of sorted `bs` set to it.
 
     Random ops with few outcomes (dropout over a handful of attention
     weights) give atoms: the same value many times. The tpu computes each
@@ -416,10 +416,9 @@ def _snap_to(a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
     the two distributions. Values equal within the dtype's default
     tolerance are the same outcome.
     """
-    if b.numel() == 0 or not a.dtype.is_floating_point:
+    if bs.numel() == 0 or not a.dtype.is_floating_point:
         return a
     atol, rtol = _DEFAULT_TOL.get(dtype, (1e-5, 1.3e-6))
-    bs, _ = torch.sort(b)
     hi = torch.searchsorted(bs, a).clamp(max=bs.numel() - 1)
     lo = (hi - 1).clamp(min=0)
     near = torch.where((bs[hi] - a).abs() <= (bs[lo] - a).abs(), bs[hi], bs[lo])
@@ -481,8 +480,9 @@ def _compare_distribution(draws_tpu, draws_cpu, what):
             a, b = a[fa], b[fb]
         if a.numel() == 0 or b.numel() == 0:
             continue
-        a = _snap_to(a, b, tt[0].dtype)
-        dt = [_snap_to(x, b, tt[0].dtype) for x in dt]
+        b_sorted, _ = torch.sort(b)  # once for the pooled sample and every draw
+        a = _snap_to(a, b_sorted, tt[0].dtype)
+        dt = [_snap_to(x, b_sorted, tt[0].dtype) for x in dt]
         d = _ks_statistic(a, b)
         pooled, _ = torch.sort(torch.cat([a, b]))
         deff = 1.0
