@@ -147,12 +147,8 @@ XFAILS = {
         'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
     ('matrix_exp', 'bfloat16', 'forward'):
         "CPU's bfloat16 matrix_exp is wrong: NaN here, and e.g. exp(0.01 * I) is NaN, exp(0.5 * I) -1.3e30; the tpu's result is finite and matches float64 within bfloat16 rounding",
-    ('multinomial', 'any', 'error'):
-        'error input 7: tpu returns a result, CPU raises RuntimeError: probability tensor contains either `inf`, `nan` or element < 0',
     ('nn.functional.linear_cross_entropy.chunked_none', 'bfloat16', 'forward'):
         "PyTorch's LinearCrossEntropyOptions picks the algorithm per device type: CPU gets 'accurate' (float32 accumulation), other devices 'compact' (bfloat16 accumulation); the tpu equals CPU run with acc_policy='compact' exactly",
-    ('sgn', 'float32', 'grad'):
-        'no lowering: aten._efficientzerotensor.default',
     ('sparse.mm.reduce', 'float32', 'forward'):
         'no lowering: aten._sparse_mm_reduce_impl.default',
     ('sparse.mm.reduce', 'bfloat16', 'forward'):

@@ -53,7 +53,10 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return _full(tuple(size), fill_value, out_dtype())
 
 
-@lower(aten.zeros.default)
+# `_efficientzerotensor` (autograd's zero gradients, e.g. sgn's at 0) is a
+# zero-filled tensor with the ZeroTensor key on CPU/CUDA, whose ops skip the
+# work; here it is plain zeros: the same values, computed like any tensor.
+@lower(aten.zeros.default, aten._efficientzerotensor.default)
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), out_dtype())
 

@@ -322,23 +322,70 @@ core.KERNELS[aten.binomial.default] = _direct_kernel("aten.binomial.default", _b
 # -- multinomial ------------------------------------------------------------------------------------
 
 
-def _check_multinomial(p, num_samples, replacement):
-    """PyTorch CPU's multinomial checks that need only shapes, dtypes and arguments
-    (the checks on the weights' values are not made: see below)."""
+def _check_multinomial(ndim, dtype, k, num_samples, replacement):
+    """PyTorch CPU's multinomial checks on shapes, dtypes and arguments, in its order."""
     op = "aten.multinomial"
-    if p.ndim not in (1, 2):
+    if ndim not in (1, 2):
         raise RuntimeError(f"{op}: prob_dist must be 1 or 2 dim")
-    if not jnp.issubdtype(p.dtype, jnp.floating):
+    if not dtype.is_floating_point:
         raise RuntimeError(f"{op}: multinomial only supports floating-point dtypes for input, "
-                           f"got: {_dtype_name(torch_dtype(p.dtype))}")
+                           f"got: {_dtype_name(dtype)}")
     if num_samples <= 0:
         raise RuntimeError(f"{op}: cannot sample n_sample <= 0 samples")
-    k = p.shape[-1]
     if not replacement and num_samples > k:
         raise RuntimeError(f"{op}: cannot sample n_sample > prob_dist.size(-1) samples "
                            "without replacement")
     if k > 2 ** 24:
         raise RuntimeError(f"{op}: number of categories cannot exceed 2^24")
+
+
+# Per row of the weights: 0 valid, 1 a NaN or negative entry first, 2 +inf first,
+# 3 all zero. One small program per shape; its result is read on the host.
+_ROW_OK, _ROW_NEG, _ROW_INF, _ROW_ZERO = range(4)
+_value_check_cache: dict = {}
+
+
+def _row_codes(p):
+    p2 = p.reshape(1, -1) if p.ndim == 1 else p
+    kind = jnp.where(~(p2 >= 0), _ROW_NEG, jnp.where(p2 == jnp.inf, _ROW_INF, _ROW_OK))
+    first_bad = jnp.take_along_axis(kind, jnp.argmax(kind > 0, axis=-1)[:, None], -1)[:, 0]
+    zero = jnp.all(p2 == 0, axis=-1)
+    return jnp.where(first_bad > 0, first_bad, jnp.where(zero, _ROW_ZERO, _ROW_OK)).astype(jnp.int8)
+
+
+def _check_multinomial_values(t, num_samples, replacement):
+    """PyTorch's checks on the weights' values, which need a device read.
+
+    PyTorch makes them on every device: its no-replacement (and single-sample)
+    path reads `max() < inf & min() >= 0` and the row sums with `.item()`,
+    and its CPU sampler checks each entry. The tpu reads one code per row.
+    """
+    from ..runtime import executor
+
+    if t.numel() == 0:
+        return
+    arr = executor.value(t)
+    key = ("multinomial_check", arr.shape, arr.dtype, t.device.index)
+    fn = _value_check_cache.get(key)
+    if fn is None:
+        fn = _value_check_cache[key] = executor._compile("multinomial_check", key,
+                                                         _row_codes, (arr,))
+    codes = np.asarray(fn(arr))
+    op = "aten.multinomial"
+    if not replacement or num_samples == 1:
+        if ((codes == _ROW_NEG) | (codes == _ROW_INF)).any():
+            raise RuntimeError(f"{op}: probability tensor contains either `inf`, `nan` or "
+                               "element < 0")
+        if (codes == _ROW_ZERO).any():
+            raise RuntimeError(f"{op}: invalid multinomial distribution (sum of probabilities "
+                               "<= 0)")
+        return
+    bad = codes[codes != _ROW_OK]
+    if bad.size:  # CPU's sampler stops at the first bad row, at its first bad entry
+        raise RuntimeError(f"{op}: invalid multinomial distribution " + {
+            _ROW_NEG: "(encountering probability entry < 0)",
+            _ROW_INF: "(encountering probability entry = infinity or NaN)",
+            _ROW_ZERO: "(sum of probabilities <= 0)"}[int(bad[0])])
 
 
 @lower(aten.multinomial.default, random=True)
@@ -347,11 +394,11 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
 
     With replacement: independent categorical draws. Without: the Gumbel
     top-k trick (equivalent to drawing one at a time without replacement).
-    PyTorch's checks that need the values (negative or non-finite weights,
-    fewer non-zero weights than samples without replacement) are not made:
-    they would need a device-to-host read.
+    The checks on the weights' values are made by the eager kernels below
+    (a device read); inside a compiled graph they are not made.
     """
-    _check_multinomial(p, num_samples, replacement)
+    _check_multinomial(p.ndim, torch_dtype(p.dtype), p.shape[-1] if p.ndim else 1,
+                       num_samples, replacement)
     key = jax_key(rng_key)
     p2 = p.reshape(1, -1) if p.ndim == 1 else p
     f = jnp.float32 if p2.dtype in (jnp.bfloat16, jnp.float16) else p2.dtype
@@ -366,18 +413,34 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
     return out.reshape(_shape())
 
 
+def _multinomial_args(self, num_samples, replacement):
+    _check_multinomial(self.dim(), self.dtype, self.shape[-1] if self.dim() else 1,
+                       num_samples, replacement)
+    _check_multinomial_values(self, num_samples, replacement)
+
+
+def _multinomial_kernel(self, num_samples, replacement=False, *, generator=None):
+    from ..runtime import executor
+
+    _multinomial_args(self, num_samples, replacement)
+    return executor.runner_for(aten.multinomial.default)(self, num_samples, replacement,
+                                                         generator=generator)
+
+
 def _multinomial_out_kernel(self, num_samples, replacement=False, *, generator=None, out):
     # CPU checks the out= dtype before sampling; the functional lowering that
     # computes the values never sees the out tensor.
-    if out.dtype != torch.int64:
-        raise RuntimeError(f"aten.multinomial.out: multinomial expects Long tensor out, "
-                           f"got: {_dtype_name(out.dtype)}")
     from ..runtime import executor
 
+    if self.dim() in (1, 2) and self.dtype.is_floating_point and out.dtype != torch.int64:
+        raise RuntimeError(f"aten.multinomial.out: multinomial expects Long tensor out, "
+                           f"got: {_dtype_name(out.dtype)}")
+    _multinomial_args(self, num_samples, replacement)
     return executor.runner_for(aten.multinomial.out)(self, num_samples, replacement,
                                                      generator=generator, out=out)
 
 
+core.KERNELS[aten.multinomial.default] = _multinomial_kernel
 core.KERNELS[aten.multinomial.out] = _multinomial_out_kernel
 
 
