@@ -137,14 +137,6 @@ TOLERANCES = {
 }
 
 XFAILS = {
-    ('chalf', 'float32', 'forward'):
-        'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
-    ('chalf', 'bfloat16', 'forward'):
-        'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
-    ('chalf', 'int64', 'forward'):
-        'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
-    ('chalf', 'float32', 'grad'):
-        'error: TypeError: dtype torch.complex32 is not supported on the tpu device',
     ('matrix_exp', 'bfloat16', 'forward'):
         "CPU's bfloat16 matrix_exp is wrong: NaN here, and e.g. exp(0.01 * I) is NaN, exp(0.5 * I) -1.3e30; the tpu's result is finite and matches float64 within bfloat16 rounding",
     ('nn.functional.linear_cross_entropy.chunked_none', 'bfloat16', 'forward'):

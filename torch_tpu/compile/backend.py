@@ -503,11 +503,7 @@ class CompiledGraph:
                 layouts.append(None)
                 continue
             arrays.append(data.array)
-            if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
-                    and t.storage_offset() == 0):
-                layouts.append(None)
-            else:
-                layouts.append((t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            layouts.append(st.layout_of(t, data))
         if padding.SPECS:
             self._unpad_inputs(args, arrays)
         return arrays, tuple(layouts)

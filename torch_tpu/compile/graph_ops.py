@@ -62,24 +62,12 @@ def _to_copy(g, a):
     dev = a.get("device")
     if dev is not None and torch.device(dev).type not in ("tpu", "meta"):
         raise NotImplementedError("a device transfer inside a compiled graph")
-    return _convert(a["self"], g.out.dtype)
+    return st.convert(a["self"], g.out.dtype)
 
 
 @graph_op(aten.copy.default)
 def _copy(g, a):
-    return jnp.broadcast_to(_convert(a["src"], g.out.dtype), g.out.shape)
-
-
-def _convert(x, dtype: torch.dtype):
-    want = st.TORCH_TO_JAX[dtype]
-    if x.dtype == want:
-        return x
-    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(
-            want, jnp.complexfloating):
-        x = jnp.real(x)
-    if want == jnp.bool_:
-        return x != 0
-    return x.astype(want)
+    return jnp.broadcast_to(st.convert(a["src"], g.out.dtype), g.out.shape)
 
 
 # -- factories -------------------------------------------------------------------

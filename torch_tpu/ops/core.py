@@ -109,27 +109,16 @@ def assign(dst: torch.Tensor, value) -> None:
     key = (base.shape, base.dtype, layout, value.shape, value.dtype, shape, dst.dtype)
     fn = _copy_cache.get(key)
     if fn is None:
-        want = st.TORCH_TO_JAX[dst.dtype]
+        want = dst.dtype
 
         def write(base, v):
-            v = jnp.broadcast_to(_convert(v, want), shape)
+            v = jnp.broadcast_to(st.convert(v, want), shape)
             if layout is None:
                 return v
             return st.strided_write(base, layout, v)
 
         fn = _copy_cache[key] = executor._compile("copy_", key, write, (base, value))
     data.array = fn(base, value)
-
-
-def _convert(v, want):
-    if v.dtype == want:
-        return v
-    if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jnp.issubdtype(
-            want, jnp.complexfloating):
-        v = jnp.real(v)
-    if want == jnp.bool_:
-        return v != 0
-    return v.astype(want)
 
 
 @kernel(aten.copy_.default)
@@ -211,7 +200,7 @@ def _device_value(src):
 
 def new_tensor_like_value(src, dtype, index):
     """A fresh tpu tensor on tpu:index holding src (tpu or cpu) as `dtype`."""
-    want = st.jax_dtype(dtype)
+    want = st.jax_dtype(dtype)  # raises for a dtype the platform lacks
     if src.device.type == "tpu":
         value = _device_value(src)
         if src.device.index != index:
@@ -220,8 +209,8 @@ def new_tensor_like_value(src, dtype, index):
     else:
         value = st.from_host(src, index)
         metrics.transfer("host_to_device", value.nbytes)
-    if value.dtype != want:
-        value = _cast(value, want)
+    if value.dtype != want or (dtype is torch.complex32 and src.dtype is not torch.complex32):
+        value = _cast(value, dtype)
     return st.wrap(value, index, dtype)
 
 
@@ -232,7 +221,7 @@ def _cast(value, want):
     key = (value.shape, value.dtype, want)
     fn = _cast_cache.get(key)
     if fn is None:
-        fn = _cast_cache[key] = executor._compile("convert", key, lambda v: _convert(v, want),
+        fn = _cast_cache[key] = executor._compile("convert", key, lambda v: st.convert(v, want),
                                                   (value,))
     return fn(value)
 

@@ -273,7 +273,7 @@ class _Signature:
         if t.is_conj() or t.is_neg():
             # Lazy conjugate/negative views reaching a kernel: read the value
             # they stand for.
-            layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            layout = st.view_layout(t, data)
             bits = (t.is_conj(), t.is_neg())
             key.append((slot, layout, bits))
             return ("b", slot, layout, bits)
@@ -281,7 +281,7 @@ class _Signature:
                 and t.storage_offset() == 0):
             key.append(slot)
             return ("t", slot, None)
-        layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        layout = st.view_layout(t, data)
         key.append((slot, layout))
         return ("t", slot, layout)
 
@@ -701,10 +701,7 @@ def _split_named(plan, named):
 
 
 def _conform(x, meta, name):
-    x = jnp.asarray(x)
-    want = st.TORCH_TO_JAX[meta.dtype]
-    if x.dtype != want:
-        x = x.astype(want)
+    x = st.convert(jnp.asarray(x), meta.dtype)
     shape = tuple(meta.shape)
     if x.shape != shape:
         try:

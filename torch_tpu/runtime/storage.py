@@ -60,6 +60,14 @@ TORCH_TO_JAX = {
 }
 JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
 
+# complex32 (`chalf`) has no XLA type. Its storages hold complex64 arrays (the
+# carrier) whose parts are float16 values: every result of that dtype is
+# rounded by `convert`, as CUDA computes ComplexHalf ops in complex64 and
+# stores halves. The carrier is ambiguous only where bytes are reinterpreted
+# (a float16 or float32 view of a chalf storage): such view layouts carry the
+# storage's dtype as a fifth entry (`view_layout`).
+TORCH_TO_JAX[torch.complex32] = jnp.complex64
+
 
 def jax_dtype(dtype: torch.dtype):
     try:
@@ -75,6 +83,24 @@ def jax_dtype(dtype: torch.dtype):
 
 def torch_dtype(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
+
+
+def convert(x, dtype: torch.dtype):
+    """`x` as a value of torch `dtype` (in its carrier): PyTorch's casting rules.
+
+    complex -> real keeps the real part, -> bool is `!= 0`, and complex32
+    rounds both parts to float16.
+    """
+    want = TORCH_TO_JAX[dtype]
+    if x.dtype != want:
+        if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(
+                want, jnp.complexfloating):
+            x = jnp.real(x)
+        x = x != 0 if want == jnp.bool_ else x.astype(want)
+    if dtype is torch.complex32:
+        x = lax.complex(jnp.real(x).astype(jnp.float16).astype(jnp.float32),
+                        jnp.imag(x).astype(jnp.float16).astype(jnp.float32))
+    return x
 
 
 # --------------------------------------------------------------------------
@@ -196,23 +222,44 @@ def contiguous_strides(shape) -> tuple:
 
 
 def layout_of(t: torch.Tensor, data: DeviceData):
-    """None when `t` is exactly its storage's array, else its view layout.
-
-    The layout (dtype, sizes, strides, offset) is what strided_read/write need;
-    it is hashable and part of every executable's cache key.
-    """
+    """None when `t` is exactly its storage's array, else its view layout."""
     if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
             and t.storage_offset() == 0):
         return None
-    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    return view_layout(t, data)
+
+
+def view_layout(t: torch.Tensor, data: DeviceData):
+    """The layout of view `t` of `data`'s storage, as strided_read/write take it.
+
+    (dtype, sizes, strides, offset), plus the storage's dtype where exactly one
+    of the two is complex32 (its carrier does not tell). Hashable: it is part
+    of every executable's cache key.
+    """
+    layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    if (t.dtype is torch.complex32) is not (data.dtype is torch.complex32):
+        layout += (data.dtype,)
+    return layout
 
 
 # --------------------------------------------------------------------------
 # strided access inside programs
 
 
-def _reinterpret(flat, dtype: torch.dtype):
-    """View a 1-D array's bytes as elements of `dtype` (1-D result)."""
+def _reinterpret(flat, dtype: torch.dtype, src: torch.dtype | None = None):
+    """View a 1-D array's bytes as elements of `dtype` (1-D result).
+
+    `src` is flat's torch dtype where its jax dtype may be complex32's carrier.
+    """
+    if src is torch.complex32:
+        if dtype is torch.complex32:
+            return flat
+        # The storage's bytes: float16 (real, imag) pairs.
+        flat = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
+        flat = flat.astype(jnp.float16)
+    elif dtype is torch.complex32 and (src is not None or not jnp.iscomplexobj(flat)):
+        parts = _reinterpret(flat, torch.float16, src).reshape(-1, 2).astype(jnp.float32)
+        return lax.complex(parts[:, 0], parts[:, 1])
     target = TORCH_TO_JAX[dtype]
     src = flat.dtype
     if np.dtype(src) == np.dtype(target):
@@ -260,8 +307,8 @@ def _structured_plan(sizes, strides):
 
 def strided_read(base, layout):
     """The value of a view with `layout` of the storage whose array is `base`."""
-    dtype, sizes, strides, offset = layout
-    flat = _reinterpret(base.reshape(-1), dtype)
+    dtype, sizes, strides, offset = layout[:4]
+    flat = _reinterpret(base.reshape(-1), dtype, layout[4] if len(layout) > 4 else None)
     n = math.prod(sizes)
     if n == 0:
         return jnp.zeros(sizes, flat.dtype)
@@ -293,20 +340,21 @@ def strided_read(base, layout):
 
 def strided_write(base, layout, value):
     """`base` with the view described by `layout` replaced by `value`."""
-    dtype, sizes, strides, offset = layout
+    dtype, sizes, strides, offset = layout[:4]
+    storage_dtype = layout[4] if len(layout) > 4 else None
     n = math.prod(sizes)
     if n == 0:
         return base
-    value = jnp.broadcast_to(value.astype(TORCH_TO_JAX[dtype]), sizes)
+    value = jnp.broadcast_to(convert(value, dtype), sizes)
     flat = base.reshape(-1)
-    same = np.dtype(flat.dtype) == np.dtype(TORCH_TO_JAX[dtype])
-    work = flat if same else _reinterpret(flat, dtype)
+    same = storage_dtype is None and np.dtype(flat.dtype) == np.dtype(TORCH_TO_JAX[dtype])
+    work = flat if same else _reinterpret(flat, dtype, storage_dtype)
     if strides == contiguous_strides(sizes):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
         work = work.at[_flat_index(sizes, strides, offset)].set(value)
     if not same:
-        work = _reinterpret(work, JAX_TO_TORCH[np.dtype(flat.dtype)])
+        work = _reinterpret(work, storage_dtype or JAX_TO_TORCH[np.dtype(flat.dtype)], dtype)
     return work.reshape(base.shape)
 
 
@@ -340,6 +388,8 @@ def from_host(src: torch.Tensor, index: int):
         # numpy (the transfer's carrier) stops at 64 dimensions, XLA does not:
         # move the elements flat and give them their shape on the device.
         return from_host(src.contiguous().reshape(-1), index).reshape(shape)
+    if src.dtype is torch.complex32:
+        return from_host(src.to(torch.complex64), index)
     jd = jax_dtype(src.dtype)
     if src.dtype == torch.bfloat16:
         host = src.contiguous().view(torch.int16).numpy().view(jnp.bfloat16)
@@ -363,6 +413,8 @@ def from_host(src: torch.Tensor, index: int):
 def host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor with the contents of numpy `array` (of jax dtype for `dtype`)."""
     array = np.ascontiguousarray(array).reshape(np.shape(array))
+    if dtype is torch.complex32:
+        return torch.from_numpy(array.copy()).to(torch.complex32)
     if dtype == torch.bfloat16 or dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
                                            torch.uint16, torch.uint32, torch.uint64):
         carrier = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
