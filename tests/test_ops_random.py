@@ -196,3 +196,33 @@ def test_errors_and_init():
     assert abs(host(w).std().item() - 0.02) < 0.003
     torch.nn.init.uniform_(w, -0.1, 0.1)
     assert host(w).abs().max() <= 0.1
+
+
+def test_complex_uniform_draws_both_parts():
+    # PyTorch draws the real and imaginary parts independently in [from, to).
+    for t in (torch.empty(N, dtype=torch.cfloat, device="tpu").uniform_(-2.0, 3.0),
+              torch.rand(N, dtype=torch.cfloat, device="tpu") * 5 - (2 + 2j)):
+        x = host(t)
+        for part in (x.real, x.imag):
+            assert part.min() >= -2.0 and part.max() < 3.0
+            assert abs(part.mean().item() - 0.5) < 0.05
+            assert abs(part.std().item() - 5 / math.sqrt(12)) < 0.05
+        assert abs(torch.corrcoef(torch.stack([x.real, x.imag]))[0, 1].item()) < 0.05
+
+
+def test_multinomial_checks_weight_values():
+    # As on CPU: the no-replacement path's messages, then the sampler's.
+    bad = {"neg": [1.0, -1.0, 1.0], "inf": [1.0, math.inf, 1.0], "nan": [1.0, math.nan, 1.0],
+           "zero": [0.0, 0.0, 0.0]}
+    for replacement in (False, True):
+        for w in bad.values():
+            for dev in ("cpu", "tpu"):
+                with pytest.raises(RuntimeError) as e:
+                    torch.multinomial(torch.tensor(w, device=dev), 2, replacement)
+                msg = str(e.value).split(": ", 1)[-1] if dev == "tpu" else str(e.value)
+                if dev == "cpu":
+                    want = msg
+            assert msg == want
+    # A valid row after an all-zero one: the zero row still fails.
+    with pytest.raises(RuntimeError, match="sum of probabilities"):
+        torch.multinomial(torch.tensor([[1.0, 2.0], [0.0, 0.0]], device="tpu"), 1)

@@ -43,6 +43,10 @@ def _float(dtype):
 
 
 def _uniform(key, shape, dtype, lo=0.0, hi=1.0):
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        # PyTorch draws the real and imaginary parts each in [lo, hi).
+        parts = jax.random.uniform(key, tuple(shape) + (2,), _float(dtype), lo, hi)
+        return lax.complex(parts[..., 0], parts[..., 1])
     return jax.random.uniform(key, shape, _float(dtype), lo, hi)
 
 
