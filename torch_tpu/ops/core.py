@@ -37,6 +37,26 @@ def kernel(*ops):
     return deco
 
 
+def checked_kernel(op, check):
+    """A PrivateUse1 kernel for `op`: `check(*args, **kwargs)`, then the op's runner.
+
+    For CPU argument checks that PyTorch's meta kernel makes differently or not
+    at all (host metadata, or a value read). The lowering stays in the table:
+    graphs use it without the check.
+    """
+    runner = None
+
+    def kernel(*args, **kwargs):
+        nonlocal runner
+        check(*args, **kwargs)
+        if runner is None:
+            runner = executor.runner_for(op)
+        return runner(*args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
 def _device_index(device) -> int:
     from ..device import module
 

@@ -417,35 +417,20 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
     return out.reshape(_shape())
 
 
-def _multinomial_args(self, num_samples, replacement):
+def _multinomial_checks(self, num_samples, replacement=False, *, generator=None, out=None):
+    # CPU checks the out= dtype after the input's dim and dtype; the functional
+    # lowering that computes the values never sees the out tensor.
+    if (out is not None and self.dim() in (1, 2) and self.dtype.is_floating_point
+            and out.dtype != torch.int64):
+        raise RuntimeError(f"aten.multinomial.out: multinomial expects Long tensor out, "
+                           f"got: {_dtype_name(out.dtype)}")
     _check_multinomial(self.dim(), self.dtype, self.shape[-1] if self.dim() else 1,
                        num_samples, replacement)
     _check_multinomial_values(self, num_samples, replacement)
 
 
-def _multinomial_kernel(self, num_samples, replacement=False, *, generator=None):
-    from ..runtime import executor
-
-    _multinomial_args(self, num_samples, replacement)
-    return executor.runner_for(aten.multinomial.default)(self, num_samples, replacement,
-                                                         generator=generator)
-
-
-def _multinomial_out_kernel(self, num_samples, replacement=False, *, generator=None, out):
-    # CPU checks the out= dtype before sampling; the functional lowering that
-    # computes the values never sees the out tensor.
-    from ..runtime import executor
-
-    if self.dim() in (1, 2) and self.dtype.is_floating_point and out.dtype != torch.int64:
-        raise RuntimeError(f"aten.multinomial.out: multinomial expects Long tensor out, "
-                           f"got: {_dtype_name(out.dtype)}")
-    _multinomial_args(self, num_samples, replacement)
-    return executor.runner_for(aten.multinomial.out)(self, num_samples, replacement,
-                                                     generator=generator, out=out)
-
-
-core.KERNELS[aten.multinomial.default] = _multinomial_kernel
-core.KERNELS[aten.multinomial.out] = _multinomial_out_kernel
+for _op in (aten.multinomial.default, aten.multinomial.out):
+    core.KERNELS[_op] = core.checked_kernel(_op, _multinomial_checks)
 
 
 # -- in-place forms whose functional overload has another name ---------------------------------------

@@ -245,9 +245,9 @@ def aminmax(x, *, dim=None, keepdim=False):
             jnp.max(x, axis=axes, keepdims=keepdim))
 
 
-def _checked_kernel(op, label, dim_at, default_dim=None, any_dim_error=None):
-    """CPU's argument checks that PyTorch's meta kernels make differently, then
-    the op's runner. Host metadata only.
+def _reduction_check(op, label, dim_at, default_dim=None, any_dim_error=None):
+    """CPU's argument checks that PyTorch's meta kernels make differently.
+    Host metadata only.
 
     - A reduced dim of size 0 is an IndexError on CPU ("Expected reduction dim
       d to have non-zero size"); the meta kernels raise RuntimeError, or (max
@@ -256,7 +256,7 @@ def _checked_kernel(op, label, dim_at, default_dim=None, any_dim_error=None):
       over all dims (argmax/argmin: IndexError).
     - aminmax's out= tensors must have the input's dtype (meta: any castable).
     """
-    def kernel(self, *args, **kwargs):
+    def check(self, *args, **kwargs):
         dim = args[dim_at] if len(args) > dim_at else kwargs.get("dim", default_dim)
         if self.numel() == 0:
             if dim is None:
@@ -274,12 +274,8 @@ def _checked_kernel(op, label, dim_at, default_dim=None, any_dim_error=None):
             if isinstance(out, torch.Tensor) and out.dtype != self.dtype:
                 raise RuntimeError(f"{op}: Expected out tensor to have dtype {self.dtype}, "
                                    f"but got {out.dtype} instead")
-        from ..runtime import executor
 
-        return executor.runner_for(op)(self, *args, **kwargs)
-
-    kernel.__name__ = str(op)
-    return kernel
+    return check
 
 
 def _install_checked_kernels():
@@ -298,7 +294,8 @@ def _install_checked_kernels():
     ]
     for ops, label, dim_at, default, any_dim in table:
         for op in ops:
-            core.KERNELS.setdefault(op, _checked_kernel(op, label, dim_at, default, any_dim))
+            core.KERNELS.setdefault(op, core.checked_kernel(
+                op, _reduction_check(op, label, dim_at, default, any_dim)))
 
 
 _install_checked_kernels()

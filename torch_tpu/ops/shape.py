@@ -47,24 +47,17 @@ def cat(tensors, dim=0):
     return jnp.concatenate(kept, axis=d)
 
 
-def _cat_kernel(op):
-    def kernel(tensors, dim=0, **kwargs):
-        # CPU's first check; PyTorch's meta kernel fails on 0-d tensors with an
-        # IndexError instead of this RuntimeError.
-        for i, t in enumerate(tensors):
-            if isinstance(t, torch.Tensor) and t.dim() == 0:
-                raise RuntimeError(f"{op}: zero-dimensional tensor (at position {i}) "
-                                   "cannot be concatenated")
-        from ..runtime import executor
-
-        return executor.runner_for(op)(tensors, dim, **kwargs)
-
-    kernel.__name__ = str(op)
-    return kernel
+def _check_cat(tensors, dim=0, **kwargs):
+    # CPU's first check; PyTorch's meta kernel fails on 0-d tensors with an
+    # IndexError instead of this RuntimeError.
+    for i, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise RuntimeError(f"aten.cat: zero-dimensional tensor (at position {i}) "
+                               "cannot be concatenated")
 
 
 for _op in (aten.cat.default, aten.cat.out):
-    core.KERNELS[_op] = _cat_kernel(_op)
+    core.KERNELS[_op] = core.checked_kernel(_op, _check_cat)
 
 
 @lower(aten.stack.default)
