@@ -113,6 +113,11 @@ def randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_mem
 
 @lower(aten.normal_functional.default, random=True)
 def normal_functional(x, mean=0.0, std=1.0, *, generator=None, rng_key):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        # PyTorch's complex normal_: both parts N(mean, std^2 / 2).
+        f = _float(x.dtype)
+        mean = jnp.asarray(mean, f)
+        return lax.complex(mean, mean) + std * _normal(jax_key(rng_key), x.shape, x.dtype)
     return mean + std * _normal(jax_key(rng_key), x.shape, x.dtype)
 
 
