@@ -169,8 +169,6 @@ XFAILS = {
         'mismatch (forward sample N): Tensor-likes are not close!, 1/50 elements, max abs diff 0.015625 (allowed 1e-05), max rel diff 0.0010728836059570312 (allowed 0.001)',
     ('log_softmax', 'float16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/25 elements, max abs diff 0.0001926422119140625 (allowed 1e-05), max rel diff 0.049407958984375 (allowed 0.001)',
-    ('logaddexp', 'complex64', 'forward'):
-        'mismatch (forward sample N): Scalars are not close!, abs diff 0.009448166452742587 (allowed 1e-05), rel diff 0.0019168077415812716 (allowed 1.3e-06)',
     ('masked.log_softmax', 'float16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/25 elements, max abs diff 0.0001926422119140625 (allowed 1e-05), max rel diff 0.049407958984375 (allowed 0.001)',
     ('matrix_exp', 'bfloat16', 'forward'):

@@ -507,6 +507,12 @@ def igammac(self, other):
 @lower(aten.logaddexp.default)
 def logaddexp(self, other):
     a, b = prep(self, other, kind=K.INT_TO_FLOAT)
+    if jnp.iscomplexobj(a):
+        # As CPU: the operand with the larger real part (ties: the second) is
+        # the max; max + log1p(exp(min - max)).
+        a_max = jnp.real(b) < jnp.real(a)
+        hi, lo = jnp.where(a_max, a, b), jnp.where(a_max, b, a)
+        return hi + jnp.log1p(jnp.exp(lo - hi))
     m = jnp.maximum(a, b)
     out = m + jnp.log1p(jnp.exp(-jnp.abs(a - b)))
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
