@@ -140,11 +140,23 @@ def _c(v, x):
 
 def _scaled(y, alpha):
     """`alpha * y` unless alpha is the Python literal 1."""
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 1:
-        return y
-    if alpha is None:
+    if _is_one(alpha):
         return y
     return y * _as(alpha, y.dtype)
+
+
+def _is_one(alpha):
+    return alpha is None or (isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+                             and alpha == 1)
+
+
+def _axpy(x, y, alpha, sign):
+    """x + sign * alpha * y; half types in float32 with one rounding, as
+    PyTorch's CPU and CUDA kernels compute them (opmath)."""
+    if not _is_one(alpha) and x.dtype in (jnp.float16, jnp.bfloat16):
+        f = jnp.float32
+        return (x.astype(f) + sign * y.astype(f) * _as(alpha, f)).astype(x.dtype)
+    return x + _scaled(y, alpha) if sign > 0 else x - _scaled(y, alpha)
 
 
 # -- binary arithmetic -------------------------------------------------------------
@@ -155,13 +167,13 @@ def add(self, other, alpha=1):
     x, y = prep(self, other)
     if _is_bool(x):
         return x | (y & _as(alpha, jnp.bool_))
-    return x + _scaled(y, alpha)
+    return _axpy(x, y, alpha, 1)
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     x, y = prep(self, other)
-    return x - _scaled(y, alpha)
+    return _axpy(x, y, alpha, -1)
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
