@@ -349,6 +349,38 @@ def is_pinned(self, device=None):
     return False
 
 
+# Backends whose dense tensors c10's TensorImpl::has_compatible_shallow_copy_type
+# treats as one family: a tensor of one may take another's data through
+# `param.data = new` (set_data, which module.to uses). PrivateUse1 is not in
+# c10's list, so without this kernel a tpu tensor was compatible only with a
+# tensor of its exact dispatch key set, and `module.to("tpu")` replaced every
+# Parameter (tied weights came untied, an optimizer made before the move kept
+# stale CPU tensors). CUDA is compatible with CPU; tpu is made so too. Sparse
+# COO stays as c10 has it (SparseTensorImpl's shallow copy asserts c10's own
+# rule), so a sparse parameter is replaced on the move.
+_SHALLOW_COPY_DENSE = frozenset({"cpu", "cuda", "mps", "hip", "xpu", "hpu", "mtia", "tpu"})
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _shallow_copy_family(t):
+    if t.is_quantized or t.is_nested:
+        return None
+    if t.layout == torch.strided:
+        return "dense" if t.device.type in _SHALLOW_COPY_DENSE else None
+    if t.layout in _COMPRESSED:
+        return "compressed"  # c10: any two compressed-sparse tensors
+    return None
+
+
+@kernel(aten._has_compatible_shallow_copy_type.default)
+def has_compatible_shallow_copy_type(self, from_):
+    """c10's rule with PrivateUse1 among the dense backends (see above)."""
+    if torch._C._dispatch_keys(self) == torch._C._dispatch_keys(from_):
+        return True
+    family = _shallow_copy_family(self)
+    return family is not None and family == _shallow_copy_family(from_)
+
+
 @kernel(aten.is_set_to.default)
 def is_set_to(self, tensor):
     return (self.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
