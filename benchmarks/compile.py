@@ -1,14 +1,19 @@
-"""torch.compile(backend="tpu") against pure JAX, torch CPU eager and inductor.
+"""torch.compile(backend="tpu") against pure JAX, torchax, torch CPU eager and inductor.
 
     python benchmarks/compile.py            # all measurements, one table
     python benchmarks/compile.py --quick    # fewer timed steps
+    python benchmarks/compile.py --opt-levels 0,1,2,3   # + the XLA optimization levels
 
 Model: 4 Linear layers of width 1024 (ReLU between), batch 64, MSE loss,
 SGD. A training step is forward + backward + the SGD update.
 
 1. steady-state step time: torch_tpu compiled (forward+loss and the optimizer
    step compiled), the same network in pure JAX under one `jax.jit` (params
-   donated), torch CPU eager, torch CPU inductor. Target: torch_tpu / JAX <= 1.1.
+   donated), the same torch model under torchax's `jax_jit` (its
+   `jax_value_and_grad` and the SGD update in one jitted torch function,
+   params donated; a child process of this run, see benchmarks/_torchax.py;
+   "not installed" when torchax is missing), torch CPU eager, torch CPU
+   inductor. Target: torch_tpu / JAX <= 1.1.
 2. first-call time: the first compiled step (dynamo + AOTAutograd + lowering
    + XLA compile, plus the eager ops of the step: zero_grad, the backward
    seed) against `jax.jit`'s first call (trace + compile). Both run with an
@@ -30,6 +35,11 @@ a jaxpr/StableHLO and XLA compilation, or a load from the persistent
 tiers) and "eager" (eager op executables compiled or loaded during the
 step). Timings on a shared machine vary by tens of percent; compare runs
 made back to back.
+
+4. with --opt-levels: per XLA optimization level (TORCH_TPU_XLA_OPT_LEVEL,
+   torch_tpu.runtime.opt_level), a new process with an empty cache: the
+   first compiled step (its graph programs' lowering + XLA compile, and its
+   CPU seconds) and the steady-state step time.
 """
 
 from __future__ import annotations
@@ -203,6 +213,35 @@ print(json.dumps(out))
 """
 
 
+_LEVEL_CHILD = r"""
+import json, sys, time
+import importlib.util
+import torch, torch_tpu
+spec = importlib.util.spec_from_file_location("bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+torch.tpu.set_matmul_precision(sys.argv[2])
+first, step, sync = bench.torch_step("tpu", backend="tpu")
+out = bench.phases(first, step.before)
+out["cpu"] = step.first_cpu
+out["step"] = bench._timeit(step, sync, int(sys.argv[3]))
+print(json.dumps(out))
+"""
+
+
+def opt_level_runs(levels, precision, n):
+    """Per level, a new process with an empty cache: first step and step time."""
+    runs = {}
+    for level in levels:
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, TORCH_TPU_CACHE_DIR=d, TORCH_TPU_XLA_OPT_LEVEL=str(level))
+            out = subprocess.run([sys.executable, "-c", _LEVEL_CHILD, os.path.abspath(__file__),
+                                  precision, str(n)], capture_output=True, text=True, env=env)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-2000:])
+            runs[level] = json.loads(out.stdout.strip().splitlines()[-1])
+    return runs
+
+
 def warm_start(precision):
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, TORCH_TPU_CACHE_DIR=d)
@@ -223,12 +262,16 @@ def main(argv=None):
     p.add_argument("--precision", default="default", choices=["default", "high", "highest"],
                    help="torch.tpu.set_matmul_precision for the torch_tpu runs (default: "
                         "'default', what jax.jit uses)")
+    p.add_argument("--no-torchax", action="store_true", help="skip the torchax row")
+    p.add_argument("--opt-levels", default="",
+                   help="comma-separated XLA optimization levels to compare (e.g. 0,1,2,3)")
     args = p.parse_args(argv)
     n = 30 if args.quick else 100
 
     import torch
     import torch_tpu
     import torch_tpu.cache as cache
+    from torch_tpu.runtime import opt_level
 
     # Cold first calls for both torch_tpu and jax.jit: a private, empty
     # persistent cache (the default directory may hold earlier runs' programs).
@@ -246,6 +289,17 @@ def main(argv=None):
     _, cstep, csync = torch_step("cpu")
     rows.append(("torch_tpu compiled (backend='tpu')", t_tpu, first_tpu))
     rows.append(("pure JAX (jax.jit)", t_jax, first_jax))
+    # torchax: a child process (it and torch_tpu both claim PrivateUse1).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _torchax
+
+    tx = ({"error": "torchax skipped (--no-torchax)"} if args.no_torchax
+          else _torchax.run("compile", "--steps", str(n)))
+    if "error" in tx:
+        rows.append((f"torchax: {tx['error']}", (float("nan"),) * 2, None))
+    else:
+        rows.append((f"torchax {tx['version']} (jax_jit)", (tx["step_median"], tx["step_min"]),
+                     tx["first"]))
     rows.append(("torch CPU eager", _timeit(cstep, csync, n), None))
     if not args.skip_inductor:
         try:
@@ -254,9 +308,13 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 - no C++ compiler, etc.
             rows.append((f"inductor failed ({type(e).__name__})", (float("nan"),) * 2, None))
     cold, warm = warm_start(args.precision)
+    levels = ([opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
+              if args.opt_levels else [])
+    level_runs = opt_level_runs(levels, args.precision, n) if levels else {}
 
     print(f"4-layer MLP, width {WIDTH}, batch {BATCH}, fwd+bwd+SGD; platform "
-          f"{torch_tpu.runtime.platform.platform()}, matmul precision {args.precision}")
+          f"{torch_tpu.runtime.platform.platform()}, matmul precision {args.precision}, "
+          f"XLA opt level {opt_level.level()}")
     print(f"{'':40s} {'step ms (median/min)':>22s} {'first call s':>13s}")
     for name, (med, best), first in rows:
         f = f"{first:13.2f}" if first is not None else f"{'-':>13s}"
@@ -278,6 +336,19 @@ def main(argv=None):
           f"first step {cold['first'] / warm['first']:.1f}x, in CPU seconds "
           f"{cold['cpu'] / warm['cpu']:.1f}x (target >= 10x; dynamo and "
           f"AOTAutograd run in every process: {warm['dynamo'] + warm['aot']:.2f} s warm)")
+    if "error" not in tx:
+        print(f"torchax row: first call {tx['first']:.2f} s (CPU {tx['first_cpu']:.2f} s); a child "
+              f"process; {len(set(tx['shimmed']))} named-tensor overloads missing in torch "
+              f"{torch.__version__.split('+')[0]} stood in at its import (benchmarks/_torchax.py)")
+    if level_runs:
+        print("XLA optimization level (new process, empty cache each): first compiled step "
+              "and steady-state step")
+        print(f"{'level':>6s} {'first step s':>13s} {'CPU s':>7s} {'graphs s':>9s} "
+              f"{'eager s':>8s} {'step ms (median/min)':>22s}")
+        for level, r in level_runs.items():
+            med, best = r["step"]
+            print(f"{level:>6d} {r['first']:13.2f} {r['cpu']:7.2f} {r['graphs']:9.2f} "
+                  f"{r['eager']:8.2f} {med * 1e3:11.2f} /{best * 1e3:8.2f}")
     tmp_cache.cleanup()
 
 

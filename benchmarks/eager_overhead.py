@@ -1,4 +1,4 @@
-"""Per-op cost of small eager ops on `tpu`, against the limit and a peer.
+"""Per-op cost of small eager ops on `tpu`, against the limit and peers.
 
 For each op (add, mul, matmul 64x64, relu, sum) it times, side by side in one
 run and on the same device:
@@ -6,20 +6,35 @@ run and on the same device:
 - torch_tpu eager: `a + b` on tpu tensors (dispatcher, executor, cached
   executable);
 - the limit: a cached `jax.jit` function doing the same work on jax.Arrays;
-- torch CPU: the same op on CPU tensors (a peer for small ops).
+- torch CPU: the same op on CPU tensors (a peer for small ops);
+- torchax eager: the same op on torchax tensors (its `jax` device), on the
+  same JAX platform. torchax and torch_tpu both claim PyTorch's PrivateUse1
+  device, so it runs in a child process of this run (benchmarks/_torchax.py);
+  the column says so when torchax is not installed (`pip install -e ".[bench]"`).
 
-Dispatch is asynchronous in both torch_tpu and JAX, so each timed loop ends
-with a wait for the last result, and the loops are long enough that the wait
-is amortized. Prints the median per-op time of several repeats and the
+Dispatch is asynchronous in torch_tpu, JAX and torchax, so each timed loop
+ends with a wait for the last result, and the loops are long enough that the
+wait is amortized. Prints the median per-op time of several repeats and the
 ratio torch_tpu / jax.jit (target: <= 1.3).
 
-    python benchmarks/eager_overhead.py [--iters 2000] [--repeats 7]
+`--opt-levels 0,1,2,3` adds the effect of the XLA optimization level
+(torch_tpu.runtime.opt_level) on eager executables: per level, the time to
+produce each op's executable (cold: fresh shapes, an empty private disk
+cache; wall seconds from torch_tpu.cache.stats and the process's CPU
+seconds) and the per-op time at 64x64 and 1024x1024 (adding gelu and
+softmax, whose generated code the level changes most).
+
+    python benchmarks/eager_overhead.py [--iters 2000] [--repeats 7] [--no-torchax]
+    python benchmarks/eager_overhead.py --opt-levels 0,1,2,3
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
+import tempfile
 import time
 
 import jax
@@ -27,7 +42,10 @@ import jax.numpy as jnp
 import torch
 
 import torch_tpu  # noqa: F401
-from torch_tpu.runtime import executor
+from torch_tpu.runtime import executor, opt_level
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _torchax  # noqa: E402
 
 
 def _time(fn, wait, iters, repeats):
@@ -51,10 +69,73 @@ def _wait_jax(a):
     a.block_until_ready()
 
 
+_SWEEP_OPS = {
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "matmul": lambda a, b: a @ b,
+    "relu": lambda a, b: torch.relu(a),
+    "sum": lambda a, b: a.sum(),
+    "gelu": lambda a, b: torch.nn.functional.gelu(a),
+    "softmax": lambda a, b: torch.softmax(a, -1),
+}
+
+
+def opt_level_sweep(levels, iters, repeats, rounds=3):
+    """Per level: executable compile time of each op (cold) and per-op times."""
+    import torch_tpu.cache as cache
+
+    tmp = tempfile.TemporaryDirectory()
+    previous_dir = cache.cache_dir()
+    cache.set_dir(tmp.name)
+    before = opt_level.level()
+    results = {}
+    try:
+        for level in levels:
+            opt_level.set_level(level)
+            wall, cpu = [], []
+            for r in range(rounds):
+                n = 40 + 10 * level + r  # shapes no other level or round used: cold
+                a = torch.randn(n, n, device="tpu")
+                b = torch.randn(n, n, device="tpu")
+                for fn in _SWEEP_OPS.values():
+                    c0, p0 = executor.STATS.compile_seconds, time.process_time()
+                    _wait_tpu(fn(a, b))
+                    wall.append(executor.STATS.compile_seconds - c0)
+                    cpu.append(time.process_time() - p0)
+            run = {}
+            for n, k in ((64, 1), (1024, 20)):
+                a = torch.randn(n, n, device="tpu")
+                b = torch.randn(n, n, device="tpu")
+                for name, fn in _SWEEP_OPS.items():
+                    run[(name, n)] = _time(lambda: fn(a, b), _wait_tpu, max(iters // k, 20), repeats)
+            results[level] = {"compile": statistics.median(wall), "cpu": statistics.median(cpu),
+                              "run": run}
+    finally:
+        opt_level.set_level(before)
+        cache.set_dir(previous_dir)
+        tmp.cleanup()
+    print(f"\nXLA optimization level, eager executables ({len(_SWEEP_OPS)} ops x {rounds} "
+          "cold compiles each, median):")
+    print(f"{'':22s}" + "".join(f"{'level ' + str(lv):>11s}" for lv in levels))
+    print(f"{'compile ms (wall)':22s}" + "".join(f"{results[lv]['compile'] * 1e3:11.1f}"
+                                                 for lv in levels))
+    print(f"{'first call CPU ms':22s}" + "".join(f"{results[lv]['cpu'] * 1e3:11.1f}"
+                                                 for lv in levels))
+    for n in (64, 1024):
+        for name in _SWEEP_OPS:
+            label = f"{name} {n}x{n} us"
+            print(f"{label:22s}" + "".join(f"{results[lv]['run'][(name, n)] * 1e6:11.1f}"
+                                           for lv in levels))
+    return results
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--no-torchax", action="store_true", help="skip the torchax column")
+    p.add_argument("--opt-levels", default="",
+                   help="comma-separated XLA optimization levels to compare (e.g. 0,1,2,3)")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
@@ -72,18 +153,39 @@ def main(argv=None):
                  lambda: torch.relu(a_cpu)),
         "sum": (lambda: a.sum(), jax.jit(lambda x, y: jnp.sum(x)), lambda: a_cpu.sum()),
     }
-    print(f"device: {torch.tpu.get_device_name()}   iters={args.iters} repeats={args.repeats}")
-    print(f"{'op':<14}{'torch_tpu us':>14}{'jax.jit us':>12}{'torch cpu us':>14}"
-          f"{'tpu/jit':>9}{'tpu/cpu':>9}")
-    ratios = []
+    print(f"device: {torch.tpu.get_device_name()}   iters={args.iters} repeats={args.repeats}"
+          f"   XLA opt level {opt_level.level()}")
+    measured = {}
     for name, (tpu_fn, jit_fn, cpu_fn) in cases.items():
-        t_tpu = _time(tpu_fn, _wait_tpu, args.iters, args.repeats)
-        t_jit = _time(lambda: jit_fn(ja, jb), _wait_jax, args.iters, args.repeats)
-        t_cpu = _time(cpu_fn, lambda r: None, args.iters, args.repeats)
+        measured[name] = (_time(tpu_fn, _wait_tpu, args.iters, args.repeats),
+                          _time(lambda: jit_fn(ja, jb), _wait_jax, args.iters, args.repeats),
+                          _time(cpu_fn, lambda r: None, args.iters, args.repeats))
+    # torchax after the in-process loops (never concurrently with them).
+    if args.no_torchax:
+        tx = {"error": "torchax skipped (--no-torchax)"}
+    else:
+        tx = _torchax.run("eager", "--iters", str(args.iters), "--repeats", str(args.repeats))
+    tx_times = tx.get("per_op_s", {})
+    print(f"{'op':<14}{'torch_tpu us':>14}{'jax.jit us':>12}{'torch cpu us':>14}"
+          f"{'torchax us':>12}{'tpu/jit':>9}{'tpu/cpu':>9}{'tpu/torchax':>13}")
+    ratios = []
+    for name, (t_tpu, t_jit, t_cpu) in measured.items():
         ratios.append(t_tpu / t_jit)
+        t_tx = tx_times.get(name)
+        tx_col = f"{t_tx * 1e6:>12.1f}" if t_tx else f"{'n/a':>12}"
+        tx_ratio = f"{t_tpu / t_tx:>13.2f}" if t_tx else f"{'n/a':>13}"
         print(f"{name:<14}{t_tpu * 1e6:>14.1f}{t_jit * 1e6:>12.1f}{t_cpu * 1e6:>14.1f}"
-              f"{t_tpu / t_jit:>9.2f}{t_tpu / t_cpu:>9.1f}")
+              f"{tx_col}{t_tpu / t_jit:>9.2f}{t_tpu / t_cpu:>9.1f}{tx_ratio}")
     print(f"median ratio torch_tpu / jax.jit: {statistics.median(ratios):.2f} (target <= 1.3)")
+    if "error" in tx:
+        print(f"torchax: {tx['error']}")
+    else:
+        print(f"torchax {tx['version']} on {tx['device']} (child process; "
+              f"{len(set(tx['shimmed']))} named-tensor overloads missing in torch "
+              f"{torch.__version__.split('+')[0]} stood in at its import, see benchmarks/_torchax.py)")
+    if args.opt_levels:
+        levels = [opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
+        opt_level_sweep(levels, args.iters, args.repeats)
 
 
 if __name__ == "__main__":

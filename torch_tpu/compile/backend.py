@@ -39,6 +39,7 @@ import torch.fx
 
 from ..ops import registry
 from ..runtime import executor, gc_pause
+from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
 from . import padding
@@ -136,6 +137,9 @@ class CompiledGraph:
         self.gm = gm
         self.kind = kind
         self.options = options or {}
+        # The XLA optimization level of this graph's programs (the "opt_level"
+        # option); None: the process-wide level when a program is compiled.
+        self.opt_level = self.options.get("opt_level")
         self.name = f"graph_{kind}"
         self.program = GraphProgram(gm, self.name)
         self.device = _device_of(example_inputs)
@@ -309,9 +313,10 @@ class CompiledGraph:
         rng = np.zeros((4,), np.uint32) if uses_rng else None
         lower_args = ([arrays[i] for i in donate_idx], [arrays[i] for i in keep_idx],
                       list(consts), rng)
+        level = self.level()
         gkey = (self.fingerprint, self.kind, key, self.device, tuple(donate_idx),
                 tuple(tuple(c.shape) + (str(c.dtype),) if hasattr(c, "shape") else repr(c)
-                      for c in consts))
+                      for c in consts), ("opt_level", level))
         with _lock:
             GRAPH_STATS.requests += 1
             hit = _GRAPH_CACHE.get(gkey)
@@ -322,6 +327,7 @@ class CompiledGraph:
             GRAPH_STATS.misses += 1
         entry = _Entry(fn, lower_args, self.name, gkey, value_results, donate_idx, keep_idx)
         entry.layouts = layouts
+        entry.opt_level = level
         # Inputs the graph overwrites (an optimizer's parameters) are donated:
         # XLA writes the new values into their buffers instead of new ones.
         donating = bool(donate_idx and _donation_enabled())
@@ -336,10 +342,10 @@ class CompiledGraph:
                 if donating:
                     compiled = entry.donating = executor._compile(
                         self.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
-                        **extra)
+                        opt_level=level, **extra)
                 else:
                     compiled = entry.plain = executor._compile(self.name, gkey, fn, lower_args,
-                                                               **extra)
+                                                               opt_level=level, **extra)
             except LoweringError:
                 raise
             except Exception as e:  # a lowering that fails inside a graph: run it eagerly
@@ -524,7 +530,7 @@ class CompiledGraph:
     def _run_static(self, args, arrays, ints, layouts):
         # Dynamo's guards fix the shapes of a static graph; what can still
         # change the program is the matmul precision and the inputs' layouts.
-        token = (_precision_token(), layouts, tuple(a.shape for a in arrays))
+        token = (_precision_token(), self.level(), layouts, tuple(a.shape for a in arrays))
         entry = self.executables.get(token)
         if entry is None:
             entry = self.executables[token] = self._build(
@@ -541,7 +547,12 @@ class CompiledGraph:
     def signature(self, arrays, ints):
         """The specialization key of these input values."""
         return (tuple((a.shape, str(a.dtype)) for a in arrays), tuple(ints),
-                tuple(repr(s.static) for s in self.specs if s.kind == "x"), _precision_token())
+                tuple(repr(s.static) for s in self.specs if s.kind == "x"), _precision_token(),
+                self.level())
+
+    def level(self) -> int:
+        """The XLA optimization level this graph compiles at now."""
+        return _olevel.LEVEL if self.opt_level is None else self.opt_level
 
     def _execute(self, entry, args, arrays, out_slices=None):
         value_results = entry.values
@@ -655,7 +666,7 @@ class _Entry:
     """
 
     __slots__ = ("fn", "lower_args", "name", "key", "values", "donate_idx", "keep_idx",
-                 "plain", "donating", "layouts")
+                 "plain", "donating", "layouts", "opt_level")
 
     def __init__(self, fn, lower_args, name, key, values, donate_idx, keep_idx):
         self.fn = fn
@@ -668,6 +679,7 @@ class _Entry:
         self.plain = None
         self.donating = None
         self.layouts = None
+        self.opt_level = None
 
     def release_trace(self):
         # Keep only abstract values for a later compile of the other variant.
@@ -682,7 +694,8 @@ class _Entry:
             GRAPH_STATS.donating_calls += 1
             return self.donating(donated, kept, consts, rng)
         if self.plain is None:
-            self.plain = executor._compile(self.name, self.key, self.fn, self.lower_args)
+            self.plain = executor._compile(self.name, self.key, self.fn, self.lower_args,
+                                           opt_level=self.opt_level)
         return self.plain(donated, kept, consts, rng)
 
 
@@ -808,12 +821,18 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
       - ``"buckets"``: the bucket sizes (a sorted list of ints) for "bucket".
       - ``"max_specializations"``: cap on executables per symbolic graph.
       - ``"partitioner"``: ``"default"`` or ``"min_cut"`` (see _partition_fn).
+      - ``"opt_level"``: XLA optimization level 0-3 of these graphs' programs
+        (default: ``TORCH_TPU_XLA_OPT_LEVEL``, else 3; see
+        torch_tpu.runtime.opt_level).
     """
     from torch._dynamo.backends.common import aot_autograd
 
     t0 = time.perf_counter()
     gc_pause.install_dynamo_hooks()
     options = dict(options or {})
+    if options.get("opt_level") is not None:
+        options["opt_level"] = _olevel.check(
+            options["opt_level"], 'torch.compile(backend="tpu"): options["opt_level"]')
     aot = aot_autograd(
         fw_compiler=_compiler("forward", options),
         bw_compiler=_compiler("backward", options),

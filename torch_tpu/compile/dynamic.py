@@ -206,7 +206,8 @@ class Policy:
         ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in graph.int_pos]
         from .backend import _precision_token
 
-        key = ("bucket", _precision_token(), tuple((str(s), buckets[s]) for s in varying),
+        key = ("bucket", _precision_token(), graph.level(),
+               tuple((str(s), buckets[s]) for s in varying),
                tuple(sorted((str(s), v) for s, v in exact.items())),
                tuple((a.shape, str(a.dtype)) for a in arrays), tuple(map(_spec_key, specs)))
         entry = graph.executables.get(key)
@@ -299,7 +300,8 @@ class Policy:
         try:
             compiled = executor._compile(graph.name + "_bucketed",
                                          (graph.fingerprint, graph.kind, key), fn,
-                                         (list(arrays), list(graph.consts), rng, sizes))
+                                         (list(arrays), list(graph.consts), rng, sizes),
+                                         opt_level=key[2])
         except PadUnsafe:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. a lowering unhappy at bucket size

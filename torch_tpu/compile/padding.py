@@ -841,10 +841,11 @@ def pad_to(arr, shape):
     """`arr` edge-padded at the end of each dimension up to `shape` (one cached program)."""
     if tuple(arr.shape) == tuple(shape):
         return arr
-    key = (tuple(arr.shape), str(arr.dtype), tuple(shape))
+    from ..runtime import executor
+
+    key = (tuple(arr.shape), str(arr.dtype), tuple(shape), executor._olevel.LEVEL)
     fn = _PAD_PROGRAMS.get(key)
     if fn is None:
-        from ..runtime import executor
 
         widths = [(0, t - s) for s, t in zip(arr.shape, shape)]
         mode = "edge" if all(s > 0 for s in arr.shape) else "constant"
@@ -858,12 +859,12 @@ _UNPAD_PROGRAMS: dict = {}
 
 def unpad(arr, spec, true_sizes: dict):
     """The real part of padded array `arr` (spec: its padded dims' factors)."""
+    from ..runtime import executor
+
     key = (tuple(arr.shape), str(arr.dtype), _spec_str(spec),
-           tuple(sorted((str(k), v) for k, v in true_sizes.items())))
+           tuple(sorted((str(k), v) for k, v in true_sizes.items())), executor._olevel.LEVEL)
     fn = _UNPAD_PROGRAMS.get(key)
     if fn is None:
-        from ..runtime import executor
-
         spec_full = _full(spec, arr.ndim)
 
         def program(a):

@@ -126,7 +126,8 @@ def assign(dst: torch.Tensor, value) -> None:
     layout = st.layout_of(dst, data)
     base = data.array
     shape = tuple(dst.shape)
-    key = (base.shape, base.dtype, layout, value.shape, value.dtype, shape, dst.dtype)
+    key = (base.shape, base.dtype, layout, value.shape, value.dtype, shape, dst.dtype,
+           executor._olevel.LEVEL)
     fn = _copy_cache.get(key)
     if fn is None:
         want = dst.dtype
@@ -238,7 +239,7 @@ _cast_cache: dict = {}
 
 
 def _cast(value, want):
-    key = (value.shape, value.dtype, want)
+    key = (value.shape, value.dtype, want, executor._olevel.LEVEL)
     fn = _cast_cache.get(key)
     if fn is None:
         fn = _cast_cache[key] = executor._compile("convert", key, lambda v: st.convert(v, want),

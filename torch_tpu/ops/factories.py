@@ -128,7 +128,7 @@ def _arange_array(n, start, step, torch_dtype, index):
     from ..runtime import executor
 
     jd = st.TORCH_TO_JAX[torch_dtype]
-    key = ("arange", n, torch_dtype, type(start), type(step), index)
+    key = ("arange", n, torch_dtype, type(start), type(step), index, executor._olevel.LEVEL)
     fn = _arange_cache.get(key)
     if fn is None:
         sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))

@@ -724,7 +724,7 @@ def _jit_run(name, fn, tensors, static=()):
 
     vals = [core._device_value(t) for t in tensors]
     key = ("kernel", name, static, tuple((v.shape, v.dtype) for v in vals),
-           tensors[0].device.index, executor._precision_token())
+           tensors[0].device.index, executor._precision_token(), executor._olevel.LEVEL)
     compiled = executor._cache_get(key)  # the executor's LRU (and its statistics)
     if compiled is None:
         compiled = executor._compile(name, key, lambda *a: fn(*a, *static), tuple(vals))

@@ -298,7 +298,7 @@ def _direct_kernel(name, fn):
             torch._check(tensors[0].shape == tensors[1].shape, lambda: (
                 f"{name}: count and prob must have the same shape"))
         values = [executor.value(t) for t in tensors]
-        key = (name, tuple((v.shape, v.dtype) for v in values))
+        key = (name, tuple((v.shape, v.dtype) for v in values), executor._olevel.LEVEL)
         compiled = _direct_cache.get(key)
         raw = tpu_random.next_key(index)
         if compiled is None:
@@ -374,7 +374,7 @@ def _check_multinomial_values(t, num_samples, replacement):
     if t.numel() == 0:
         return
     arr = executor.value(t)
-    key = ("multinomial_check", arr.shape, arr.dtype, t.device.index)
+    key = ("multinomial_check", arr.shape, arr.dtype, t.device.index, executor._olevel.LEVEL)
     fn = _value_check_cache.get(key)
     if fn is None:
         fn = _value_check_cache[key] = executor._compile("multinomial_check", key,

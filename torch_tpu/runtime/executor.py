@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ..ops import registry
 from . import gc_pause, platform
+from . import opt_level as _olevel
 from . import storage as st
 
 _T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS = range(9)
@@ -107,12 +108,14 @@ def clear_cache():
     _READ_CACHE.clear()
 
 
-def _compile(name: str, key, fn, args, **jit_kwargs):
+def _compile(name: str, key, fn, args, opt_level=None, **jit_kwargs):
     """Trace, lower and compile `fn` for `args`: one memory-tier miss.
 
     The persistent tier (torch_tpu.cache) sits under XLA compilation: on a
     disk hit the executable is loaded instead of compiled. `jit_kwargs` go to
-    `jax.jit` (e.g. donate_argnums for compiled graphs).
+    `jax.jit` (e.g. donate_argnums for compiled graphs). `opt_level`: the XLA
+    optimization level (torch_tpu.runtime.opt_level; None: the process-wide
+    one), which the caller's `key` must hold.
     """
     from .. import cache as _tiers
 
@@ -125,7 +128,8 @@ def _compile(name: str, key, fn, args, **jit_kwargs):
         t1 = time.perf_counter()
         for listener in LOWERED_LISTENERS:
             listener(name, key, lowered)
-        compiled = lowered.compile()
+        compiled = lowered.compile(_olevel.compiler_options(
+            _olevel.LEVEL if opt_level is None else opt_level))
     finally:
         gc_pause.end()
         seconds = time.perf_counter() - t0
@@ -176,7 +180,7 @@ def value(t: torch.Tensor):
 def read(data, layout):
     """The value of the view `layout` of the storage holding `data`."""
     arr = data.array
-    key = (arr.shape, arr.dtype, layout, data.index)
+    key = (arr.shape, arr.dtype, layout, data.index, _olevel.LEVEL)
     fn = _READ_CACHE.get(key)
     if fn is None:
         fn = _READ_CACHE[key] = _compile("view_read", key,
@@ -522,6 +526,8 @@ class _Runner:
             sig.key.append(torch.get_default_dtype())
         # Programs traced under another matmul precision differ.
         sig.key.append(_precision_token())
+        # ... and at another XLA optimization level.
+        sig.key.append(_olevel.LEVEL)
         key = tuple(sig.key)
         STATS.requests += 1
         entry = _CACHE.get(key)
