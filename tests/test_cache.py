@@ -566,3 +566,356 @@ def test_graph_values_round_trip():
         assert graphs.decode_value(json.loads(json.dumps(graphs.encode_value(value)))) == value
     with pytest.raises(graphs.NotPortable):
         graphs.encode_value(torch.float32)
+
+
+# -- debug APIs on programs a warm process loaded from disk --------------------------
+
+_DEBUG_CHILD = textwrap.dedent(r"""
+    import hashlib, json, re
+    import torch
+    import torch_tpu
+    import torch_tpu.cache as cache
+    import torch_tpu.debug as dbg
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 4).to("tpu").requires_grad_()
+    x = torch.randn(8, 16).to("tpu")
+    f = torch.compile(lambda x, w: torch.relu(x @ w).sum(), backend="tpu")
+    f(x, w).backward()
+    y = (x * 3).exp()
+
+    def digest(text):
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def program_only(text):
+        # An executable's debug tables (source files and stack frames) come
+        # back from serialization in another order: compare the program.
+        text = re.sub(r", metadata=\{[^}]*\}", "", text)
+        return digest("\n".join(
+            line for line in text.splitlines() if not re.match(r"\d+ |[A-Z][a-z]+Names$|"
+                                                               r"FileLocations$|StackFrames$",
+                                                               line)))
+
+    out = {"graphs": [], "ops": []}
+    for p in dbg.last_graphs():
+        out["graphs"].append({
+            "name": p.name, "executable": type(p.compiled).__name__,
+            "stages": [s for s in ("stablehlo", "hlo", "optimized") if p.has_stage(s)],
+            "stablehlo": digest(p.stablehlo), "hlo": digest(p.hlo),
+            "optimized": program_only(p.optimized), "text": digest(str(p)),
+            "flops": p.cost["flops"], "bytes": p.cost["bytes_accessed"],
+            "memory": p.memory, "has_dot": "dot" in p.hlo,
+            "optimized_via_api": program_only(dbg.hlo(p, stage="optimized")),
+            "cost_via_api": dbg.cost_analysis(p)["flops"]})
+    mul = [e for e in dbg.compile_log(kind="op") if e.name == "aten.mul.Tensor"][-1]
+    out["ops"].append({"stablehlo": digest(mul.program.stablehlo),
+                       "flops": mul.program.cost["flops"], "tier": mul.tier})
+    out["log"] = [[e.name, e.kind, e.tier, e.program_bytes]
+                  for e in dbg.compile_log(kind="graph")]
+    m = dbg.metrics()
+    out["by_tier"] = m["compiles"]["by_tier"]
+    s = cache.stats()
+    out["graph_disk"] = s["graph_disk"]
+    out["lowered"] = s["graphs"]["lowered"]
+    print(json.dumps(out))
+""")
+
+
+def test_debug_apis_on_programs_loaded_from_disk(tmp_path):
+    """Cold, then a new process: every debug API answers for graphs the graph
+    tier loaded without lowering them (the guide's notebook 04 warm-path bug)."""
+    root = tmp_path / "debug-warm"
+    cold = _run_child(root, _DEBUG_CHILD)
+    warm = _run_child(root, _DEBUG_CHILD)
+    assert cold["lowered"] == 2 and warm["lowered"] == 0, (cold["lowered"], warm["lowered"])
+    assert warm["graph_disk"]["hits"] == 2
+    assert {g["executable"] for g in warm["graphs"]} == {"_LoadedProgram"}
+    assert [g["name"] for g in warm["graphs"]] == [g["name"] for g in cold["graphs"]] == [
+        "graph_forward", "graph_backward"]
+    for c, w in zip(cold["graphs"], warm["graphs"]):
+        assert w["stages"] == ["stablehlo", "hlo", "optimized"]
+        # The same program at every stage, the same analyses.
+        for k in ("stablehlo", "hlo", "optimized", "text", "flops", "bytes", "memory",
+                  "optimized_via_api", "cost_via_api"):
+            assert w[k] == c[k], (w["name"], k)
+        assert w["flops"] > 0 and w["has_dot"]
+    assert warm["ops"] == [dict(cold["ops"][0], tier="disk")]
+    assert [e[2] for e in warm["log"]] == ["disk", "disk"]
+    assert [e[:2] for e in warm["log"]] == [e[:2] for e in cold["log"]]
+    assert all(e[3] > 0 for e in warm["log"])  # the size of the optimized program text
+    assert set(warm["by_tier"]) == {"disk"} and set(cold["by_tier"]) == {"compile"}
+
+
+def test_program_without_lowered_form_says_which_stages_are_missing():
+    from torch_tpu.compile.backend import _LoadedProgram
+    from torch_tpu.debug.hlo import Program
+
+    compiled = jax.jit(lambda a: jnp.sin(a) @ a).lower(jnp.ones((4, 4))).compile()
+    loaded = _LoadedProgram(compiled.runtime_executable(), jax.devices()[0], 1, 1)
+    prog = Program("loaded", compiled=loaded)
+    assert not prog.has_stage("stablehlo") and prog.has_stage("optimized")
+    assert repr(prog) == "Program('loaded', stages=['optimized'])"
+    with pytest.raises(RuntimeError, match="'loaded'.*only the 'optimized' stage"):
+        prog.hlo
+    assert prog.lowered is None
+    assert prog.optimized == compiled.as_text() and str(prog) == prog.optimized
+    want = compiled.cost_analysis()
+    assert prog.cost["flops"] == want["flops"] > 0
+    mem = compiled.memory_analysis()
+    assert prog.memory["argument_size_in_bytes"] == mem.argument_size_in_bytes > 0
+
+    # A re-lowering that fails is reported as such, the other stages still work.
+    def broken():
+        raise ValueError("graph gone")
+
+    prog = Program("relowered", compiled=loaded, relower=broken)
+    assert prog.has_stage("hlo")
+    with pytest.raises(RuntimeError, match="lowering it again failed.*graph gone"):
+        prog.stablehlo
+    assert str(prog) == compiled.as_text()
+
+
+# -- directory edge cases ------------------------------------------------------------
+
+
+def test_directory_in_an_entrys_place_is_healed(cache_dir):
+    fn, c = _program()
+    arr = _ones2()
+    _compile(fn, arr)
+    (entry,) = _entries(cache_dir)
+    entry.unlink()
+    entry.mkdir()
+    (entry / "junk").write_bytes(b"x")
+    s = cache.disk_store()
+    assert s.info()["entries"] == 0 and s.info()["other_files"] == 1
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = _compile(fn, arr)  # a miss: the directory is removed, the entry written
+    np.testing.assert_allclose(np.asarray(out(arr)), np.tanh(c) + c, rtol=1e-5)
+    assert entry.is_file() and s.info()["entries"] == 1 and s.info()["other_files"] == 0
+    assert s.info()["writable"] and len(_cache_warnings(record)) == 1
+    hits = s.stats.hits
+    _compile(fn, arr)
+    assert s.stats.hits == hits + 1
+
+
+def test_put_replaces_a_directory_in_an_entrys_place(cache_dir):
+    s = cache.disk_store()
+    fname = s.file_for("key-with-a-dir")
+    os.makedirs(os.path.join(fname, "sub"))
+    s.put("key-with-a-dir", b"payload")
+    assert os.path.isfile(fname) and s.get("key-with-a-dir") == b"payload"
+    assert s.info()["writable"]
+
+
+def test_fifo_in_an_entrys_place_does_not_hang(cache_dir):
+    s = cache.disk_store()
+    fname = s.file_for("key-with-a-fifo")
+    os.mkfifo(fname)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert s.get("key-with-a-fifo") is None
+    assert not os.path.exists(fname)
+    s.put("key-with-a-fifo", b"v")
+    assert s.get("key-with-a-fifo") == b"v"
+
+
+def test_clear_removes_everything_it_does_not_recognise(cache_dir, monkeypatch, capsys):
+    from torch_tpu.cache.__main__ import main
+
+    s = cache.disk_store()
+    s.put("a", b"1")
+    s.put("b", b"2")
+    d = cache_dir / store_mod.SUBDIR
+    (d / ("0" * 64 + store_mod.SUFFIX)).mkdir()          # a directory named like an entry
+    (d / "stray.txt").write_text("foreign")              # a foreign file
+    (d / ("1" * 64 + store_mod.SUFFIX + ".tmp-1-2-3")).write_bytes(b"half")  # a killed writer
+    os.symlink(d / "nowhere", d / ("2" * 64 + store_mod.SUFFIX))  # a dangling link
+    info = s.info()
+    assert info["entries"] == 2 and info["other_files"] == 4
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(cache_dir))
+    assert main(["info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 2
+    assert main(["clear"]) == 0
+    assert "removed 6" in capsys.readouterr().out
+    assert list(d.iterdir()) == []
+    assert s.info()["entries"] == 0 and s.info()["other_files"] == 0
+
+
+@pytest.mark.parametrize("err", [errno.EFBIG, errno.ENOSPC, errno.EIO])
+def test_write_failure_stops_writing_for_the_process(cache_dir, monkeypatch, err):
+    calls = []
+
+    def failing_write(fname, blob):
+        calls.append(fname)
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(store_mod, "_write_atomic", failing_write)
+    s = cache.disk_store()
+    errors = s.stats.write_errors
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for i in range(4):
+            s.put(f"k{i}", b"v")
+        fn, c = _program()
+        out = _compile(fn, _ones2())
+    np.testing.assert_allclose(np.asarray(out(_ones2())), np.tanh(c) + c, rtol=1e-5)
+    ws = _cache_warnings(record)
+    assert len(ws) == 1 and "memory only" in str(ws[0].message)
+    assert len(calls) == 1  # "memory only" means it: no write is tried again
+    assert s.stats.write_errors == errors + 1 and not s.info()["writable"]
+    # Reads go on.
+    monkeypatch.undo()
+    s.writable = True
+    s.put("readable", b"r")
+    s.writable = False
+    assert s.get("readable") == b"r"
+
+
+def test_directory_removed_under_the_process_is_made_again(cache_dir):
+    import shutil
+
+    s = cache.disk_store()
+    s.put("before", b"1")
+    shutil.rmtree(cache_dir)
+    errors = s.stats.write_errors
+    s.put("after", b"2")
+    assert s.get("after") == b"2" and s.info()["writable"] and s.stats.write_errors == errors
+
+
+# -- the read-only shared tier ---------------------------------------------------------
+
+
+def _tree(root):
+    """Every path under `root` with its size, mode and modification time."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mode, st.st_mtime_ns)
+    return out
+
+
+def _read_only(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+        os.chmod(dirpath, 0o555)
+
+
+def _writable(root):
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+
+
+def test_shared_read_only_directory_serves_a_new_process(tmp_path):
+    shared = tmp_path / "prebuilt"
+    cold = _run_child(shared)  # e.g. a CI job filling the directory
+    assert cold["disk"]["writes"] > 0
+    _read_only(shared)
+    before = _tree(shared)
+    local = tmp_path / "local"
+    env = {"TORCH_TPU_SHARED_CACHE_DIR": str(shared)}
+    try:
+        code = "import os; os.environ.update(%r)\n" % env + _CHILD
+        warm = _run_child(local, code)
+        assert _tree(shared) == before  # nothing written, touched or removed
+    finally:
+        _writable(shared)
+    assert warm["disk"]["misses"] == 0 and warm["disk"]["hits"] >= cold["disk"]["writes"] - 1
+    assert warm["disk"]["shared_hits"] == warm["disk"]["hits"]
+    assert warm["disk"]["writes"] == 0 and warm["disk"]["entries"] == 0
+    assert warm["disk"]["shared_entries"] == cold["disk"]["entries"]
+    assert warm["by_source"]["compiled"]["count"] == 0
+    assert {g["source"] for g in warm["graphs"]} == {"disk"}
+    assert warm["y"] == cold["y"] and warm["grad"] == cold["grad"]
+    assert warm["eager"] == cold["eager"]
+
+
+def test_shared_directory_under_the_local_one(cache_dir, tmp_path):
+    shared_root = tmp_path / "shared"
+    producer = store_mod.DiskStore(str(shared_root), shared=None)
+    producer.put("only-shared", b"S")
+    producer.put("both", b"shared-version")
+    s = cache.disk_store()
+    s.put("both", b"local-version")
+    cache.set_shared_dir(str(shared_root))
+    try:
+        assert cache.shared_dir() == str(shared_root)
+        hits = s.stats.shared_hits
+        assert s.get("both") == b"local-version"       # the local directory first
+        assert s.get("only-shared") == b"S"            # then the shared one
+        assert s.stats.shared_hits == hits + 1
+        s.put("new", b"N")                             # written locally only
+        assert s.get("new") == b"N"
+        assert producer.get("new") is None
+        n = s.clear()
+        assert n == 2 and producer.info()["entries"] == 2  # clear leaves the shared one
+        assert s.get("only-shared") == b"S"
+        info = cache.info()
+        assert info["shared_dir"] == str(shared_root) and info["shared_entries"] == 2
+        # A bad shared entry is ignored, counted, never deleted.
+        bad = producer.file_for("only-shared")
+        data = bytearray(open(bad, "rb").read())
+        data[-1] ^= 1
+        open(bad, "wb").write(bytes(data))
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert s.get("only-shared") is None
+        assert os.path.exists(bad) and len(_cache_warnings(record)) == 1
+    finally:
+        cache.set_shared_dir(None)
+    assert cache.shared_dir() is None
+
+
+def test_shared_directory_trust_check(cache_dir, tmp_path):
+    shared_root = tmp_path / "team"
+    producer = store_mod.DiskStore(str(shared_root), shared=None)
+    producer.put("k", b"v")
+    s = cache.disk_store()
+    try:
+        os.chmod(shared_root / store_mod.SUBDIR, 0o777)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            cache.set_shared_dir(str(shared_root))
+        assert cache.shared_dir() is None and s.get("k") is None
+        assert "writable by other users" in cache.info()["shared_status"]
+        assert len(_cache_warnings(record)) == 1
+        # A sound directory, but one entry others may rewrite: that entry is ignored.
+        os.chmod(shared_root / store_mod.SUBDIR, 0o755)
+        cache.set_shared_dir(str(shared_root))
+        assert s.get("k") == b"v"
+        os.chmod(producer.file_for("k"), 0o666)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            assert s.get("k") is None
+        # A directory that is not there.
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            cache.set_shared_dir(str(tmp_path / "missing"))
+        assert len(_cache_warnings(record)) == 1
+        assert cache.shared_dir() is None
+        assert "does not exist" in cache.info()["shared_status"]
+    finally:
+        cache.set_shared_dir(None)
+
+
+def test_read_only_local_directory_serves_hits(cache_dir, monkeypatch):
+    s = cache.disk_store()
+    s.put("k", b"v")
+    real_access = os.access
+
+    def no_write(path, mode, *a, **k):  # a read-only mount (chmod does not stop root)
+        return False if mode & os.W_OK else real_access(path, mode, *a, **k)
+
+    monkeypatch.setattr(store_mod.os, "access", no_write)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cache.set_dir(str(cache_dir))
+    assert cache.is_enabled() and cache.info()["status"] == "read-only"
+    assert not cache.info()["writable"]
+    assert len(_cache_warnings(record)) == 1
+    assert s.get("k") == b"v"
+    s.put("k2", b"w")
+    assert s.get("k2") is None and not os.path.exists(s.file_for("k2"))

@@ -11,7 +11,16 @@ Tiers, looked up in order:
    (``~/.cache/torch_tpu`` on Linux); ``TORCH_TPU_CACHE_DIR=/path`` moves it,
    ``TORCH_TPU_CACHE_DIR=""`` turns it off, as do `disable()` and
    `set_dir(None)`. Size cap: ``TORCH_TPU_CACHE_MAX_BYTES`` (default 4 GiB,
-   least recently used entries evicted first) or `set_max_bytes()`.
+   least recently used entries evicted first) or `set_max_bytes()`. A
+   directory that is read-only still serves what it holds (nothing is
+   written). **shared** - ``TORCH_TPU_SHARED_CACHE_DIR=/path`` (or
+   `set_shared_dir()`) adds a read-only directory under the local one: a
+   cache prebuilt by CI, or mounted on every host of a pod. Lookups that the
+   local directory misses are served from it; new programs are written to
+   the local directory only, and nothing in the shared one is ever written,
+   touched or deleted. It must be owned by the user or root and not
+   writable by group or others (as the local one); ``stats()["disk"]``
+   counts its hits as ``shared_hits``.
 
 3. **graphs** - for compiled graphs (torch.compile), an index on disk from
    the graph's fingerprint (ATen code, input metadata, specialization key,
@@ -42,7 +51,8 @@ import threading
 from .store import CacheWarning, DiskStore, configured_dir, default_dir  # noqa: F401
 
 __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
-           "set_max_bytes", "is_enabled", "CacheWarning", "default_dir", "info"]
+           "set_shared_dir", "shared_dir", "set_max_bytes", "is_enabled", "CacheWarning",
+           "default_dir", "info"]
 
 _lock = threading.Lock()
 _store: DiskStore | None = None
@@ -177,7 +187,8 @@ def info() -> dict:
     """Where the disk tier is and what it holds (no process statistics)."""
     d = disk_store().info()
     return {k: d[k] for k in ("enabled", "writable", "dir", "status", "entries", "bytes",
-                              "max_bytes")}
+                              "other_files", "max_bytes", "shared_dir", "shared_status",
+                              "shared_entries", "shared_bytes")}
 
 
 def _graph_tier():
@@ -244,19 +255,38 @@ def set_dir(path: str | None) -> None:
 
 
 def cache_dir() -> str | None:
-    """The disk tier's directory, or None when it is off."""
+    """The disk tier's local directory, or None when it is off."""
     s = disk_store()
-    return s.root if s.enabled else None
+    return s.root if s.path is not None else None
+
+
+def set_shared_dir(path: str | None) -> None:
+    """Serve hits from `path` too, read-only, under the local directory (None: none)."""
+    import os
+
+    disk_store().set_shared_dir(os.path.abspath(os.path.expanduser(path)) if path else None)
+
+
+def shared_dir() -> str | None:
+    """The read-only shared directory in use, or None."""
+    s = disk_store()
+    return s.shared_root if s.shared_path is not None else None
 
 
 def enable(path: str | None = None) -> None:
-    """Turn the disk tier on (in `path`, else TORCH_TPU_CACHE_DIR or the default)."""
+    """Turn the disk tier on (in `path`, else TORCH_TPU_CACHE_DIR or the default;
+    with TORCH_TPU_SHARED_CACHE_DIR under it when that is set)."""
+    from .store import configured_shared_dir
+
     set_dir(path or configured_dir() or default_dir())
+    disk_store().set_shared_dir(configured_shared_dir())
 
 
 def disable() -> None:
-    """Turn the disk tier off for this process (memory only)."""
+    """Turn the disk tier off for this process (memory only; the shared
+    directory too)."""
     disk_store().set_dir(None)
+    disk_store().set_shared_dir(None)
 
 
 def is_enabled() -> bool:

@@ -102,6 +102,12 @@ def configured_dir() -> str | None:
     return os.path.abspath(os.path.expanduser(value)) if value else None
 
 
+def configured_shared_dir() -> str | None:
+    """TORCH_TPU_SHARED_CACHE_DIR: a read-only tier under the local one (None: none)."""
+    value = os.environ.get("TORCH_TPU_SHARED_CACHE_DIR", "").strip()
+    return os.path.abspath(os.path.expanduser(value)) if value else None
+
+
 def configured_max_bytes() -> int:
     value = os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", "").strip()
     if not value:
@@ -161,6 +167,7 @@ class _Stats:
         self.write_errors = 0
         self.corrupt = 0
         self.evictions = 0
+        self.shared_hits = 0
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -174,7 +181,10 @@ class _Local(threading.local):
 class DiskStore:
     """JAX's cache interface (get/put of executable bytes) over our directory."""
 
-    def __init__(self, root: str | None = None, max_bytes: int | None = None):
+    def __init__(self, root: str | None = None, max_bytes: int | None = None,
+                 shared: str | None | bool = True):
+        """`root`: the local directory (None: none); `shared`: the read-only
+        shared directory (True: TORCH_TPU_SHARED_CACHE_DIR; None: none)."""
         self._lock = threading.RLock()
         self.stats = _Stats()
         self._local = _Local()
@@ -182,12 +192,20 @@ class DiskStore:
         self._env_blob = None
         self.root = None
         self.path = None
-        self.enabled = False
         self.writable = False
         self.reason = "not configured"
+        self.shared_root = None
+        self.shared_path = None
+        self.shared_reason = "not configured"
         self.max_bytes = configured_max_bytes() if max_bytes is None else int(max_bytes)
         self._bytes_estimate = None
         self.set_dir(root)
+        self.set_shared_dir(configured_shared_dir() if shared is True else shared)
+
+    @property
+    def enabled(self) -> bool:
+        """Is any directory (local or shared) in use?"""
+        return self.path is not None or self.shared_path is not None
 
     # JAX's CacheInterface has a `_path` attribute (used in its log messages).
     @property
@@ -205,7 +223,6 @@ class DiskStore:
         with self._lock:
             self.root = root or None
             self.path = None
-            self.enabled = False
             self.writable = False
             self._bytes_estimate = None
             if not root:
@@ -213,15 +230,49 @@ class DiskStore:
                 return
             path = os.path.join(root, SUBDIR)
             problem = _prepare_dir(path)
+            if problem == "not writable" and _check_readable(path) is None:
+                # A read-only directory still serves what it holds.
+                self.path = path
+                self.reason = "read-only"
+                warn_once(f"dir:{path}", f"{root!r} is read-only: programs cached in it are "
+                                         "loaded, new ones are kept in memory only")
+                return
             if problem is not None:
                 self.reason = problem
                 warn_once(f"dir:{path}", f"cannot use {root!r} ({problem}); compiled "
                                          "programs are kept in memory only")
                 return
             self.path = path
-            self.enabled = True
             self.writable = True
             self.reason = "ok"
+
+    def set_shared_dir(self, root: str | None) -> None:
+        """Serve hits from `root` too, read-only, after the local directory (None: none).
+
+        `root` is a cache directory written by another process (e.g. a CI job
+        run with TORCH_TPU_CACHE_DIR=root) and mounted or copied here. Nothing
+        in it is ever written, touched or deleted. Like the local directory it
+        must be owned by this user or root and not writable by group or
+        others; a shared entry file that is not is ignored.
+        """
+        with self._lock:
+            self.shared_root = root or None
+            self.shared_path = None
+            if not root:
+                self.shared_reason = "disabled"
+                return
+            path = os.path.join(root, SUBDIR)
+            if self.path is not None and _same_dir(path, self.path):
+                self.shared_reason = "same as the local directory"
+                return
+            problem = _check_readable(root) or _check_readable(path)
+            if problem is not None:
+                self.shared_reason = problem
+                warn_once(f"shared:{path}", f"cannot use the shared directory {root!r} "
+                                            f"({problem}); it serves no programs")
+                return
+            self.shared_path = path
+            self.shared_reason = "ok (read-only)"
 
     def set_max_bytes(self, max_bytes: int) -> None:
         with self._lock:
@@ -267,87 +318,98 @@ class DiskStore:
             self._env_blob = json.dumps(self._env, sort_keys=True).encode()
         return self._env_blob
 
-    def file_for(self, key: str) -> str:
+    def _name_for(self, key: str) -> str:
         digest = hashlib.sha256(key.encode() + b"\0" + self._environment_blob()).hexdigest()
-        return os.path.join(self.path, digest + SUFFIX)
+        return digest + SUFFIX
+
+    def file_for(self, key: str) -> str:
+        """The local file of `key` (its name is the same in the shared directory)."""
+        return os.path.join(self.path or os.path.join(self.root or "", SUBDIR),
+                            self._name_for(key))
 
     # -- the interface JAX calls --------------------------------------------
 
     def get(self, key: str, count: bool = True):
         """The payload stored under `key`, or None.
 
-        `count=False` (the graph tier's small index entries) leaves the
-        executable statistics and the per-compile events alone.
+        The local directory is asked first, then the shared one. `count=False`
+        (the graph tier's small index entries) leaves the executable
+        statistics and the per-compile events alone.
         """
         if not self.enabled:
             return None
-        fname = self.file_for(key)
-        try:
-            with open(fname, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
+        name = self._name_for(key)
+        for path, shared in ((self.path, False), (self.shared_path, True)):
+            if path is None:
+                continue
+            fname = os.path.join(path, name)
+            blob, problem = _read_entry(fname, shared)
+            if blob is None and problem is None:
+                continue  # no such entry
+            if problem is None:
+                payload, problem = self._decode(blob, key)
+            if problem is not None:
+                self._bad_entry(fname, problem, shared)
+                continue
             if count:
-                self._miss(key)
-            return None
-        except OSError as e:
-            if count:
-                self._miss(key)
-            warn_once("read", f"cannot read {fname} ({e}); recompiling")
-            return None
-        payload, problem = self._decode(blob, key)
-        if problem is not None:
-            with self._lock:
-                self.stats.corrupt += 1
-            warn_once("corrupt", f"discarded a bad cache entry {os.path.basename(fname)} "
-                                 f"({problem}); the program is recompiled")
-            _unlink(fname)
-            self._bytes_estimate = None
-            if count:
-                self._miss(key)
-            return None
+                with self._lock:
+                    self.stats.hits += 1
+                    self.stats.bytes_read += len(blob)
+                    if shared:
+                        self.stats.shared_hits += 1
+                self._event("hit", key)
+            if not shared:
+                try:
+                    os.utime(fname)  # least-recently-used order for eviction
+                except OSError:
+                    pass
+            return payload
         if count:
-            with self._lock:
-                self.stats.hits += 1
-                self.stats.bytes_read += len(blob)
-            self._event("hit", key)
-        try:
-            os.utime(fname)  # least-recently-used order for eviction
-        except OSError:
-            pass
-        return payload
+            self._miss(key)
+        return None
+
+    def _bad_entry(self, fname, problem, shared):
+        """An entry that cannot be used: counted, reported once, removed if local."""
+        if problem.startswith("cannot read"):
+            warn_once("read", f"{problem} ({fname}); recompiling")
+            return
+        with self._lock:
+            self.stats.corrupt += 1
+        where = "the shared directory's" if shared else "a"
+        warn_once("shared-corrupt" if shared else "corrupt",
+                  f"ignored {where} bad cache entry {os.path.basename(fname)} ({problem}); "
+                  "the program is recompiled")
+        if not shared and self.writable:
+            _remove(fname)
+            self._bytes_estimate = None
 
     def put(self, key: str, value: bytes, count: bool = True) -> None:
-        if not (self.enabled and self.writable):
+        """Store `value` under `key` in the local directory (never the shared one).
+
+        A write failure (disk full, file too large, permissions, ...) turns
+        writing off for the rest of the process, with one warning; reads go
+        on. An entry path taken by something else (a directory) is replaced,
+        and a directory removed under a running process is created again.
+        """
+        if not (self.path is not None and self.writable):
             return
         value = bytes(value)
-        header = dict(self._env or {})
+        self._environment_blob()  # the versions go in the header (a put may come first)
+        header = dict(self._env)
         header.update(key=key, size=len(value), sha256=hashlib.sha256(value).hexdigest(),
                       created=time.time())
         hbytes = json.dumps(header, sort_keys=True).encode()
         blob = MAGIC + struct.pack(">I", len(hbytes)) + hbytes + value
         fname = self.file_for(key)
-        tmp = f"{fname}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        for attempt in (0, 1):
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(blob)
-            except BaseException:
-                _unlink(tmp)
-                raise
-            os.replace(tmp, fname)
-        except OSError as e:
-            _unlink(tmp)
-            with self._lock:
-                self.stats.write_errors += 1
-                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
-                               errno.EROFS):
-                    self.writable = False
-            what = ("the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-                    else f"cannot write ({e.strerror or e})")
-            warn_once("write", f"{what} in {self.root!r}; new programs are kept in memory "
-                               "only for the rest of this process")
-            return
+                _write_atomic(fname, blob)
+                break
+            except OSError as e:
+                if attempt == 0 and self._heal(fname, e):
+                    continue
+                self._write_failed(e)
+                return
         with self._lock:
             if count:
                 self.stats.writes += 1
@@ -357,6 +419,27 @@ class DiskStore:
         if count:
             self._event("write", key)
         self._evict(len(blob))
+
+    def _heal(self, fname, e: OSError) -> bool:
+        """Remove what made writing `fname` fail, if it can be; True to retry."""
+        if e.errno == errno.ENOENT:
+            # The directory went away (removed by hand): make it again.
+            return _prepare_dir(os.path.dirname(fname)) is None
+        if os.path.lexists(fname) and not _is_file(fname):
+            # A directory (or other non-file) sits at the entry's path.
+            with self._lock:
+                self.stats.corrupt += 1
+            return _remove(fname)
+        return False
+
+    def _write_failed(self, e: OSError) -> None:
+        with self._lock:
+            self.stats.write_errors += 1
+            self.writable = False
+        what = ("the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else f"cannot write ({e.strerror or e})")
+        warn_once("write", f"{what} in {self.root!r}; new programs are kept in memory "
+                           "only for the rest of this process")
 
     def _miss(self, key=None):
         with self._lock:
@@ -394,33 +477,52 @@ class DiskStore:
 
     # -- size, eviction, clearing ---------------------------------------------
 
-    def entries(self):
-        """[(path, size, mtime)] of the entries on disk."""
-        if self.path is None:
-            return []
-        out = []
-        now = time.time()
+    def _scan(self, path):
+        """([(path, size, mtime)] of the entries, [paths of anything else]) in `path`.
+
+        An entry is a regular file named like one; anything else (a directory
+        or a foreign file in its place, a temporary file of a killed writer)
+        is not counted.
+        """
+        out, other = [], []
+        if path is None:
+            return out, other
         try:
-            names = os.listdir(self.path)
+            listing = list(os.scandir(path))
         except OSError:
-            return []
-        for name in names:
-            full = os.path.join(self.path, name)
+            return out, other
+        for de in listing:
             try:
-                st = os.stat(full)
+                is_file = de.is_file()
+                st = de.stat() if is_file else None
             except OSError:
                 continue
-            if name.endswith(SUFFIX):
-                out.append((full, st.st_size, st.st_mtime))
-            elif ".tmp-" in name and now - st.st_mtime > 3600:
-                _unlink(full)  # left behind by a killed writer
+            if is_file and de.name.endswith(SUFFIX):
+                out.append((de.path, st.st_size, st.st_mtime))
+            else:
+                other.append(de.path)
+        return out, other
+
+    def entries(self):
+        """[(path, size, mtime)] of the entries in the local directory."""
+        out, other = self._scan(self.path)
+        if self.writable:
+            now = time.time()
+            for full in other:
+                name = os.path.basename(full)
+                try:
+                    old = now - os.lstat(full).st_mtime > 3600
+                except OSError:
+                    continue
+                if ".tmp-" in name and old:
+                    _unlink(full)  # left behind by a killed writer
         return out
 
     def disk_bytes(self) -> int:
         return sum(size for _, size, _ in self.entries())
 
     def _evict(self, added: int) -> None:
-        if not self.enabled or self.max_bytes <= 0:
+        if self.path is None or not self.writable or self.max_bytes <= 0:
             return
         with self._lock:
             if self._bytes_estimate is not None and self._bytes_estimate <= self.max_bytes:
@@ -439,21 +541,26 @@ class DiskStore:
             self._bytes_estimate = total
 
     def clear(self) -> int:
-        """Delete every entry; returns the number of files removed."""
+        """Empty the local directory: every entry, and anything else in it that
+        is not a valid entry (directories or foreign files under entry names,
+        temporary files). The shared directory is never touched. Returns the
+        number of items removed."""
         n = 0
         with self._lock:
-            for full, _, _ in self.entries():
-                if _unlink(full):
+            entries, other = self._scan(self.path)
+            for full in [e[0] for e in entries] + other:
+                if _remove(full):
                     n += 1
-            self._bytes_estimate = 0
+            self._bytes_estimate = None
         return n
 
     def info(self) -> dict:
-        entries = self.entries()
+        entries, other = self._scan(self.path)
+        shared, _ = self._scan(self.shared_path)
         s = self.stats
         return {
             "enabled": self.enabled,
-            "writable": self.enabled and self.writable,
+            "writable": self.path is not None and self.writable,
             "dir": self.root,
             "status": self.reason,
             "hits": s.hits,
@@ -464,7 +571,13 @@ class DiskStore:
             "evictions": s.evictions,
             "entries": len(entries),
             "bytes": sum(size for _, size, _ in entries),
+            "other_files": len(other),
             "max_bytes": self.max_bytes,
+            "shared_dir": self.shared_root,
+            "shared_status": self.shared_reason,
+            "shared_entries": len(shared),
+            "shared_bytes": sum(size for _, size, _ in shared),
+            "shared_hits": s.shared_hits,
         }
 
 
@@ -488,6 +601,118 @@ def _prepare_dir(path: str) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return "not writable"
     return None
+
+
+def _owner_ok(st) -> str | None:
+    """The problem with who may change `st`'s file, or None (this user or root,
+    not writable by group or others)."""
+    if not hasattr(os, "getuid"):
+        return None
+    if st.st_uid not in (os.getuid(), 0):
+        return "owned by another user"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "writable by other users"
+    return None
+
+
+def _check_readable(path: str) -> str | None:
+    """Check an existing directory that is only read; the problem, or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as e:
+        return f"cannot stat it: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    problem = _owner_ok(st)
+    if problem is not None:
+        return problem
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "not readable"
+    return None
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _read_entry(fname: str, shared: bool):
+    """(bytes, None), (None, None) when there is no entry, or (None, the problem).
+
+    Opened without blocking (a FIFO in an entry's place must not hang the
+    process) and checked to be a regular file; a shared entry must also be
+    owned by this user or root and not writable by group or others.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(fname, flags)
+    except FileNotFoundError:
+        return None, None
+    except IsADirectoryError:
+        return None, "not a file"
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ELOOP):  # a socket, a symlink loop
+            return None, "not a file"
+        return None, f"cannot read it ({e.strerror or e})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a file"
+        if shared:
+            problem = _owner_ok(st)
+            if problem is not None:
+                return None, problem
+        chunks = []
+        while True:
+            chunk = os.read(fd, max(st.st_size, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks), None
+    except OSError as e:
+        return None, f"cannot read it ({e.strerror or e})"
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(fname: str, blob: bytes) -> None:
+    """Write `blob` to a temporary file beside `fname`, then rename it into place."""
+    tmp = f"{fname}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, fname)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _remove(path: str) -> bool:
+    """Remove a file, link or directory tree at `path`; True if it is gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
+    return _unlink(path)
 
 
 def _unlink(path: str) -> bool:

@@ -413,6 +413,7 @@ class CompiledGraph:
                             _graph_tier.decode_value(v)
                     prog = _LoadedProgram(exe, device, int(meta["n_out"]),
                                           len(exe.get_output_layouts()))
+                    prog.relower = _relowerer(entry.fn, lower_args, donating)
         except Exception:  # a bad entry is a miss
             prog = None
         finally:
@@ -634,13 +635,16 @@ class _LoadedProgram:
     (donated, kept, consts, rng) -> (outputs, mutated input values), through
     the PJRT executable itself (nothing was traced in this process)."""
 
-    __slots__ = ("exe", "device", "n_out", "n_total")
+    __slots__ = ("exe", "device", "n_out", "n_total", "relower")
 
-    def __init__(self, exe, device, n_out, n_total):
+    def __init__(self, exe, device, n_out, n_total, relower=None):
         self.exe = exe
         self.device = device
         self.n_out = n_out
         self.n_total = n_total
+        # () -> jax.stages.Lowered of the same program, traced on demand
+        # (torch_tpu.debug's 'stablehlo' and 'hlo' stages); None: unavailable.
+        self.relower = relower
 
     def __call__(self, donated, kept, consts, rng):
         flat = [*donated, *kept, *consts]
@@ -653,8 +657,35 @@ class _LoadedProgram:
         outs = [r[0] for r in res]
         return outs[:self.n_out], outs[self.n_out:]
 
+    # What torch_tpu.debug asks of a jax Compiled, answered by the executable.
     def as_text(self):
         return self.exe.get_hlo_text()
+
+    def cost_analysis(self):
+        return self.exe.cost_analysis()
+
+    def memory_analysis(self):
+        return self.exe.get_compiled_memory_stats()
+
+    def runtime_executable(self):
+        return self.exe
+
+
+def _abstract(tree):
+    """`tree` with every array replaced by its shape, dtype and sharding."""
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
+        if hasattr(a, "shape") else a, tree)
+
+
+def _relowerer(fn, lower_args, donating):
+    """A thunk lowering `fn` as `executor._compile` did for the graph tier (no
+    arrays held: only their abstract values)."""
+    abstract = _abstract(lower_args)
+    kwargs = {"keep_unused": True}
+    if donating:
+        kwargs["donate_argnums"] = (0,)
+    return lambda: jax.jit(fn, **kwargs).lower(*abstract)
 
 
 class _Entry:
@@ -683,9 +714,7 @@ class _Entry:
 
     def release_trace(self):
         # Keep only abstract values for a later compile of the other variant.
-        self.lower_args = jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
-            if hasattr(a, "shape") else a, self.lower_args)
+        self.lower_args = _abstract(self.lower_args)
 
     def run(self, graph, args, arrays, consts, rng):
         donated = [arrays[i] for i in self.donate_idx]

@@ -33,14 +33,24 @@ def _check_stage(stage):
 
 
 class Program:
-    """One XLA program: its text at each stage, cost and memory analysis."""
+    """One XLA program: its text at each stage, cost and memory analysis.
+
+    A program a warm process loaded from the compile cache without lowering
+    it (a torch.compile graph served by the graph tier) has its executable
+    only; its 'stablehlo' and 'hlo' stages are then lowered again on first
+    use, from the graph it was built from (`relower`, a thunk returning the
+    jax.stages.Lowered; a `compiled` object may carry one as `.relower`).
+    """
 
     def __init__(self, name, lowered=None, compiled=None, fn=None, args=None,
-                 optimized_text=None):
+                 optimized_text=None, relower=None):
         self.name = name
         self._lowered = lowered
         self._compiled = compiled
         self._optimized_text = optimized_text
+        if relower is None and compiled is not None:
+            relower = getattr(compiled, "relower", None)
+        self._relower = relower if lowered is None else None
 
     # -- stages -------------------------------------------------------------
 
@@ -49,7 +59,24 @@ class Program:
         if stage == "optimized":
             return (self._compiled is not None or self._lowered is not None
                     or self._optimized_text is not None)
-        return self._lowered is not None
+        return self._lowered is not None or self._relower is not None
+
+    def _lowered_form(self):
+        if self._lowered is None:
+            if self._relower is None:
+                raise RuntimeError(
+                    f"program {self.name!r} was recorded without its lowered form, so only "
+                    "the 'optimized' stage (and cost/memory analysis) is available")
+            try:
+                self._lowered = self._relower()
+            except Exception as e:
+                raise RuntimeError(
+                    f"program {self.name!r} was loaded from the compile cache without its "
+                    f"lowered form, and lowering it again failed ({type(e).__name__}: {e}); "
+                    "only the 'optimized' stage (and cost/memory analysis) is available"
+                ) from e
+            self._relower = None
+        return self._lowered
 
     def text(self, stage="stablehlo") -> str:
         """The program text at `stage` ('stablehlo', 'hlo' or 'optimized')."""
@@ -58,14 +85,10 @@ class Program:
             if self._optimized_text is None:
                 self._optimized_text = self.compiled.as_text()
             return self._optimized_text
-        if self._lowered is None:
-            raise RuntimeError(
-                f"program {self.name!r} was recorded without its lowered form, so only "
-                "the 'optimized' stage is available (the executor's compile hook passes "
-                "only the compiled executable)")
+        lowered = self._lowered_form()
         if stage == "stablehlo":
-            return self._lowered.as_text()
-        return self._lowered.as_text(dialect="hlo")
+            return lowered.as_text()
+        return lowered.as_text(dialect="hlo")
 
     @property
     def stablehlo(self) -> str:
@@ -81,15 +104,27 @@ class Program:
 
     @property
     def lowered(self):
-        return self._lowered
+        """The jax.stages.Lowered (lowered again for a program loaded from disk;
+        None when it cannot be had)."""
+        try:
+            return self._lowered_form()
+        except RuntimeError:
+            return None
 
     @property
     def compiled(self):
         if self._compiled is None:
-            if self._lowered is None:
+            if self._lowered is None and self._relower is None:
                 raise RuntimeError(f"program {self.name!r} is no longer held")
-            self._compiled = self._lowered.compile()
+            self._compiled = self._lowered_form().compile()
         return self._compiled
+
+    def _analysis(self, method):
+        fn = getattr(self.compiled, method, None)
+        if fn is None:
+            raise RuntimeError(f"program {self.name!r}: its executable "
+                               f"({type(self.compiled).__name__}) has no {method}")
+        return fn()
 
     # -- analyses -----------------------------------------------------------
 
@@ -100,7 +135,7 @@ class Program:
         Keys are XLA's with spaces turned into underscores; per-operand
         entries (`bytes accessed0{}`) are kept under 'raw'.
         """
-        raw = self.compiled.cost_analysis()
+        raw = self._analysis("cost_analysis")
         if isinstance(raw, (list, tuple)):  # older JAX: one dict per device
             raw = raw[0] if raw else {}
         raw = dict(raw or {})
@@ -121,7 +156,7 @@ class Program:
     @property
     def memory(self) -> dict:
         """XLA's memory analysis (bytes): arguments, outputs, temporaries, code."""
-        stats = self.compiled.memory_analysis()
+        stats = self._analysis("memory_analysis")
         if stats is None:
             return {}
         out = {}
@@ -138,7 +173,12 @@ class Program:
         return f"Program({self.name!r}, stages={stages})"
 
     def __str__(self):
-        return self.text("stablehlo" if self._lowered is not None else "optimized")
+        if self.has_stage("stablehlo"):
+            try:
+                return self.text("stablehlo")
+            except RuntimeError:
+                pass
+        return self.text("optimized")
 
 
 # --------------------------------------------------------------------------
