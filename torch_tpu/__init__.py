@@ -2,9 +2,22 @@
 
 ATen ops on `tpu` tensors run as cached XLA executables through JAX's PJRT
 runtime: on a Cloud TPU when present, otherwise on the GPU or the host CPU.
+
+Importing this package (which the `torch.backends` entry point does in every
+`import torch` of an environment where it is installed) registers the `tpu`
+device, `torch.tpu`, the `torch.compile` and `torch.distributed` backends,
+and nothing heavier: JAX, the lowering table and the kernels load on first
+use (`_load()`): the first op that reaches the device, a `torch.tpu` call
+that needs the runtime, `torch.compile`, or the first attribute of this
+package that is not one of those (`torch_tpu.debug`, `torch_tpu.jax_op`,
+...). `import torch` alone therefore costs about what it costs without the
+backend (see benchmarks/startup.py).
 """
 
 from __future__ import annotations
+
+import importlib as _importlib
+import threading as _threading
 
 __version__ = "0.1.0"
 
@@ -14,21 +27,53 @@ def _autoload():
 
     Defined before anything else: when `import torch_tpu` runs first, torch's
     autoload re-enters this partially initialized module and needs it.
-    Importing the package does the work.
+    Importing the package does the (cheap) registration.
     """
 
 
-from .runtime import platform as _platform  # noqa: F401  (configures JAX first)
-from .device import registration as _registration
+from .device import registration as _registration  # noqa: E402
 
 _registration.register()
 
-from . import ops as _ops  # noqa: E402
-
-_ops.install()
-
 from .device import module as tpu  # noqa: E402,F401
-from . import precision as _precision, jax_op  # noqa: E402,F401  (torch.tpu precision/autocast API; torch_tpu.jax_op)
-from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu")
-
+from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu", lazily)
 from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
+
+_load_lock = _threading.RLock()
+_loaded = False
+_loading = False
+
+
+def _load() -> None:
+    """Load the backend: JAX, the lowering table, every kernel (once, thread-safe)."""
+    global _loaded, _loading
+    if _loaded:
+        return
+    with _load_lock:
+        if _loaded or _loading:
+            return
+        _loading = True
+        try:
+            _importlib.import_module(f"{__name__}.runtime.platform")  # configures JAX first
+            _importlib.import_module(f"{__name__}.ops").install()
+            _importlib.import_module(f"{__name__}.precision")  # torch.tpu precision/autocast API
+            _loaded = True
+        finally:
+            _loading = False
+
+
+def __getattr__(name):
+    # Any other attribute (torch_tpu.debug, .cache, .jax_op, .ops, ...) is a
+    # use of the backend: load it, then the submodule if that is what it names.
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _loading:
+        _load()
+    if name in globals():
+        return globals()[name]
+    try:
+        return _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,12 @@
 """`torch.compile(model, backend="tpu")`.
 
-Importing torch_tpu makes the backend available without importing dynamo
-(which takes seconds): `install()` wraps `torch.compile` so that the first
-call registers the "tpu" backend with dynamo, and points the default
-backend (inductor, which has no tpu code generator) at "tpu" for graphs
-whose inputs are on the tpu device. `register()` does the dynamo
-registration directly (e.g. before `torch._dynamo.optimize("tpu")`).
+Importing torch_tpu (or the `torch.backends` autoload) makes the backend
+available without importing dynamo or JAX (which take seconds): `install()`
+wraps `torch.compile` so that the first call loads the tpu backend, registers
+"tpu" with dynamo, and points the default backend (inductor, which has no tpu
+code generator) at "tpu" for graphs whose inputs are on the tpu device.
+`register()` does the dynamo registration directly (e.g. before
+`torch._dynamo.optimize("tpu")`).
 
 See `torch_tpu.compile.backend` for how graphs run, and
 `torch_tpu.compile.dynamic` for the dynamic-shape policy.
@@ -23,13 +24,19 @@ __all__ = ["register", "install", "tpu_backend", "cache_stats", "clear_cache"]
 
 
 def register() -> None:
-    """Register the "tpu" backend with dynamo (imports dynamo)."""
+    """Load the tpu backend and register "tpu" with dynamo (imports dynamo)."""
+    import torch_tpu
+
+    torch_tpu._load()
     from . import backend
 
     backend.register()
 
 
 def tpu_backend(gm, example_inputs, mode=None, options=None):
+    import torch_tpu
+
+    torch_tpu._load()
     from . import backend
 
     return backend.tpu_backend(gm, example_inputs, mode=mode, options=options)
@@ -66,9 +73,9 @@ def install() -> None:
         compile._torch_tpu = True
         compile._torch_tpu_original = original
         torch.compile = compile
-    from .backend import _redirect_inductor  # noqa: E402
-
-    _redirect_inductor()
+    # register() (at the first torch.compile call) also points inductor at
+    # "tpu" for tpu inputs: torch.compile is the only caller of inductor's
+    # wrapper that this redirects.
     _installed = True
 
 

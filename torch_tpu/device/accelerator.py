@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import memory, module
+from . import module
 
+memory = module._memory  # torch_tpu.device.memory, imported on first use (it imports JAX)
 _C = torch._C
 _originals: dict = {}
 
@@ -73,7 +74,7 @@ def install() -> None:
     _route("_accelerator_synchronizeDevice",
            lambda idx: module.synchronize(idx if idx is not None and idx >= 0 else None))
     _route("_accelerator_isAllocatorInitialized", lambda: True)
-    _route("_accelerator_emptyCache", memory.empty_cache)
+    _route("_accelerator_emptyCache", lambda: memory.empty_cache())
     _route("_accelerator_getDeviceStats", _stats)
     _route("_accelerator_resetPeakStats",
            lambda idx: memory.reset_peak(module._index(idx if idx >= 0 else None)))

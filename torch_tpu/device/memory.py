@@ -4,37 +4,27 @@ Where PJRT reports allocator statistics (TPU, GPU) they are used as they are.
 XLA:CPU reports none, so there the numbers are the bytes of live jax.Arrays
 on the device (what tensors and cached values hold); the peak is the largest
 value seen at any query, synchronize, or reset, which is documented as a
-sampled peak on CPU.
+sampled peak on CPU. An array whose computation failed (an allocation that
+did not fit) is never counted.
+
+`mem_get_info`, `summary` (torch.tpu.memory_summary) and `snapshot`
+(torch.tpu.memory_snapshot: every live buffer, largest first, with the op that
+produced it) answer "what is holding my device memory?". The producing op is
+recorded when a storage is created (`DeviceData.origin`: one attribute store)
+and looked up only when a snapshot is taken.
 """
 
 from __future__ import annotations
 
 import gc
 
-import jax
-
-from ..runtime import platform
+from ..runtime import oom, platform
 
 _peak: dict = {}
 
 
-def raw_stats(index: int):
-    try:
-        return platform.jax_device(index).memory_stats()
-    except Exception:
-        return None
-
-
-def _live_bytes(index: int) -> int:
-    dev = platform.jax_device(index)
-    total = 0
-    for a in jax.live_arrays(platform.platform()):
-        try:
-            if dev in a.devices():
-                total += a.nbytes
-        except Exception:
-            continue
-    return total
+raw_stats = oom.raw_stats
+_live_bytes = oom.live_bytes
 
 
 def allocated(index: int) -> int:
@@ -78,8 +68,7 @@ def stats(index: int) -> dict:
         "allocated_bytes.all.current": cur,
         "allocated_bytes.all.peak": peak(index),
         "reserved_bytes.all.current": reserved(index),
-        "num_live_arrays": sum(1 for a in jax.live_arrays(platform.platform())
-                               if platform.jax_device(index) in a.devices()),
+        "num_live_arrays": len(oom.live_arrays(index)),
     }
     raw = raw_stats(index)
     if raw:
@@ -90,3 +79,121 @@ def stats(index: int) -> dict:
 def empty_cache() -> None:
     """Release what Python still holds for dead tensors; PJRT frees on release."""
     gc.collect()
+
+
+def synchronize(devs) -> None:
+    """torch.tpu.synchronize: wait, raise failed asynchronous work, sample the peak."""
+    try:
+        oom.synchronize(devs)
+    finally:
+        sample()
+
+
+def mem_get_info(index: int) -> tuple:
+    """(free, total) bytes of tpu:index, as torch.cuda.mem_get_info.
+
+    TPU/GPU: PJRT's bytes_limit and bytes_limit - bytes_in_use. XLA:CPU
+    reports nothing: total is the memory limit the out-of-memory check uses
+    (TORCH_TPU_MEMORY_LIMIT, else the host's memory or cgroup limit) and free
+    is total minus the live device arrays, at most the host's MemAvailable.
+    """
+    stats = raw_stats(index)
+    if stats and stats.get("bytes_limit"):
+        total = int(stats["bytes_limit"])
+        lim = oom.limit(index)
+        if lim is not None:
+            total = min(total, lim)
+        return max(total - int(stats.get("bytes_in_use", 0)), 0), total
+    total = oom.limit(index) or oom.host_memory()
+    free = max(total - allocated(index), 0)
+    avail = _host_available()
+    if avail is not None:
+        free = min(free, avail)
+    return free, total
+
+
+def _host_available():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def snapshot(index: int | None = None) -> list:
+    """Every live buffer on tpu:index (every device if None), largest first.
+
+    Each is a dict: device, nbytes, shape, dtype, op (the op that created the
+    tensor storage; None where it was made outside the executor, e.g. by a
+    compiled graph), and tensor (False for arrays that no tensor holds: RNG
+    state, cached constants, values kept alive by Python references).
+    """
+    from ..runtime import storage as st
+
+    owners = {}
+    for o in gc.get_objects():
+        if type(o) is st.DeviceData:
+            owners[id(o.array)] = o
+    indices = range(platform.device_count()) if index is None else (index,)
+    out = []
+    for i in indices:
+        for a in oom.live_arrays(i):
+            d = owners.get(id(a))
+            out.append({
+                "device": f"tpu:{i}",
+                "nbytes": int(a.nbytes),
+                "shape": tuple(a.shape),
+                "dtype": d.dtype if d is not None else str(a.dtype),
+                "op": d.origin if d is not None else None,
+                "tensor": d is not None,
+            })
+    out.sort(key=lambda b: -b["nbytes"])
+    return out
+
+
+def summary(index: int, abbreviated: bool = False, top: int = 10) -> str:
+    """A readable table of tpu:index's memory, like torch.cuda.memory_summary."""
+    from ..runtime.oom import fmt
+
+    cur = allocated(index)
+    pk = peak(index)
+    stats = raw_stats(index)
+    free, total = mem_get_info(index)
+    bufs = snapshot(index)
+    tensors = [b for b in bufs if b["tensor"]]
+    source = "PJRT allocator" if stats and "bytes_in_use" in stats else \
+        "live arrays (XLA:CPU reports no allocator statistics; peak is sampled)"
+    rows = [
+        ("Allocated memory", fmt(cur)),
+        ("Peak allocated memory", fmt(pk)),
+        ("Reserved memory", fmt(int(stats["bytes_reserved"])) if stats and "bytes_reserved" in stats
+         else "not reported by this platform"),
+        ("Free / total", f"{fmt(free)} / {fmt(total)} ({oom.limit_source(index)})"),
+        ("Live buffers", f"{len(bufs)} ({len(tensors)} held by tensors, "
+                         f"{fmt(sum(b['nbytes'] for b in tensors))})"),
+    ]
+    if stats:
+        for k in ("num_allocs", "largest_alloc_size", "largest_free_block_bytes"):
+            if k in stats:
+                rows.append((f"PJRT {k}", str(stats[k])))
+    width = 78
+    lines = ["=" * width,
+             f" torch.tpu memory summary, device tpu:{index} ({platform.platform()} platform)",
+             f" source: {source}",
+             "-" * width]
+    lines += [f" {k:<28}| {v}" for k, v in rows]
+    if not abbreviated and bufs:
+        lines += ["-" * width, f" Largest live buffers (of {len(bufs)}):",
+                  f" {'size':>12}  {'dtype':<16} {'shape':<20} op"]
+        for b in bufs[:top]:
+            dtype = str(b["dtype"]).replace("torch.", "")
+            op = b["op"] or ("(tensor)" if b["tensor"] else "(no tensor)")
+            shape = str(list(b["shape"]))
+            if len(shape) > 20:
+                shape = shape[:17] + "..."
+            lines.append(f" {fmt(b['nbytes']):>12}  {dtype:<16} {shape:<20} {op}")
+    lines.append("=" * width)
+    return "\n".join(lines) + "\n"

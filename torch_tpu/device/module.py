@@ -9,17 +9,46 @@ Registered with `torch._register_device_module("tpu", ...)`, so after
 from __future__ import annotations
 
 import contextlib
+import importlib
+import sys
 import threading
 from dataclasses import dataclass
 
-import jax
 import torch
 
-from ..runtime import platform
-from . import memory as _memory
-from . import random as _random
-
 _tls = threading.local()
+
+
+class _Lazy:
+    """A module imported on its first attribute access.
+
+    `torch.tpu` is registered by the `torch.backends` autoload in every
+    `import torch`, so this module imports no JAX: the runtime (JAX, the PJRT
+    client) loads when a function here first needs it, after
+    `torch_tpu.runtime.platform` has configured JAX.
+    """
+
+    __slots__ = ("_name", "_module")
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module = None
+
+    def __getattr__(self, attr):
+        mod = self._module
+        if mod is None:
+            importlib.import_module("torch_tpu.runtime.platform")
+            mod = self._module = importlib.import_module(self._name)
+        return getattr(mod, attr)
+
+    def __repr__(self):
+        return f"<lazy module {self._name!r}>"
+
+
+jax = _Lazy("jax")
+platform = _Lazy("torch_tpu.runtime.platform")
+_memory = _Lazy("torch_tpu.device.memory")
+_random = _Lazy("torch_tpu.device.random")
 
 
 def _index(device=None) -> int:
@@ -50,7 +79,9 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether the runtime (JAX's client and devices) has started in this process."""
+    mod = sys.modules.get("torch_tpu.runtime.platform")
+    return mod is not None and mod.devices.cache_info().currsize > 0
 
 
 def _is_in_bad_fork() -> bool:
@@ -101,18 +132,21 @@ class device_of(device):
 
 def synchronize(device=None) -> None:
     """Wait for every op dispatched to `device` (all devices if None) to finish."""
+    import torch_tpu
+
+    if not torch_tpu._loaded:
+        # The backend has not loaded (it does at the first op): nothing was
+        # dispatched, so there is nothing to wait for.
+        if device is not None:
+            _index(device)
+        return
     from ..debug import metrics
 
     metrics.count("synchronize")
     jax.effects_barrier()
     devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
-    for a in jax.live_arrays():
-        try:
-            if a.devices() & set(devs):
-                a.block_until_ready()
-        except Exception:  # deleted or donated arrays
-            continue
-    _memory.sample()
+    # Raises the error of failed asynchronous work, as torch.cuda.synchronize().
+    _memory.synchronize(devs)
 
 
 # -- properties ------------------------------------------------------------
@@ -227,6 +261,22 @@ def max_memory_reserved(device=None) -> int:
     return _memory.peak(_index(device))
 
 
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of the device, as torch.cuda.mem_get_info."""
+    return _memory.mem_get_info(_index(device))
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of the device's memory and its largest live buffers."""
+    return _memory.summary(_index(device), abbreviated)
+
+
+def memory_snapshot(device=None) -> list:
+    """Every live device buffer (all devices if None), largest first, with
+    shape, dtype and the op that produced it."""
+    return _memory.snapshot(None if device is None else _index(device))
+
+
 # -- streams (PJRT orders work per device; one stream each) ----------------
 
 
@@ -276,3 +326,21 @@ def default_stream(device=None) -> Stream:
 @contextlib.contextmanager
 def stream(s):
     yield s
+
+
+# -- the rest of the backend -------------------------------------------------
+
+# Functions the rest of torch_tpu adds to `torch.tpu` when it loads (see
+# torch_tpu.precision); asking for one loads the backend first.
+_BACKEND_NAMES = frozenset(("set_matmul_precision", "get_matmul_precision", "matmul_precision",
+                            "get_amp_supported_dtype", "is_bf16_supported"))
+
+
+def __getattr__(name):
+    if name in _BACKEND_NAMES:
+        import torch_tpu
+
+        torch_tpu._load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")

@@ -5,8 +5,9 @@
     dist.init_process_group("tpu")            # one process per device
     model = DistributedDataParallel(model.to("tpu"))
 
-Importing torch_tpu registers the backend (cheap: nothing else is imported
-until a process group is created). `init_process_group("tpu")` starts JAX's
+Importing torch_tpu (the `torch.backends` autoload in `import torch`)
+registers the backend (cheap: nothing else is imported until a process group
+is created). `init_process_group("tpu")` starts JAX's
 multi-process runtime (`jax.distributed`) from torchrun's environment; each
 process sees its own device as `tpu:0`, and every collective runs as an XLA
 collective over a mesh of the group's devices (on the CPU platform through
@@ -27,6 +28,9 @@ BACKEND = "tpu"
 
 
 def _create_process_group(dist_backend_opts, backend_options=None):
+    import torch_tpu
+
+    torch_tpu._load()  # the backend loads on first use (see torch_tpu/__init__.py)
     from .process_group import create
 
     return create(dist_backend_opts, backend_options)

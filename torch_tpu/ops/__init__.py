@@ -3,7 +3,8 @@
 `registry.LOWERINGS` is the lowering table, filled by the family modules
 imported below; `core.KERNELS` holds the storage-level kernels. `install()`
 registers both with the dispatcher for PrivateUse1 and puts the fallback
-(decompositions, then the CPU) behind every other op; `sparse.install()`
+(decompositions, then the CPU) behind every other op (through the device's
+PrivateUse1 fallback, `torch_tpu.device.registration.set_fallback`); `sparse.install()`
 adds the sparse COO kernels (SparsePrivateUse1).
 """
 
@@ -43,9 +44,13 @@ def install() -> None:
                 if r is not None:
                     lib.impl(variant, r.__call__, "PrivateUse1")
                     registered.add(variant)
-    fb = torch.library.Library("_", "IMPL")
-    _libs.append(fb)
-    fb.fallback(fallback.handle, "PrivateUse1")
+    # The device's one PrivateUse1 fallback was registered with the device
+    # (torch_tpu.device.registration): it now hands every op with no kernel
+    # of its own to fallback.handle.
+    from ..device import registration
+
+    registration.register()
+    registration.set_fallback(fallback.handle)
     sparse.install()
 
 

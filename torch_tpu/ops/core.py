@@ -90,14 +90,32 @@ def new_tensor(shape, dtype, index, stride=None):
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
     if stride is None:
+        value = _new_zeros(shape, dtype, index, "aten.empty.memory_format")
         t = st.empty_tensor(shape, dtype, index)
-        st.attach(t, _zeros(shape, dtype, index))
+        st.attach(t, value, "aten.empty.memory_format")
         return t
     stride = tuple(int(s) for s in stride)
     n = 1 + sum((s - 1) * d for s, d in zip(shape, stride)) if all(shape) else 0
+    value = _new_zeros((n,), dtype, index, "aten.empty_strided.default")
     t = st.empty_tensor(shape, dtype, index, nbytes=n * dtype.itemsize, stride=stride)
-    st.attach(t, _zeros((n,), dtype, index))
+    st.attach(t, value, "aten.empty_strided.default")
     return t
+
+
+def _new_zeros(shape, dtype, index, op):
+    """_zeros, with torch.OutOfMemoryError where it does not fit (runtime.oom)."""
+    from ..runtime import oom
+
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= oom.check_threshold(index):
+        oom.check(op, nbytes, index)
+    try:
+        value = _zeros(shape, dtype, index)
+        if executor.LAUNCH_BLOCKING:
+            value.block_until_ready()
+    except jax.errors.JaxRuntimeError as e:
+        raise oom.translate(e, op, index, nbytes) from None
+    return value
 
 
 @kernel(aten.empty.memory_format)
@@ -140,6 +158,8 @@ def assign(dst: torch.Tensor, value) -> None:
 
         fn = _copy_cache[key] = executor._compile("copy_", key, write, (base, value))
     data.array = fn(base, value)
+    if data.origin in st.ALLOCATING_OPS:
+        data.origin = "aten.copy_.default"
 
 
 @kernel(aten.copy_.default)
@@ -167,7 +187,7 @@ def copy_(self, src, non_blocking=False):
     value = _device_value(src)
     if value.ndim > st.NUMPY_MAX_DIMS:  # numpy's limit: carry the elements flat
         value = value.reshape(-1)
-    host = np.asarray(value)
+    host = st.host_array(value, "aten.copy_.default", src.device.index)
     metrics.transfer("device_to_host", host.nbytes)
     cpu = st.host_tensor(host, src.dtype).reshape(tuple(src.shape))
     with torch.no_grad():
@@ -232,7 +252,7 @@ def new_tensor_like_value(src, dtype, index):
         metrics.transfer("host_to_device", value.nbytes)
     if value.dtype != want or (dtype is torch.complex32 and src.dtype is not torch.complex32):
         value = _cast(value, dtype)
-    return st.wrap(value, index, dtype)
+    return st.wrap(value, index, dtype, "aten._to_copy.default")
 
 
 _cast_cache: dict = {}

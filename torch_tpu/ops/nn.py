@@ -26,8 +26,10 @@ updates in place, which is routed to the `_native_batch_norm_legit` overloads
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -2582,16 +2584,36 @@ def _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,
     return op(grad, log_probs, targets, ilt, tlt, neg_log_likelihood)
 
 
+def _dynamo_disabled(fn):
+    """`torch._dynamo.disable(fn)`, without importing dynamo (seconds) for eager use.
+
+    Dynamo can only be tracing once it has been imported: until then `fn`
+    runs as it is, afterwards through its disabled form (made once).
+    """
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled = torch._dynamo.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
 # Eager kernels: when dynamo runs them eagerly (a graph break), their host
 # code (lengths to the device) must not be traced as frames.
-@torch._dynamo.disable
+@_dynamo_disabled
 def _ctc_loss_kernel(log_probs, targets, input_lengths, target_lengths, blank=0,
                      zero_infinity=False):
     return _ctc_run_forward(log_probs, targets, input_lengths, target_lengths, blank,
                             zero_infinity)
 
 
-@torch._dynamo.disable
+@_dynamo_disabled
 def _ctc_loss_backward_kernel(grad, log_probs, targets, input_lengths, target_lengths,
                               neg_log_likelihood, log_alpha, blank, zero_infinity=False):
     return _ctc_run_backward(grad, log_probs, targets, input_lengths, target_lengths,

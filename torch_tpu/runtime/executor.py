@@ -30,8 +30,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ..ops import registry
-from . import gc_pause, platform
+from . import gc_pause, oom, platform
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -75,6 +74,8 @@ class CacheStats:
             "evictions": self.evictions,
             "entries": len(_CACHE),
             "capacity": _capacity(),
+            "bytes": _BYTES[0],
+            "byte_capacity": _byte_capacity(),
             "compile_seconds": self.compile_seconds,
             "disk_loads": self.disk_loads,
         }
@@ -90,6 +91,12 @@ LOWERED_LISTENERS: list = []
 
 _CACHE: "collections.OrderedDict" = collections.OrderedDict()
 
+# TORCH_TPU_LAUNCH_BLOCKING=1 (CUDA_LAUNCH_BLOCKING's analogue): every op waits
+# for its results before returning, so an asynchronous failure is raised by
+# the op that caused it, and timers and profilers see each op's own time.
+LAUNCH_BLOCKING = os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
+    "1", "true", "yes", "on")
+
 
 def _precision_token():
     from ..precision import cache_token
@@ -103,8 +110,73 @@ def _capacity() -> int:
     return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
 
 
+# Bytes of the executables in _CACHE (one-element list: mutated in place), and
+# each entry's footprint.
+_BYTES = [0]
+_ENTRY_BYTES: dict = {}
+_byte_cap: list = []
+
+
+def _byte_capacity() -> int:
+    """TORCH_TPU_CACHE_BYTES: the in-memory tier's bound in bytes (read once).
+
+    Default: 1/16 of the host's memory, at least 256 MiB. Executables are
+    host memory on every platform (on XLA:CPU all of them; on TPU and GPU
+    their host side, plus the device code PJRT reports).
+    """
+    if not _byte_cap:
+        from . import oom
+
+        env = os.environ.get("TORCH_TPU_CACHE_BYTES", "").strip()
+        cap = oom.parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
+            oom.host_memory() // 16, 256 * 2**20)
+        _byte_cap.append(cap if cap is not None else float("inf"))
+    return _byte_cap[0]
+
+
+# An executable's footprint: the growth of the process's resident memory
+# while it was compiled (or loaded from disk), plus the device code PJRT
+# reports (0 on XLA:CPU). Resident memory does not grow where the allocator
+# reuses memory freed by an evicted executable, and grows by more on one-time
+# work (the process's first compile initializes XLA, an op's first compile
+# more than its later ones), so an executable counts the median of the last
+# nine growths measured for its op (at least _MIN_FOOTPRINT, at most 16 MiB
+# a measurement; a growth of zero, memory reused, is no measurement).
+# Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
+_MIN_FOOTPRINT = 64 * 2**10
+_MAX_SAMPLE = 16 * 2**20
+_OP_SAMPLES: dict = {}
+_COMPILES = [0]
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _footprint(name: str, grown: int, compiled) -> int:
+    try:
+        code = int(compiled.memory_analysis().generated_code_size_in_bytes or 0)
+    except Exception:  # noqa: BLE001  (no analysis for this executable)
+        code = 0
+    _COMPILES[0] += 1
+    samples = _OP_SAMPLES.get(name)
+    if samples is None:
+        samples = _OP_SAMPLES[name] = collections.deque(maxlen=9)
+    if _COMPILES[0] > 1 and grown > 0:  # the first compile initializes XLA
+        samples.append(min(grown, _MAX_SAMPLE))
+    known = sorted(samples)[len(samples) // 2] if samples else 0
+    return max(known, _MIN_FOOTPRINT) + code
+
+
 def clear_cache():
     _CACHE.clear()
+    _ENTRY_BYTES.clear()
+    _BYTES[0] = 0
     _READ_CACHE.clear()
 
 
@@ -120,6 +192,7 @@ def _compile(name: str, key, fn, args, opt_level=None, **jit_kwargs):
     from .. import cache as _tiers
 
     token = _tiers.begin_compile()
+    rss0 = _rss()
     t0 = time.perf_counter()
     t1 = None
     gc_pause.begin()
@@ -135,6 +208,10 @@ def _compile(name: str, key, fn, args, opt_level=None, **jit_kwargs):
         seconds = time.perf_counter() - t0
         source = _tiers.end_compile(token, name, seconds,
                                     trace_seconds=(t1 - t0) if t1 is not None else seconds)
+    try:
+        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
+    except AttributeError:  # an executable type without a __dict__
+        pass
     STATS.misses += 1
     STATS.compile_seconds += seconds
     STATS.compiles_per_op[name] += 1
@@ -155,9 +232,19 @@ def _cache_get(key):
 
 
 def _cache_put(key, entry):
+    """Insert `entry` (an _Entry or a compiled executable); evict the least
+    recently used entries beyond TORCH_TPU_CACHE_SIZE entries or
+    TORCH_TPU_CACHE_BYTES bytes (the new entry itself always stays)."""
+    compiled = getattr(entry, "compiled", entry)
+    nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
+    old = _ENTRY_BYTES.pop(key, 0)
     _CACHE[key] = entry
-    if len(_CACHE) > _capacity():
-        _CACHE.popitem(last=False)
+    _ENTRY_BYTES[key] = nbytes
+    _BYTES[0] += nbytes - old
+    cap, byte_cap = _capacity(), _byte_capacity()
+    while len(_CACHE) > 1 and (len(_CACHE) > cap or _BYTES[0] > byte_cap):
+        k, _ = _CACHE.popitem(last=False)
+        _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
         STATS.evictions += 1
 
 
@@ -225,13 +312,18 @@ class _Plan:
 
 
 class _Entry:
-    __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn")
+    __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check")
 
     def __init__(self, compiled, out_tree, out_meta, writes):
         self.compiled = compiled
         self.out_tree = out_tree
         self.out_meta = out_meta
         self.writes = writes
+        # Bytes one call allocates (results and rewritten storages), and
+        # whether they are large enough to check against free memory on
+        # every call (torch_tpu.runtime.oom).
+        self.nbytes = 0
+        self.check = False
 
 
 def _device_mismatch(op_name, a, b):
@@ -538,14 +630,27 @@ class _Runner:
         else:
             STATS.hits += 1
             _CACHE.move_to_end(key)
+            if entry.check:
+                oom.check(plan.name, entry.nbytes, sig.device)
         STATS.per_op[plan.name] += 1
         arrays = [d.array for d in sig.slot_data]
-        if entry.compiled is None:  # eager (data-dependent) lowering
-            outs, new_bases = entry.eager_fn(arrays, sig.dyn)
-        else:
-            outs, new_bases = entry.compiled(arrays, sig.dyn)
+        try:
+            if entry.compiled is None:  # eager (data-dependent) lowering
+                outs, new_bases = entry.eager_fn(arrays, sig.dyn)
+            else:
+                outs, new_bases = entry.compiled(arrays, sig.dyn)
+            if LAUNCH_BLOCKING:
+                oom.ready(outs, plan.name, sig.device)
+                oom.ready(new_bases, plan.name, sig.device)
+        except jax.errors.JaxRuntimeError as e:
+            raise oom.translate(e, plan.name, sig.device, entry.nbytes) from None
         for slot, arr in zip(entry.writes, new_bases):
-            sig.slot_data[slot].array = arr
+            data = sig.slot_data[slot]
+            data.array = arr
+            if data.origin in st.ALLOCATING_OPS:
+                # A storage made by empty() and filled in place (randn is
+                # empty + normal_): the op that filled it produced it.
+                data.origin = plan.name
         return self._wrap(entry, outs, vals, sig.device)
 
     # -- building ---------------------------------------------------------
@@ -590,6 +695,12 @@ class _Runner:
         if is_derived and not plan.out_names:
             _check_inplace_cast(name, targets, fmeta)
         out_slots = tuple(dict.fromkeys(t[2][1] for t in targets))
+        # What one call allocates, known before anything runs: its results
+        # and the new arrays of the storages it writes.
+        nbytes = sum(m.numel() * m.element_size() for m in meta_leaves
+                     if isinstance(m, torch.Tensor))
+        nbytes += sum(sig.slot_data[s].array.nbytes for s in out_slots)
+        oom.check(name, nbytes, sig.device)
 
         def program(arrays, dyn):
             args_v = [_rebuild(r, arrays, dyn) for r in recipes]
@@ -634,6 +745,8 @@ class _Runner:
                     platform.jax_device(sig.device))
             compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
+        entry.nbytes = nbytes
+        entry.check = nbytes >= oom.check_threshold(sig.device)
         _cache_put(key, entry)
         return entry
 
@@ -663,12 +776,12 @@ class _Runner:
         if self.lowering.mutates and not entry.out_meta:
             return None
         if len(entry.out_meta) == 1 and entry.out_tree.is_leaf():
-            return st.wrap(outs[0], device, entry.out_meta[0].dtype)
+            return st.wrap(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
         it = iter(outs)
         leaves = []
         for m in entry.out_meta:
             if isinstance(m, torch.Tensor):
-                leaves.append(st.wrap(next(it), device, m.dtype))
+                leaves.append(st.wrap(next(it), device, m.dtype, self.plan.name))
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)
@@ -804,3 +917,9 @@ def functional_of(op):
                 str(a.type).replace("(a!)", "") for a in schema.arguments]:
             return cand
     return None
+
+
+# Last: importing the table imports the op families, which use this module's
+# names at import time; so `torch_tpu.runtime.executor` may be imported first
+# (e.g. through torch_tpu.debug when the backend loads lazily).
+from ..ops import registry  # noqa: E402

@@ -116,15 +116,22 @@ class DeviceData:
     on every op.
     """
 
-    __slots__ = ("array", "index", "shape", "dtype", "sig", "__weakref__")
+    __slots__ = ("array", "index", "shape", "dtype", "sig", "origin", "__weakref__")
 
-    def __init__(self, array, index: int, dtype: torch.dtype | None = None):
+    def __init__(self, array, index: int, dtype: torch.dtype | None = None,
+                 origin: str | None = None):
         self.array = array
         self.index = index
         self.shape = tuple(array.shape)
         self.dtype = dtype if dtype is not None else JAX_TO_TORCH[np.dtype(array.dtype)]
         self.sig = (self.shape, self.dtype)
+        # The op that created the storage (torch.tpu.memory_snapshot() shows it).
+        self.origin = origin
 
+
+# Origins of storages created empty: the first op that writes one is recorded
+# as its origin instead (torch.tpu.memory_snapshot()).
+ALLOCATING_OPS = frozenset((None, "aten.empty.memory_format", "aten.empty_strided.default"))
 
 # Addresses are virtual: unique per storage so that PyTorch's data_ptr()-based
 # aliasing checks (and users' `a.data_ptr() == b.data_ptr()`) tell storages
@@ -185,18 +192,20 @@ def empty_tensor(shape, dtype: torch.dtype, index: int, nbytes: int | None = Non
     return t
 
 
-def wrap(array, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new tpu tensor whose value is `array` (a jax.Array on tpu:index)."""
+def wrap(array, index: int, dtype: torch.dtype | None = None,
+         origin: str | None = None) -> torch.Tensor:
+    """A new tpu tensor whose value is `array` (a jax.Array on tpu:index);
+    `origin` names the op that produced it."""
     if dtype is None:
         dtype = JAX_TO_TORCH[array.dtype]
     t = empty_tensor(array.shape, dtype, index)
-    t.untyped_storage()._tpu = DeviceData(array, index, dtype)
+    t.untyped_storage()._tpu = DeviceData(array, index, dtype, origin)
     return t
 
 
-def attach(t: torch.Tensor, array) -> None:
+def attach(t: torch.Tensor, array, origin: str | None = None) -> None:
     """Give the freshly created tensor `t` (which owns its storage) a value."""
-    t.untyped_storage()._tpu = DeviceData(array, t.device.index, t.dtype)
+    t.untyped_storage()._tpu = DeviceData(array, t.device.index, t.dtype, origin)
 
 
 def data_of(t: torch.Tensor) -> DeviceData:
@@ -366,7 +375,17 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     """The value of tpu tensor `t` as a numpy array (blocks until ready)."""
     from . import executor
 
-    return np.asarray(executor.value(t))
+    return host_array(executor.value(t), "aten._to_copy.default", t.device.index)
+
+
+def host_array(value, op: str, index: int) -> np.ndarray:
+    """jax.Array `value` as numpy; the failure of the work that computed it
+    raised as PyTorch's error for `op` (reading a failed buffer's memory
+    directly would abort the process)."""
+    from . import oom
+
+    oom.ready((value,), op, index)
+    return np.asarray(value)
 
 
 NUMPY_MAX_DIMS = 64
@@ -406,8 +425,15 @@ def from_host(src: torch.Tensor, index: int):
         # with may_alias=False (measured on jax 0.10.2 with torch's 64-byte
         # aligned storages), and the CPU tensor may change after the copy.
         # Give it a private copy, which it may then adopt.
-        return jax.device_put(np.array(host, copy=True), device)
-    return jax.device_put(host, device, may_alias=False)
+        host = np.array(host, copy=True)
+    try:
+        if device.platform == "cpu":
+            return jax.device_put(host, device)
+        return jax.device_put(host, device, may_alias=False)
+    except jax.errors.JaxRuntimeError as e:
+        from . import oom
+
+        raise oom.translate(e, "aten.copy_.default", index, host.nbytes) from None
 
 
 def host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,198 @@
+"""Device memory: out-of-memory errors, launch blocking, memory inspection,
+and the byte bound of the in-memory executable cache (issues 18 and 21)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+
+torch.ones(1, device="tpu")  # load the backend before importing its modules
+
+from torch_tpu.runtime import executor, oom  # noqa: E402
+
+
+def _run(code, **env):
+    """Run `code` in a fresh process with `env` added; return its stdout."""
+    full = dict(os.environ)
+    full.update(env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+# -- out of memory -------------------------------------------------------------
+
+
+def test_oom_from_shape_raises_before_running():
+    before = torch.tpu.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(10**13, device="tpu")
+    msg = str(info.value)
+    assert "aten.empty" in msg and "40000000000000 bytes" in msg and "tpu:0" in msg
+    assert "In use" in msg and "limit" in msg
+    with pytest.raises(torch.OutOfMemoryError, match=r"randn.*4000000000000 bytes"):
+        torch.randn(10**12, device="tpu")
+    x = torch.ones(3, device="tpu")
+    with pytest.raises(torch.OutOfMemoryError, match=r"aten.add.*4000000000000 bytes"):
+        x[:1].expand(10**12).add(1)  # a computed result too large: the executor's check
+    # Nothing that failed is counted, and the device still works.
+    assert torch.tpu.memory_allocated() <= before + 4096
+    assert (x + 1).sum().item() == 6
+
+
+def test_oom_counts_memory_in_use(monkeypatch):
+    # A device limit 32 MiB above what is in use now: one 24 MiB tensor fits,
+    # a second does not, and fits again once the first is freed.
+    used = oom.in_use(0)
+    monkeypatch.setitem(oom._limits, 0, used + 32 * 2**20)
+    n = 6 * 2**20 + 17  # a shape no other test compiles: checked when built
+    a = torch.full((n,), 1.5, device="tpu")
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.full((n,), 2.5, device="tpu")
+    msg = str(info.value)
+    assert f"({4 * n} bytes)" in msg and "full" in msg
+    assert "In use by live tensors and buffers" in msg
+    # A cached executable large enough to matter is checked on every call.
+    del a
+    b = torch.full((n,), 2.5, device="tpu")
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.full((n,), 3.5, device="tpu")
+    assert b[0].item() == 2.5
+
+
+def test_memory_limit_env_parsing():
+    assert oom.parse_bytes("512M", "X") == 512 * 2**20
+    assert oom.parse_bytes("2GiB", "X") == 2 * 2**30
+    assert oom.parse_bytes("1e9", "X") == 10**9
+    assert oom.parse_bytes("off", "X") is None
+    with pytest.raises(ValueError, match="TORCH_TPU_MEMORY_LIMIT"):
+        oom.parse_bytes("lots", "TORCH_TPU_MEMORY_LIMIT")
+
+
+_ASYNC = """
+    import torch, torch_tpu
+    torch.ones(1, device="tpu")
+    before = torch.tpu.memory_allocated()
+    try:
+        x = torch.randn(10**12, device="tpu")  # 4 TB: PJRT fails while running it
+    except torch.OutOfMemoryError as e:
+        print("OP_RAISED", "randn" in str(e))
+        raise SystemExit(0)
+    print("OP_RETURNED")
+    print("COUNTED", torch.tpu.memory_allocated() - before)
+    try:
+        torch.tpu.synchronize()
+        print("SYNC_OK")
+    except torch.OutOfMemoryError as e:
+        print("SYNC_RAISED", "4000000000000 bytes" in str(e))
+    torch.tpu.synchronize()
+    print("SECOND_SYNC_OK")
+    try:
+        (x[:3] + 1).cpu()
+    except torch.OutOfMemoryError as e:
+        print("READ_RAISED")
+    print("STILL_WORKS", (torch.ones(2, device="tpu") * 3).sum().item())
+"""
+
+
+def test_async_failure_synchronize_and_launch_blocking():
+    # The check before running off: the allocation fails asynchronously.
+    out = _run(_ASYNC, TORCH_TPU_MEMORY_LIMIT="off", TORCH_TPU_CACHE_DIR="")
+    assert "OP_RETURNED" in out
+    assert "COUNTED 0" in out            # a buffer that failed is not allocated
+    assert "SYNC_RAISED True" in out     # synchronize() re-raises the failure
+    assert "SECOND_SYNC_OK" in out       # once
+    assert "READ_RAISED" in out          # reading the failed value raises again
+    assert "STILL_WORKS 6.0" in out
+    # TORCH_TPU_LAUNCH_BLOCKING=1: the op that failed raises it.
+    out = _run(_ASYNC, TORCH_TPU_MEMORY_LIMIT="off", TORCH_TPU_LAUNCH_BLOCKING="1",
+               TORCH_TPU_CACHE_DIR="")
+    assert "OP_RAISED True" in out and "OP_RETURNED" not in out
+
+
+# -- inspection ---------------------------------------------------------------
+
+
+def test_mem_get_info_summary_snapshot():
+    x = torch.randn(123, 457, device="tpu")
+    y = x @ x.t()
+    z = torch.ones(7, 3, dtype=torch.int16).to("tpu")
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    assert total == oom.limit(0)  # XLA:CPU: the host memory (or TORCH_TPU_MEMORY_LIMIT)
+    snap = torch.tpu.memory_snapshot()
+    assert [b["nbytes"] for b in snap] == sorted((b["nbytes"] for b in snap), reverse=True)
+    by_shape = {b["shape"]: b for b in snap if b["tensor"]}
+    assert by_shape[(123, 457)]["op"] == "aten.randn.default"
+    assert by_shape[(123, 457)]["dtype"] is torch.float32
+    assert by_shape[(123, 457)]["nbytes"] == 123 * 457 * 4
+    assert by_shape[(123, 123)]["op"] == "aten.mm.default"
+    assert by_shape[(7, 3)]["op"] == "aten._to_copy.default"
+    assert by_shape[(7, 3)]["dtype"] is torch.int16
+    assert sum(b["nbytes"] for b in snap) == torch.tpu.memory_allocated()
+    text = torch.tpu.memory_summary()
+    for needle in ("Allocated memory", "Peak allocated memory", "Reserved memory",
+                   "Live buffers", "[123, 457]", "aten.mm.default", "not reported"):
+        assert needle in text, needle
+    assert "[123, 457]" not in torch.tpu.memory_summary(abbreviated=True)
+    del x, y, z
+
+
+# -- the executable cache's byte bound ----------------------------------------
+
+
+def test_cache_byte_cap_evicts(monkeypatch):
+    executor.clear_cache()
+    monkeypatch.setattr(executor, "_byte_cap", [3 * executor._MIN_FOOTPRINT * 4])
+    ev0 = executor.STATS.evictions
+    x = torch.ones(3, device="tpu")
+    for n in range(40):
+        (torch.ones(n + 300, device="tpu") * x[0]).sum()
+    d = executor.STATS.as_dict()
+    assert d["evictions"] - ev0 > 0
+    assert d["bytes"] <= executor._byte_capacity()
+    assert d["bytes"] == sum(executor._ENTRY_BYTES.values())
+    assert set(executor._ENTRY_BYTES) == set(executor._CACHE)
+    assert all(b >= executor._MIN_FOOTPRINT for k, b in executor._ENTRY_BYTES.items()
+               if getattr(executor._CACHE[k], "compiled", None) is not None)
+    executor.clear_cache()
+    assert executor.STATS.as_dict()["bytes"] == 0
+
+
+_CHURN = """
+    import random, torch, torch_tpu
+    torch.ones(1, device="tpu")
+    from torch_tpu.runtime import executor as ex
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    random.seed(0)
+    def step(n):
+        return (torch.ones(n, device="tpu") * 2 + 1).sum()
+    for i in range(40):   # fill the cache to its bound
+        step(1000 + i)
+    r0, m0 = rss(), ex.STATS.misses
+    for i in range(120):  # every shape new: each call compiles
+        step(2000 + i)
+    d = ex.STATS.as_dict()
+    print("GROWTH", rss() - r0, "COMPILES", d["misses"] - m0, "EVICTIONS", d["evictions"],
+          "BYTES", d["bytes"], "CAP", d["byte_capacity"], "ENTRIES", d["entries"])
+"""
+
+
+@pytest.mark.slow
+def test_cache_byte_cap_bounds_rss_under_shape_churn():
+    out = _run(_CHURN, TORCH_TPU_CACHE_BYTES="4M", TORCH_TPU_CACHE_DIR="")
+    f = out.split()
+    v = {f[i]: int(f[i + 1]) for i in range(0, len(f), 2)}
+    assert v["COMPILES"] >= 300 and v["EVICTIONS"] >= 300
+    assert v["BYTES"] <= v["CAP"] == 4 * 2**20
+    # Without the bound each executable costs ~150-450 KB of RSS (360 of
+    # them here: > 50 MB); with it, RSS stays within a few MB.
+    assert v["GROWTH"] < 24 * 2**20, v
