@@ -735,7 +735,10 @@ def test_clear_removes_everything_it_does_not_recognise(cache_dir, monkeypatch, 
     assert info["entries"] == 2 and info["other_files"] == 4
     monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(cache_dir))
     assert main(["info", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["entries"] == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["entries"] == 2 and data["other_files"] == 4
+    assert main(["info"]) == 0
+    assert "4 unrecognised item(s)" in capsys.readouterr().out
     assert main(["clear"]) == 0
     assert "removed 6" in capsys.readouterr().out
     assert list(d.iterdir()) == []
@@ -833,7 +836,9 @@ def test_shared_read_only_directory_serves_a_new_process(tmp_path):
     assert warm["eager"] == cold["eager"]
 
 
-def test_shared_directory_under_the_local_one(cache_dir, tmp_path):
+def test_shared_directory_under_the_local_one(cache_dir, tmp_path, monkeypatch, capsys):
+    from torch_tpu.cache.__main__ import main
+
     shared_root = tmp_path / "shared"
     producer = store_mod.DiskStore(str(shared_root), shared=None)
     producer.put("only-shared", b"S")
@@ -855,6 +860,11 @@ def test_shared_directory_under_the_local_one(cache_dir, tmp_path):
         assert s.get("only-shared") == b"S"
         info = cache.info()
         assert info["shared_dir"] == str(shared_root) and info["shared_entries"] == 2
+        monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(cache_dir))
+        monkeypatch.setenv("TORCH_TPU_SHARED_CACHE_DIR", str(shared_root))
+        assert main(["info"]) == 0
+        assert f"shared    : {shared_root} (ok (read-only); 2 entries" in capsys.readouterr().out
+        assert main(["clear"]) == 0 and producer.info()["entries"] == 2
         # A bad shared entry is ignored, counted, never deleted.
         bad = producer.file_for("only-shared")
         data = bytearray(open(bad, "rb").read())

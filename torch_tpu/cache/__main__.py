@@ -23,7 +23,9 @@ def main(argv=None) -> int:
     info_p = sub.add_parser("info", help="where the cache is and what it holds")
     info_p.add_argument("--json", action="store_true", help="print JSON")
     info_p.add_argument("--dir", help="look at this directory instead")
-    clear_p = sub.add_parser("clear", help="delete every cached program")
+    clear_p = sub.add_parser("clear", help="delete every cached program and anything else in "
+                                           "the directory that is not one (never the shared "
+                                           "directory)")
     clear_p.add_argument("--dir", help="clear this directory instead")
     args = parser.parse_args(argv)
 
@@ -39,7 +41,8 @@ def main(argv=None) -> int:
         else:
             full = store.info()
             data = {k: full[k] for k in ("enabled", "writable", "dir", "status", "entries",
-                                          "bytes", "max_bytes")}
+                                          "bytes", "max_bytes", "other_files", "shared_dir",
+                                          "shared_status", "shared_entries", "shared_bytes")}
         if args.json:
             print(json.dumps(data, indent=2))
         else:
@@ -48,6 +51,11 @@ def main(argv=None) -> int:
             print(f"entries   : {data['entries']}")
             print(f"size      : {_human(data['bytes'])}"
                   + (f" (cap {_human(data['max_bytes'])})" if data.get("max_bytes") else ""))
+            if data.get("other_files"):
+                print(f"other     : {data['other_files']} unrecognised item(s) ('clear' removes them)")
+            if data.get("shared_dir"):
+                print(f"shared    : {data['shared_dir']} ({data['shared_status']}; "
+                      f"{data['shared_entries']} entries, {_human(data['shared_bytes'])})")
         return 0
     if store is None or not store.enabled:
         print("the disk cache is disabled; nothing to clear")
