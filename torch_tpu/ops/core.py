@@ -57,6 +57,63 @@ def checked_kernel(op, check):
     return kernel
 
 
+# c10's names of the types `Scalar::to<T>()` converts to (its overflow message).
+_C10_NAMES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16", torch.int8: "int8_t", torch.int16: "int16_t",
+    torch.int32: "int", torch.int64: "int64_t", torch.uint8: "uint8_t",
+    torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
+    torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2",
+    # CPU fills a multi-element complex32 tensor through complex<float>.
+    torch.complex32: "c10::complex<float>",
+}
+_NO_INFINITY = (torch.float8_e4m3fn,)
+
+
+def _real_overflows(v, dtype) -> bool:
+    """c10::overflows<dtype's real type>(v) for a Python int or float `v`."""
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        if isinstance(v, int):
+            return v < info.min or v > info.max
+        if math.isinf(v):
+            return dtype in _NO_INFINITY
+        return v < info.min or v > info.max  # NaN compares false: it has NaN too
+    info = torch.iinfo(dtype)
+    if isinstance(v, float):
+        # c10 compares in double: the limits are rounded to double first.
+        return v != v or v < float(info.min) or v > float(info.max)
+    if info.min == 0 and -(1 << 63) <= v < 0:
+        # A negative int64 may wrap into an unsigned type if its magnitude fits.
+        return -v > info.max
+    return v < info.min or v > info.max
+
+
+def check_scalar_fits(op, value, dtype) -> None:
+    """CPU's `Scalar::to<T>()` check for a fill value (full, fill_): RuntimeError
+    "value cannot be converted to type T without overflow" where the value does
+    not fit `dtype` (NaN or inf into an integer type, 256 into uint8, 1e300 into
+    float32, a complex with an imaginary part into a real type). Bool targets
+    are not checked (CPU converts to bool without a check). CPU's own
+    one-element fast path skips the check for some types; CUDA and CPU's
+    general path check, and so does this.
+    """
+    name = _C10_NAMES.get(dtype)
+    if name is None or isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        return
+    if dtype is torch.complex32:
+        dtype = torch.complex64
+    if isinstance(value, complex):
+        real = dtype.to_real() if dtype.is_complex else dtype
+        bad = ((not dtype.is_complex and value.imag != 0)
+               or _real_overflows(value.real, real) or _real_overflows(value.imag, real))
+    else:
+        bad = _real_overflows(value, dtype.to_real() if dtype.is_complex else dtype)
+    if bad:
+        raise RuntimeError(f"{op}: value cannot be converted to type {name} without overflow")
+
+
 def _device_index(device) -> int:
     from ..device import module
 
@@ -342,8 +399,18 @@ def set_empty(self):
 
 @kernel(aten.resize_.default)
 def resize_(self, size, memory_format=None):
-    size = tuple(int(s) for s in size)
-    need = math.prod(size) + self.storage_offset()
+    # Sizes and strides as CPU gives them (the same sizes keep the strides,
+    # others become contiguous, then `memory_format` restrides, channels_last
+    # included), with CPU's errors: PyTorch's meta kernel on a meta copy.
+    meta = torch.empty_strided(tuple(self.shape), tuple(self.stride()), dtype=self.dtype,
+                               device="meta")
+    try:
+        meta.resize_(tuple(size), memory_format=memory_format)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise type(e)(f"{aten.resize_.default}: {e}") from None
+    size, stride = tuple(meta.shape), tuple(meta.stride())
+    extent = 1 + sum((n - 1) * d for n, d in zip(size, stride)) if all(size) else 0
+    need = self.storage_offset() + extent
     stor = self.untyped_storage()
     if need * self.dtype.itemsize > stor.nbytes():
         # Grow: a new storage whose prefix keeps the old contents, as on CPU.
@@ -351,18 +418,11 @@ def resize_(self, size, memory_format=None):
         old = data.array.reshape(-1)
         if st.JAX_TO_TORCH.get(old.dtype) != self.dtype:
             old = executor.value(self).reshape(-1)
-            offset = 0
-        else:
-            offset = 0
         grown = jnp.zeros((need,), old.dtype).at[: old.shape[0]].set(old[: need])
         fresh = st.empty_tensor((need,), self.dtype, self.device.index)
         st.attach(fresh, jax.device_put(grown, platform.jax_device(self.device.index)))
-        del offset
-        set_storage_offset(self, fresh.untyped_storage(), self.storage_offset(), size,
-                           st.contiguous_strides(size))
-        return self
-    return set_storage_offset(self, stor, self.storage_offset(), size,
-                              st.contiguous_strides(size))
+        stor = fresh.untyped_storage()
+    return set_storage_offset(self, stor, self.storage_offset(), size, stride)
 
 
 @kernel(aten.is_pinned.default)
