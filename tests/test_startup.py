@@ -206,3 +206,21 @@ def test_startup_benchmark_cli():
     proc = subprocess.run([sys.executable, script, "--only", "imports"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "unknown section(s) imports" in proc.stderr
+
+
+@pytest.mark.slow
+def test_torch_compile_from_a_fresh_import_torch():
+    """torch.compile(backend="tpu"), and inductor's default on tpu inputs, load the backend."""
+    out = _run(_PRELUDE + """
+import torch
+before = loaded()
+f = torch.compile(lambda x: (x * 2 + 1).relu(), backend="tpu")
+g = torch.compile(lambda x: x.sin() + 1)  # the default backend, redirected for tpu inputs
+x = torch.tensor([-1.0, 0.5, 2.0], device="tpu")
+print(json.dumps({"before": before, "f": f(x).cpu().tolist(), "g": g(x).cpu().tolist(),
+                  "expect_g": (x.cpu().sin() + 1).tolist(), "after": loaded()}))
+""")
+    assert out["before"] == []
+    assert out["f"] == [0.0, 2.0, 5.0]
+    assert out["g"] == pytest.approx(out["expect_g"])
+    assert {"torch._dynamo", "torch_tpu.ops"} <= set(out["after"])
