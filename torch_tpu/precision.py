@@ -18,9 +18,9 @@ convolutions (`PrecisionConfig`):
 - 'highest': six passes on TPU: float32 accuracy, like PyTorch on the CPU.
 
 The initial setting follows `torch.get_float32_matmul_precision()` when
-torch_tpu is imported ('highest' unless changed: results match the CPU;
-'medium' maps to 'default'); later calls of torch's function are not
-followed, use these.
+the backend loads (at the first use of the device, see torch_tpu/__init__.py;
+'highest' unless changed: results match the CPU; 'medium' maps to
+'default'); later calls of torch's function are not followed, use these.
 
 It is stored as JAX's `jax_default_matmul_precision` (process-wide by
 `set_matmul_precision`, per thread inside `matmul_precision`), which is read
