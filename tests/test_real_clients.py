@@ -8,6 +8,7 @@ therefore keep working. Each test runs the same script on CPU and compares.
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_shallow_copy_compatibility_matches_cuda_rule():
     assert compatible(tpu.to(torch.int64), cpu.to(torch.float16))
     # Meta and sparse are not (as for CUDA: c10 keeps them out of the dense family).
     assert not compatible(tpu, torch.ones(2, device="meta"))
-    sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,),
+                                     check_invariants=True)
     assert not compatible(tpu, sparse) and not compatible(cpu, sparse)
 
 
@@ -250,3 +252,218 @@ def test_load_state_dict_like_cpu(assign, source):
     for n, p in model.named_parameters():
         assert p.device.type == want_device, n
         torch.testing.assert_close(p.detach().cpu(), dict(ref.named_parameters())[n].detach())
+
+
+# -- bad input raises what CPU raises -----------------------------------------------------------
+
+
+def _raises_like_cpu(fn):
+    """fn(device) raises on tpu the CPU's exception type, with the CPU's message
+    (the tpu message may name the op first)."""
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(Exception) as tpu:
+        fn("tpu")
+    assert type(tpu.value) is type(cpu.value), (tpu.value, cpu.value)
+    assert str(cpu.value) in str(tpu.value)
+    return tpu.value
+
+
+@pytest.mark.parametrize("case", ["pow", "pow_method", "pow_out", "pow_inplace", "bool_base"])
+def test_integer_to_negative_integer_power_raises(case):
+    def fn(device):
+        x = torch.tensor([2, 3], device=device)
+        if case == "pow":
+            return x ** -1
+        if case == "pow_method":
+            return x.pow(-2)
+        if case == "pow_out":
+            return torch.pow(x, -1, out=torch.empty_like(x))
+        if case == "pow_inplace":
+            return x.pow_(-1)
+        return x.bool() ** -1
+
+    err = _raises_like_cpu(fn)
+    assert "Integers to negative integer powers are not allowed." in str(err)
+
+
+def test_allowed_powers_still_compute():
+    for exponent in (2, 0, -1.0, torch.tensor(-1)):
+        x = torch.tensor([2, 3])
+        torch.testing.assert_close((x.to("tpu") ** exponent).cpu(), x ** exponent)
+
+
+FILL_OVERFLOWS = [
+    (float("nan"), torch.int64), (float("inf"), torch.int32), (float("-inf"), torch.uint8),
+    (256, torch.uint8), (-256, torch.uint8), (255.5, torch.uint8), (-0.5, torch.uint8),
+    (2 ** 40, torch.int32), (-129, torch.int8), (2 ** 63, torch.int64),
+    (1e300, torch.float32), (70000, torch.float16), (1e39, torch.bfloat16),
+    (1 + 2j, torch.int64), (1 + 2j, torch.float32), (complex(1e300, 0), torch.complex64),
+    (500.0, torch.float8_e4m3fn), (float("inf"), torch.float8_e4m3fn),
+]
+FILL_FITS = [
+    (-1, torch.uint8), (2.7, torch.uint8), (-1, torch.uint64), (True, torch.int8),
+    (5, torch.bool), (float("nan"), torch.bool), (float("inf"), torch.float16),
+    (float("nan"), torch.float32), (3, None), (1j, None), (2 ** 62, torch.int64),
+]
+
+
+@pytest.mark.parametrize("value,dtype", FILL_OVERFLOWS, ids=str)
+@pytest.mark.parametrize("how", ["full", "fill_", "full_like", "new_full"])
+def test_fill_value_that_does_not_fit_raises(value, dtype, how):
+    def fn(device):
+        if how == "full":
+            return torch.full((3,), value, dtype=dtype, device=device)
+        base = torch.zeros(3, dtype=dtype, device=device)
+        if how == "fill_":
+            return base.fill_(value)
+        if how == "full_like":
+            return torch.full_like(base, value)
+        return base.new_full((3,), value)
+
+    err = _raises_like_cpu(fn)
+    assert "without overflow" in str(err)
+
+
+@pytest.mark.parametrize("value,dtype", FILL_FITS, ids=str)
+def test_fill_value_that_fits_matches_cpu(value, dtype):
+    want = torch.full((3,), value, dtype=dtype)
+    got = torch.full((3,), value, dtype=dtype, device="tpu")
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+    filled = torch.zeros(3, dtype=want.dtype, device="tpu").fill_(value)
+    torch.testing.assert_close(filled.cpu(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", ["tensor_float", "float_float", "normal_", "tensor_tensor",
+                                  "float_tensor", "float_tensor_nan", "complex_std"])
+def test_normal_with_negative_std_raises(case):
+    def fn(device):
+        mean = torch.zeros(2, device=device)
+        if case == "tensor_float":
+            return torch.normal(mean, -1.0)
+        if case == "float_float":
+            return torch.normal(0.0, -1.5, (2,), device=device)
+        if case == "normal_":
+            return mean.normal_(0, -1)
+        if case == "tensor_tensor":
+            return torch.normal(mean, torch.tensor([1.0, -1.0], device=device))
+        if case == "float_tensor":
+            return torch.normal(0.0, torch.tensor([-1.0, 1.0], device=device))
+        if case == "float_tensor_nan":
+            return torch.normal(0.0, torch.tensor([float("nan")], device=device))
+        return torch.normal(0.0, torch.tensor([1j], device=device))
+
+    _raises_like_cpu(fn)
+
+
+def test_normal_with_valid_std_still_samples():
+    std = torch.tensor([0.0, 2.0], device="tpu")
+    x = torch.normal(torch.ones(2, device="tpu"), std)
+    assert x.cpu()[0] == 1.0  # std 0: the mean
+    assert torch.normal(0.0, std).shape == (2,)
+    assert torch.normal(0.0, torch.empty(0, device="tpu")).shape == (0,)
+
+
+@pytest.mark.parametrize("case", ["p_high", "p_low", "p_nan", "inplace", "out"])
+def test_bernoulli_scalar_p_out_of_range_raises(case):
+    def fn(device):
+        x = torch.zeros(3, device=device)
+        if case == "p_high":
+            return torch.bernoulli(x, 1.5)
+        if case == "p_low":
+            return torch.bernoulli(x, -0.5)
+        if case == "p_nan":
+            return torch.bernoulli(x, float("nan"))
+        if case == "inplace":
+            return x.bernoulli_(2.0)
+        return torch.ops.aten.bernoulli.float_out(x, 1.5, out=torch.empty_like(x))
+
+    err = _raises_like_cpu(fn)
+    assert "bernoulli_ expects p to be in [0, 1]" in str(err)
+
+
+def test_bernoulli_tensor_p_is_not_checked_like_cuda():
+    """A Tensor p is checked by CUDA inside its kernel (a device-side assert), not
+    on the host; tpu does no host read either: values outside [0, 1] act as
+    clamped (documented in docs/troubleshooting.md)."""
+    p = torch.tensor([1.5, -0.5, 1.0, 0.0], device="tpu")
+    assert torch.bernoulli(p).cpu().tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+# -- quantized tensors and resize_ ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["per_tensor", "per_tensor_tensors", "per_channel", "dynamic",
+                                  "move", "empty", "affine", "to_dtype"])
+def test_quantized_tensors_raise_not_implemented_naming_quantization(case):
+    x = torch.randn(2, 3, device="tpu")
+
+    def run():
+        if case == "per_tensor":
+            return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+        if case == "per_tensor_tensors":
+            return torch.quantize_per_tensor(x, torch.tensor(0.1, device="tpu"),
+                                             torch.tensor(0, device="tpu"), torch.quint8)
+        if case == "per_channel":
+            return torch.quantize_per_channel(x, torch.tensor([0.1, 0.2]),
+                                              torch.tensor([0, 0]), 0, torch.quint8)
+        if case == "dynamic":
+            return torch.quantize_per_tensor_dynamic(x, torch.quint8, False)
+        if case == "move":
+            q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+            return q.to("tpu")
+        if case == "empty":
+            return torch.empty(2, dtype=torch.qint8, device="tpu")
+        if case == "affine":
+            return torch._empty_affine_quantized((2,), scale=0.1, zero_point=0,
+                                                 dtype=torch.quint8, device="tpu")
+        return x.to(torch.qint8)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's deprecation of quantized tensors
+        with pytest.raises(NotImplementedError, match="quantized tensors are not supported "
+                                                      "on the tpu device"):
+            run()
+
+
+@pytest.mark.filterwarnings("ignore:The operator:UserWarning")  # it may use the CPU fallback
+def test_fake_quantization_is_an_ordinary_float_op():
+    x = torch.randn(8)
+    got = torch.fake_quantize_per_tensor_affine(x.to("tpu"), 0.1, 0, -128, 127)
+    torch.testing.assert_close(got.cpu(), torch.fake_quantize_per_tensor_affine(x, 0.1, 0,
+                                                                               -128, 127))
+
+
+RESIZE_FORMATS = [None, torch.contiguous_format, torch.channels_last, torch.channels_last_3d,
+                  torch.preserve_format]
+
+
+@pytest.mark.parametrize("memory_format", RESIZE_FORMATS, ids=str)
+@pytest.mark.parametrize("size", [(2, 3, 2, 2), (1, 2, 3, 2, 2), (12,), (3, 2), (0, 4)],
+                         ids=str)
+@pytest.mark.parametrize("base", ["transposed", "offset_view"])
+def test_resize_with_memory_format_like_cpu(memory_format, size, base):
+    def make(device):
+        if base == "transposed":
+            return torch.arange(6.0, device=device).reshape(3, 2).t()
+        return torch.arange(30.0, device=device)[1:]
+
+    def resize(device):
+        t = make(device)
+        if memory_format is None:
+            return t.resize_(size)
+        return t.resize_(size, memory_format=memory_format)
+
+    try:
+        want = resize("cpu")
+    except RuntimeError:
+        _raises_like_cpu(resize)
+        return
+    got = resize("tpu")
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert got.storage_offset() == want.storage_offset()
+    # The values CPU defines: those the old storage held (growth is uninitialized).
+    old = make("cpu").untyped_storage().nbytes() // 4 - want.storage_offset()
+    if want.numel() <= old and base == "offset_view":
+        torch.testing.assert_close(got.cpu(), want)

@@ -5,7 +5,8 @@ imported below; `core.KERNELS` holds the storage-level kernels. `install()`
 registers both with the dispatcher for PrivateUse1 and puts the fallback
 (decompositions, then the CPU) behind every other op (through the device's
 PrivateUse1 fallback, `torch_tpu.device.registration.set_fallback`); `sparse.install()`
-adds the sparse COO kernels (SparsePrivateUse1).
+adds the sparse COO kernels (SparsePrivateUse1); `quantized.install()` refuses
+quantized tensors with a NotImplementedError naming quantization.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import registry  # noqa: F401  (the table, filled by the imports below)
-from . import core, fallback, sparse
+from . import core, fallback, quantized, sparse
 from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
 
 _libs = []
@@ -52,6 +53,7 @@ def install() -> None:
     registration.register()
     registration.set_fallback(fallback.handle)
     sparse.install()
+    quantized.install()
 
 
 def _variants(op):

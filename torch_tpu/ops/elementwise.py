@@ -31,6 +31,7 @@ from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 from torch._prims_common import elementwise_dtypes
 
+from . import core
 from .registry import lower, out_meta
 
 aten = torch.ops.aten
@@ -355,6 +356,22 @@ def pow_tensor_scalar(self, exponent):
 def pow_scalar(self, exponent):
     x, y = prep(self, exponent, kind=K.BOOL_TO_LONG)
     return _pow(x, y)
+
+
+def _check_int_pow(op):
+    """CPU's pow(Tensor, Scalar) check (its structured meta; PyTorch's Python meta
+    kernel skips it): an integer or bool base with a negative integer Scalar
+    exponent raises (NumPy's rule). A Tensor exponent is not checked, as on CPU."""
+    def check(self, exponent, **_):
+        if (not (self.dtype.is_floating_point or self.dtype.is_complex)
+                and isinstance(exponent, int) and exponent < 0):
+            raise RuntimeError(f"{op}: Integers to negative integer powers are not allowed.")
+    return check
+
+
+# (pow_.Scalar already raises: PyTorch's in-place structured meta checks it.)
+for _op in (aten.pow.Tensor_Scalar, aten.pow.Tensor_Scalar_out):
+    core.KERNELS[_op] = core.checked_kernel(_op, _check_int_pow(_op))
 
 
 @lower(aten.atan2.default)

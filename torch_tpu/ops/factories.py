@@ -53,6 +53,38 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return _full(tuple(size), fill_value, out_dtype())
 
 
+# The fill value is a host Scalar: CPU converts it with an overflow check
+# (`torch.full((2,), nan, dtype=torch.int64)` raises), so the eager kernels
+# check it before running (full.out decomposes to fill_). Graphs keep the bare
+# lowerings.
+def _full_dtype(fill_value, dtype):
+    if dtype is not None:
+        return dtype
+    if isinstance(fill_value, bool):
+        return torch.bool
+    if isinstance(fill_value, int):
+        return torch.int64
+    if isinstance(fill_value, complex):
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 \
+            else torch.complex64
+    return torch.get_default_dtype()
+
+
+def _check_full(size, fill_value, *, dtype=None, **_):
+    core.check_scalar_fits(aten.full.default, fill_value, _full_dtype(fill_value, dtype))
+
+
+def _check_fill(op):
+    def check(self, value):
+        core.check_scalar_fits(op, value, self.dtype)
+    return check
+
+
+core.KERNELS[aten.full.default] = core.checked_kernel(aten.full.default, _check_full)
+for _op in (aten.fill.Scalar, aten.fill_.Scalar):
+    core.KERNELS[_op] = core.checked_kernel(_op, _check_fill(_op))
+
+
 # `_efficientzerotensor` (autograd's zero gradients, e.g. sgn's at 0) is a
 # zero-filled tensor with the ZeroTensor key on CPU/CUDA, whose ops skip the
 # work; here it is plain zeros: the same values, computed like any tensor.

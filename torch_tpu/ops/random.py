@@ -455,3 +455,72 @@ def _inplace_runner(inplace, functional):
 core.KERNELS[aten.normal_.default] = _inplace_runner(aten.normal_.default,
                                                      aten.normal_functional.default)
 core.KERNELS[aten.bernoulli_.float] = _inplace_runner(aten.bernoulli_.float, aten.bernoulli.p)
+
+
+# -- host checks of std and p (CPU's messages) -------------------------------------------------
+#
+# A float std or p is a host value: checked here before the op runs, with the
+# CPU kernel's message. A Tensor std is checked as PyTorch's device-generic
+# normal (the one CUDA runs) checks it: `std.min() >= 0` read back to the host,
+# one device-to-host read per call. A Tensor p of bernoulli is not checked: CUDA
+# checks it inside its kernel (a device-side assert), which has no XLA
+# counterpart, and a host read per call would stall every dropout-like use;
+# out-of-range probabilities act as clamped to [0, 1] (docs/troubleshooting.md).
+
+
+def _arguments(op, args, kwargs):
+    names = [a.name for a in op._schema.arguments]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    for a in op._schema.arguments:
+        if a.name not in bound and a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _check_std(op, std):
+    if isinstance(std, torch.Tensor):
+        if std.is_complex():
+            raise RuntimeError(f"{op}: normal expects standard deviation to be non-complex")
+        if std.numel() and not bool(std.min().ge(0).item()):
+            raise RuntimeError(f"{op}: normal expects all elements of std >= 0.0")
+    elif not std >= 0.0:
+        raise RuntimeError(f"{op}: normal expects std >= 0.0, but found std {std:g}")
+
+
+def _check_p(op, p):
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"{op}: bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+
+
+def _with_check(op, run, check):
+    def kernel(*args, **kwargs):
+        check(op, _arguments(op, args, kwargs))
+        return run(*args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+def _lazy_runner(op):
+    runner = None
+
+    def run(*args, **kwargs):
+        nonlocal runner
+        if runner is None:
+            from ..runtime import executor
+
+            runner = executor.runner_for(op)
+        return runner(*args, **kwargs)
+
+    return run
+
+
+for _op in (aten.normal.Tensor_float, aten.normal.Tensor_float_out, aten.normal.float_Tensor,
+            aten.normal.float_Tensor_out, aten.normal.Tensor_Tensor,
+            aten.normal.Tensor_Tensor_out, aten.normal.float_float, aten.normal_.default):
+    core.KERNELS[_op] = _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
+                                    lambda op, a: _check_std(op, a["std"]))
+for _op in (aten.bernoulli.p, aten.bernoulli.float_out, aten.bernoulli_.float):
+    core.KERNELS[_op] = _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
+                                    lambda op, a: _check_p(op, a["p"]))
