@@ -10,6 +10,10 @@ notebook.
 
 The default run keeps to the light notebooks; those that start processes of
 their own or train whole models are marked slow (`pytest -m slow`). The
+second run of a notebook is the one most users see, so notebooks 04-06 and
+the strict docs build are also run twice, cold then warm, in new processes
+sharing one cache directory (slow; the default run's guard for that path is
+tests/test_cache.py::test_debug_apis_on_programs_loaded_from_disk). The
 notebooks' test cells can also be run by pytest directly, marimo's own way:
 `pytest guide/notebooks/01_tensors.py`.
 """
@@ -17,6 +21,7 @@ notebooks' test cells can also be run by pytest directly, marimo's own way:
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +65,11 @@ def test_marimo_check():
 @pytest.mark.parametrize("nb", [_param(nb) for nb in NOTEBOOKS])
 def test_notebook_runs(nb):
     result = build_docs.run_notebook(nb, force=True, timeout=TIMEOUT)
+    _assert_passed(nb, result)
+
+
+def _assert_passed(nb, result):
+    """The run exited 0, no cell raised, every test cell ran, the page renders."""
     cells = build_docs.cell_results(nb) if build_docs.snapshot_path(nb).exists() else []
     failed = [f"cell {c['name']} ({c['id']}):\n{c['error']}" for c in cells if c["error"]]
     assert result["returncode"] == 0 and not failed, (
@@ -72,6 +82,37 @@ def test_notebook_runs(nb):
     # and the page renders from this run (HLO text and figures included)
     page = build_docs.render(nb)
     assert "```python" in page
+
+
+# Notebooks whose warm run is tested: torch.compile's programs and their HLO
+# and cost analysis (04), the cache itself (05), the debug APIs (06).
+WARM = ("04_torch_compile", "05_compile_cache", "06_debugging")
+
+
+def _cache_entries(root: Path) -> set:
+    from torch_tpu.cache import store
+
+    d = root / store.SUBDIR
+    return {p.name for p in d.glob("*" + store.SUFFIX)} if d.exists() else set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WARM)
+def test_notebook_runs_warm(name, tmp_path):
+    """Cold, then again in a new process on the cache the first run filled."""
+    nb = build_docs.resolve(name)
+    cache = tmp_path / "cache"
+    env = {"TORCH_TPU_CACHE_DIR": str(cache)}
+    cold = build_docs.run_notebook(nb, force=True, timeout=TIMEOUT, env=env)
+    _assert_passed(nb, cold)
+    after_cold = _cache_entries(cache)
+    assert after_cold, "the cold run left nothing in the cache"
+    warm = build_docs.run_notebook(nb, force=True, timeout=TIMEOUT, env=env)
+    _assert_passed(nb, warm)
+    # The warm run found its programs on disk: it compiled (and wrote) almost
+    # nothing of its own.
+    new = _cache_entries(cache) - after_cold
+    assert len(new) <= len(after_cold) // 10, (len(new), len(after_cold))
 
 
 def test_render_static_controls():
@@ -99,10 +140,27 @@ def test_mkdocs_config_lists_every_notebook():
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="needs the `docs` extra")
 def test_docs_build_strict(tmp_path):
     """The whole site builds with --strict (runs every notebook whose snapshot is stale)."""
+    _build_docs(tmp_path / "site")
+
+
+def _build_docs(site, env=None):
+    run_env = dict(os.environ, **(env or {}))
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT,
-                          timeout=3600)
+                           str(site)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=3600, env=run_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     for nb in NOTEBOOKS:
-        page = tmp_path / "site" / "guide" / nb.stem / "index.html"
+        page = site / "guide" / nb.stem / "index.html"
         assert page.exists(), page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="needs the `docs` extra")
+def test_docs_build_strict_warm(tmp_path):
+    """Every notebook run by the build, twice, sharing one cache directory: the
+    warm build (the one every writer of the docs makes) passes --strict too."""
+    cache = tmp_path / "cache"
+    env = {"TORCH_TPU_CACHE_DIR": str(cache), "TORCH_TPU_DOCS_FORCE": "1"}
+    _build_docs(tmp_path / "cold", env)
+    assert _cache_entries(cache)
+    _build_docs(tmp_path / "warm", env)

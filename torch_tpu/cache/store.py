@@ -41,6 +41,22 @@ deserializer after its checksum matched), but the checksum protects against
 accidents, not against an attacker who can write the directory. The
 directory is therefore created private (mode 0700), and a directory owned by
 another user or writable by others is refused (memory-only, one warning).
+A directory that is only read-only serves what it holds and writes nothing.
+
+Shared tier: ``TORCH_TPU_SHARED_CACHE_DIR`` names a second, read-only
+directory of the same layout (a cache another process wrote, e.g. in CI,
+mounted or copied here). `get` asks the local directory, then the shared
+one; `put`, eviction and `clear` only ever touch the local one, and reading
+a shared entry does not even update its time stamp. The shared directory
+and each entry read from it must be owned by this user or root and not
+writable by group or others; anything else is ignored with one warning.
+
+Directory faults: an entry file is opened without blocking and must be a
+regular file (a directory, FIFO or socket in its place is removed from the
+local directory and the entry written again); `info` counts only regular
+entry files and `clear` removes everything in the directory. After any
+failed write the process stops writing (reads go on), as its one warning
+says; a directory removed under a running process is created again.
 
 Writers write a temporary file in the same directory and `os.replace` it
 into place, so concurrent writers of one entry both succeed and readers see
