@@ -111,6 +111,11 @@ def on_files(files, config):
         # the notebook itself, downloadable next to its page
         files.append(File.generated(config, f"guide/notebooks/{nb.name}",
                                     abs_src_path=str(nb)))
+    # the helper module the notebooks import (HLO display), downloadable with them
+    helper = build_docs.NOTEBOOK_DIR / "hlo_view.py"
+    if helper.exists():
+        files.append(File.generated(config, "guide/notebooks/hlo_view.py",
+                                    abs_src_path=str(helper)))
     files.append(File.generated(config, "api/tpu.md", content=_tpu_module_page()))
     if files.get_file_from_path("ops.md") is None:
         files.append(File.generated(config, "ops.md", content=OPS_PLACEHOLDER))

@@ -1,9 +1,10 @@
 """The small command line every example shares, and what it sets up.
 
 Flags: ``--device tpu|cpu``, ``--config NAME``, ``--steps N``, ``--seed S``,
-``--batch-size``, ``--lr``, ``--dtype``, ``--compile``, ``--log-interval``,
-``--no-progress``, and for the language models ``--dp N`` / ``--tp N``
-(data and tensor parallel under ``torchrun``).
+``--batch-size``, ``--lr``, ``--dtype``, ``--compile``, ``--compile-backend``,
+``--log-interval``, ``--no-progress``, and for the language models ``--dp N``
+/ ``--tp N`` (data and tensor parallel under ``torchrun``). Every flag has a
+help line: ``--help`` describes exactly the options the script accepts.
 """
 
 from __future__ import annotations
@@ -31,17 +32,22 @@ def make_parser(description: str, configs, *, default_config: str = "tiny",
                    help=f"model configuration (default: {default_config})")
     p.add_argument("--steps", type=int, default=default_steps,
                    help="training steps, or generation/sampling steps for inference scripts")
-    p.add_argument("--batch-size", type=int, default=default_batch_size)
+    p.add_argument("--batch-size", type=int, default=default_batch_size,
+                   help=f"examples per step (default: {default_batch_size})")
     if training:
-        p.add_argument("--lr", type=float, default=default_lr)
-    p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--lr", type=float, default=default_lr,
+                       help=f"learning rate (default: {default_lr})")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the model's initialization and the data (default: 0)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="parameter/activation dtype (default float32)")
     p.add_argument("--compile", action="store_true",
-                   help="wrap the model in torch.compile (backend 'tpu' on --device tpu, "
-                        "'inductor' on --device cpu; see --compile-backend)")
-    p.add_argument("--compile-backend", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--log-interval", type=int, default=10)
+                   help="wrap the model in torch.compile (the backend: --compile-backend)")
+    p.add_argument("--compile-backend", default=None, metavar="NAME",
+                   help="the torch.compile backend --compile uses (default: 'tpu' on "
+                        "--device tpu, 'inductor' on --device cpu)")
+    p.add_argument("--log-interval", type=int, default=10,
+                   help="print a log line every N steps (default: 10)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     if distributed:
         p.add_argument("--dp", type=int, default=1,

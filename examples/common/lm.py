@@ -102,7 +102,7 @@ def train_parser(family: LMFamily):
     p = cli.make_parser(f"Train the {family.name} example (causal language modelling).",
                         family.configs, default_steps=20, default_batch_size=8,
                         default_lr=3e-3, distributed=True)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: 64)")
     p.add_argument("--text-file", type=Path, default=None,
                    help="train on this local text file (UTF-8 bytes as tokens) instead of "
                         "the generated arithmetic corpus")
@@ -112,7 +112,8 @@ def train_parser(family: LMFamily):
     p.add_argument("--save", type=Path, default=None, help="save an own checkpoint file at the end")
     p.add_argument("--save-hf", type=Path, default=None,
                    help="also save a Hugging Face format directory at the end")
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="clip the gradients' global norm to this value (default: 1.0)")
     return p
 
 
@@ -198,10 +199,14 @@ def generate_parser(family: LMFamily):
     p.add_argument("--prompt", default="12+34=", help="text prompt")
     p.add_argument("--prompt-ids", default=None, help="comma-separated token ids (no tokenizer)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling: keep the smallest set of tokens with this total "
+                        "probability (default: 1.0 = all)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens only (default: all)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence per token")
-    p.add_argument("--stop-at-eos", action="store_true")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="stop a sequence at the end-of-sequence token")
     return p
 
 

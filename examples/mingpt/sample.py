@@ -21,10 +21,13 @@ def parser():
     p = cli.make_parser("Sample sorted sequences from a minGPT.", CONFIGS, default_steps=4,
                         default_batch_size=32, training=False)
     p.add_argument("--load", type=pathlib.Path, default=None, help="own checkpoint (train.py --save)")
-    p.add_argument("--length", type=int, default=6)
-    p.add_argument("--num-digits", type=int, default=3)
+    p.add_argument("--length", type=int, default=6,
+                   help="digits per problem (default: 6; with --load, the checkpoint's)")
+    p.add_argument("--num-digits", type=int, default=3,
+                   help="vocabulary: digits 0..N-1 (default: 3; with --load, the checkpoint's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens only (default: all)")
     return p
 
 

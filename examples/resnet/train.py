@@ -25,7 +25,8 @@ def parser():
     p.add_argument("--init-from", type=pathlib.Path, default=None,
                    help="torchvision/timm state dict (.pth or .safetensors) to start from")
     p.add_argument("--save", type=pathlib.Path, default=None, help="own checkpoint file to write")
-    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=1e-4,
+                   help="SGD weight decay (default: 1e-4)")
     return p
 
 

@@ -53,7 +53,19 @@ def _():
     import torch_tpu.debug as dbg
     from torch_tpu.runtime.storage import data_of
 
-    return data_of, dbg, jax, plt, time, torch, torch_tpu
+    from hlo_view import readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+
+    return (
+        data_of,
+        dbg,
+        jax,
+        plt,
+        readable_hlo,
+        side_by_side,
+        time,
+        torch,
+        torch_tpu,
+    )
 
 
 @app.cell(hide_code=True)
@@ -292,34 +304,15 @@ def _(mo):
 
 
 @app.cell
-def _(dbg, mo, torch):
-    def short_hlo(text, max_lines=40):
-        """Drop XLA's source-location tables and metadata so the program is readable."""
-        import re
-
-        keep, skipping = [], False
-        for line in text.splitlines():
-            if line.strip() in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-                skipping = True
-                continue
-            if skipping and (not line.strip() or line[:1].isdigit() or line.startswith(" ")):
-                continue
-            skipping = False
-            keep.append(re.sub(r",? ?metadata=\{[^}]*\}", "", line))
-        if len(keep) > max_lines:
-            keep = keep[:max_lines] + [f"... ({len(keep) - max_lines} more lines)"]
-        return "\n".join(keep)
-
+def _(dbg, readable_hlo, side_by_side, torch):
     _bias = torch.randn(8, device="tpu")
     _x = torch.randn(4, 16, device="tpu")
     _w = torch.randn(16, 8, device="tpu")
     addmm_stablehlo = dbg.hlo(torch.ops.aten.addmm.default, _bias, _x, _w, stage="stablehlo")
     addmm_optimized = dbg.hlo(torch.ops.aten.addmm.default, _bias, _x, _w, stage="optimized")
-    mo.hstack([
-        mo.vstack([mo.md("**StableHLO (lowered)**"), mo.plain_text(short_hlo(addmm_stablehlo))]),
-        mo.vstack([mo.md("**Optimized HLO (runs)**"), mo.plain_text(short_hlo(addmm_optimized))]),
-    ], widths="equal")
-    return addmm_optimized, addmm_stablehlo, short_hlo
+    side_by_side(("StableHLO (lowered)", readable_hlo(addmm_stablehlo)),
+                 ("Optimized HLO (runs)", readable_hlo(addmm_optimized)))
+    return addmm_optimized, addmm_stablehlo
 
 
 @app.cell(hide_code=True)
@@ -378,10 +371,10 @@ def _(mo):
 
 
 @app.cell
-def _(mo, short_hlo, view_write_events):
+def _(mo, readable_hlo, view_write_events):
     _add = [e for e in view_write_events if e.name.startswith("aten.add_")]
     view_write_hlo = _add[-1].program.stablehlo if _add else ""
-    mo.plain_text(short_hlo(view_write_hlo, max_lines=60) if view_write_hlo else
+    mo.plain_text(readable_hlo(view_write_hlo, max_lines=60) if view_write_hlo else
                   "(the in-place add came from the cache: no program was compiled in this run)")
     return (view_write_hlo,)
 

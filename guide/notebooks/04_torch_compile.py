@@ -41,7 +41,6 @@ def _(mo):
 
 @app.cell
 def _():
-    import re
     import time
     import warnings
 
@@ -52,7 +51,18 @@ def _():
     import torch_tpu
     import torch_tpu.debug as dbg
 
-    return dbg, plt, re, time, torch, torch_tpu, warnings
+    from hlo_view import readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+
+    return (
+        dbg,
+        plt,
+        readable_hlo,
+        side_by_side,
+        time,
+        torch,
+        torch_tpu,
+        warnings,
+    )
 
 
 @app.cell(hide_code=True)
@@ -194,24 +204,7 @@ def _(mo):
 
 
 @app.cell
-def _(dbg, mo, re):
-    def short_hlo(text, max_lines=70):
-        keep, skipping = [], False
-        for line in text.splitlines():
-            if line.strip() in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-                skipping = True
-                continue
-            if skipping and (not line.strip() or line[:1].isdigit() or line.startswith(" ")):
-                continue
-            skipping = False
-            line = re.sub(r",? ?metadata=\{[^}]*\}", "", line)
-            line = re.sub(r",? ?frontend_attributes=\{[^}]*\}", "", line)
-            line = re.sub(r",? ?sharding=\{[^}]*\}", "", line)
-            keep.append(line)
-        if len(keep) > max_lines:
-            keep = keep[:max_lines] + [f"... ({len(keep) - max_lines} more lines)"]
-        return "\n".join(keep)
-
+def _(dbg, mo, readable_hlo, side_by_side):
     def count_instructions(text):
         """Instructions of the ENTRY computation (a fusion counts as one)."""
         n, inside = 0, False
@@ -231,12 +224,10 @@ def _(dbg, mo, re):
         mo.md(f"`{forward_program.name}`: **{count_instructions(hlo_before)}** instructions in "
               f"the entry computation before optimization, **{count_instructions(hlo_after)}** "
               f"after, of which {hlo_after.count(' fusion(')} are fused kernels."),
-        mo.hstack([
-            mo.vstack([mo.md("**before XLA's passes**"), mo.plain_text(short_hlo(hlo_before))]),
-            mo.vstack([mo.md("**after (what runs)**"), mo.plain_text(short_hlo(hlo_after))]),
-        ], widths="equal"),
+        side_by_side(("before XLA's passes", readable_hlo(hlo_before, max_lines=70)),
+                     ("after (what runs)", readable_hlo(hlo_after, max_lines=70))),
     ])
-    return count_instructions, forward_program, hlo_after, hlo_before, short_hlo
+    return count_instructions, forward_program, hlo_after, hlo_before
 
 
 @app.cell(hide_code=True)

@@ -43,12 +43,26 @@ def _():
     import os
     import tempfile
 
+    import matplotlib.pyplot as plt
     import torch
 
     import torch_tpu
     import torch_tpu.debug as dbg
 
-    return dbg, io, logging, os, tempfile, torch, torch_tpu
+    from hlo_view import readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+
+    return (
+        dbg,
+        io,
+        logging,
+        os,
+        plt,
+        readable_hlo,
+        side_by_side,
+        tempfile,
+        torch,
+        torch_tpu,
+    )
 
 
 @app.cell(hide_code=True)
@@ -117,8 +131,10 @@ def _(mo):
     Every program the process produced is an event: name, cache-key hash, tier
     (`compile` or `disk`), seconds, program size. `TORCH_TPU_LOG=compile`
     (or `torch_tpu.debug.set_log("compile")`) prints them as they happen
-    through Python's `logging`. Here a new batch size makes the step recompile
-    — the log shows which ops:
+    through Python's `logging` logger `torch_tpu.compile`, on stderr. Here a
+    new batch size makes the step recompile — the log shows which ops. The
+    cell sends the logger to a buffer of its own instead of stderr, so each
+    line appears once, below:
     """)
     return
 
@@ -129,15 +145,18 @@ def _(cnn, dbg, io, logging, torch):
     _handler = logging.StreamHandler(_stream)
     _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
     _logger = logging.getLogger("torch_tpu.compile")
+    _saved = _logger.level, _logger.propagate
     _logger.addHandler(_handler)
-    dbg.set_log("compile")
+    _logger.setLevel(logging.INFO)     # what set_log("compile") does, minus its stderr handler
+    _logger.propagate = False
     _n_before = len(dbg.compile_log())
     try:
         _out = cnn(torch.randn(5, 3, 16, 16, device="tpu"))   # batch 5: new shapes
         _out.sum().item()
     finally:
-        dbg.set_log(None)
         _logger.removeHandler(_handler)
+        _logger.setLevel(_saved[0])
+        _logger.propagate = _saved[1]
     recompile_events = dbg.compile_log()[_n_before:]
     compile_log_text = _stream.getvalue()
     print(f"{len(recompile_events)} programs compiled for batch 5; the first lines of the log:\n")
@@ -167,6 +186,40 @@ def _(dbg, os, tempfile, torch):
     for _f in dumped:
         print(f"{_f:<70} {os.path.getsize(os.path.join(dump_dir, _f)):>7} bytes")
     return dump_dir, dumped
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    Each program is there three times: `stablehlo.mlir` (what the lowering
+    produced), `hlo.txt` (the same program as HLO) and `optimized.hlo.txt`
+    (after XLA's passes: what ran). The softplus of the block, as lowered and
+    as it ran — `exp`, `log1p`, the threshold and the `select` fused into one
+    kernel:
+    """)
+    return
+
+
+@app.cell
+def _(dump_dir, dumped, mo, os, readable_hlo, side_by_side):
+    def dumped_stage(op, suffix):
+        names = [f for f in dumped if f".{op}." in f and f.endswith(suffix)]
+        if not names:
+            return None
+        with open(os.path.join(dump_dir, names[-1])) as _fh:
+            return names[-1], _fh.read()
+
+    softplus_lowered = dumped_stage("softplus", ".stablehlo.mlir")
+    softplus_optimized = dumped_stage("softplus", ".optimized.hlo.txt")
+    if softplus_lowered and softplus_optimized:
+        _shown = side_by_side(
+            (softplus_lowered[0], readable_hlo(softplus_lowered[1], max_lines=45)),
+            (softplus_optimized[0], readable_hlo(softplus_optimized[1], max_lines=45)))
+    else:
+        _shown = mo.md("*No softplus program was dumped: it came from the in-memory cache "
+                       "(the block had run before in this process).*")
+    _shown
+    return softplus_lowered, softplus_optimized
 
 
 @app.cell(hide_code=True)
@@ -291,6 +344,22 @@ def _(dbg, torch):
 
 
 @app.cell
+def _(compiles_per_batch, plt):
+    _fig, _ax = plt.subplots(figsize=(6, 2.6))
+    _bars = _ax.bar([f"{_i + 1}\nbatch {_b}" for _i, (_b, _) in enumerate(compiles_per_batch)],
+                    [_c for _, _c in compiles_per_batch], color="tab:red")
+    _ax.bar_label(_bars, fontsize=8)
+    _ax.set_ylabel("programs compiled")
+    _ax.set_xlabel("step")
+    _ax.set_title("each new batch size compiles the step again; a seen one compiles nothing",
+                  fontsize=9)
+    _ax.tick_params(axis="x", labelsize=8)
+    _fig.tight_layout()
+    _fig
+    return
+
+
+@app.cell
 def test_metrics(step_capture):
     m = step_capture.metrics
     assert m["ops_total"] > 10
@@ -309,9 +378,12 @@ def test_compile_log(compile_log_text, recompile_events):
 
 
 @app.cell
-def test_dump(dumped):
+def test_dump(dumped, softplus_lowered, softplus_optimized):
     assert dumped, "the dump directory must receive files"
     assert any("aten" in f for f in dumped)
+    if softplus_lowered and softplus_optimized:
+        assert "stablehlo." in softplus_lowered[1] and "log_plus_one" in softplus_lowered[1]
+        assert softplus_optimized[1].startswith("HloModule") and "fusion" in softplus_optimized[1]
     return
 
 
