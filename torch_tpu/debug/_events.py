@@ -178,9 +178,13 @@ def dump(ev: CompileEvent, program, dump_dir: str) -> list:
         for stage, suffix in STAGE_FILES.items():
             if not program.has_stage(stage):
                 continue
+            try:
+                text = program.text(stage)
+            except RuntimeError:  # a stage that cannot be had (the error names it)
+                continue
             path = os.path.join(dump_dir, f"{stem}.{suffix}")
             with open(path, "w") as f:
-                f.write(program.text(stage))
+                f.write(text)
             written.append(path)
     except OSError as e:
         _warn_dump_once(dump_dir, e)
