@@ -75,45 +75,40 @@ def test_memory_limit_env_parsing():
         oom.parse_bytes("lots", "TORCH_TPU_MEMORY_LIMIT")
 
 
-_ASYNC = """
+def test_async_failure_raised_by_synchronize(monkeypatch):
+    # With the check before running off (TORCH_TPU_MEMORY_LIMIT=off), a 4 TB
+    # result fails while PJRT runs it, after the op has returned.
+    monkeypatch.setitem(oom._limits, 0, None)
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    x = torch.randn(10**12, device="tpu")
+    assert torch.tpu.memory_allocated() - before <= 4096  # the failed buffer is not counted
+    with pytest.raises(torch.OutOfMemoryError, match="4000000000000 bytes"):
+        torch.tpu.synchronize()  # re-raises the failure, as torch.cuda.synchronize()
+    torch.tpu.synchronize()      # once
+    with pytest.raises(torch.OutOfMemoryError):
+        (x[:3] + 1).cpu()        # reading the failed value raises again
+    del x
+    assert (torch.ones(2, device="tpu") * 3).sum().item() == 6
+
+
+_BLOCKING = """
     import torch, torch_tpu
     torch.ones(1, device="tpu")
-    before = torch.tpu.memory_allocated()
     try:
-        x = torch.randn(10**12, device="tpu")  # 4 TB: PJRT fails while running it
+        torch.randn(10**12, device="tpu")
+        print("OP_RETURNED")
     except torch.OutOfMemoryError as e:
-        print("OP_RAISED", "randn" in str(e))
-        raise SystemExit(0)
-    print("OP_RETURNED")
-    print("COUNTED", torch.tpu.memory_allocated() - before)
-    try:
-        torch.tpu.synchronize()
-        print("SYNC_OK")
-    except torch.OutOfMemoryError as e:
-        print("SYNC_RAISED", "4000000000000 bytes" in str(e))
-    torch.tpu.synchronize()
-    print("SECOND_SYNC_OK")
-    try:
-        (x[:3] + 1).cpu()
-    except torch.OutOfMemoryError as e:
-        print("READ_RAISED")
+        print("OP_RAISED", "aten.randn" in str(e))
     print("STILL_WORKS", (torch.ones(2, device="tpu") * 3).sum().item())
 """
 
 
-def test_async_failure_synchronize_and_launch_blocking():
-    # The check before running off: the allocation fails asynchronously.
-    out = _run(_ASYNC, TORCH_TPU_MEMORY_LIMIT="off", TORCH_TPU_CACHE_DIR="")
-    assert "OP_RETURNED" in out
-    assert "COUNTED 0" in out            # a buffer that failed is not allocated
-    assert "SYNC_RAISED True" in out     # synchronize() re-raises the failure
-    assert "SECOND_SYNC_OK" in out       # once
-    assert "READ_RAISED" in out          # reading the failed value raises again
-    assert "STILL_WORKS 6.0" in out
-    # TORCH_TPU_LAUNCH_BLOCKING=1: the op that failed raises it.
-    out = _run(_ASYNC, TORCH_TPU_MEMORY_LIMIT="off", TORCH_TPU_LAUNCH_BLOCKING="1",
+def test_launch_blocking_raises_async_failure_at_its_op():
+    out = _run(_BLOCKING, TORCH_TPU_MEMORY_LIMIT="off", TORCH_TPU_LAUNCH_BLOCKING="1",
                TORCH_TPU_CACHE_DIR="")
-    assert "OP_RAISED True" in out and "OP_RETURNED" not in out
+    assert "OP_RAISED True" in out and "OP_RETURNED" not in out, out
+    assert "STILL_WORKS 6.0" in out
 
 
 # -- inspection ---------------------------------------------------------------
@@ -149,11 +144,14 @@ def test_mem_get_info_summary_snapshot():
 
 def test_cache_byte_cap_evicts(monkeypatch):
     executor.clear_cache()
-    monkeypatch.setattr(executor, "_byte_cap", [3 * executor._MIN_FOOTPRINT * 4])
+    for n in range(3):
+        torch.ones(n + 300, device="tpu") + 1
+    # A bound of about three of these executables (their measured sizes).
+    cap = 3 * max(executor._ENTRY_BYTES.values())
+    monkeypatch.setattr(executor, "_byte_cap", [cap])
     ev0 = executor.STATS.evictions
-    x = torch.ones(3, device="tpu")
-    for n in range(40):
-        (torch.ones(n + 300, device="tpu") * x[0]).sum()
+    for n in range(3, 10):
+        torch.ones(n + 300, device="tpu") + 1
     d = executor.STATS.as_dict()
     assert d["evictions"] - ev0 > 0
     assert d["bytes"] <= executor._byte_capacity()
@@ -178,7 +176,7 @@ _CHURN = """
     for i in range(40):   # fill the cache to its bound
         step(1000 + i)
     r0, m0 = rss(), ex.STATS.misses
-    for i in range(120):  # every shape new: each call compiles
+    for i in range(80):   # every shape new: each call compiles
         step(2000 + i)
     d = ex.STATS.as_dict()
     print("GROWTH", rss() - r0, "COMPILES", d["misses"] - m0, "EVICTIONS", d["evictions"],
@@ -191,8 +189,8 @@ def test_cache_byte_cap_bounds_rss_under_shape_churn():
     out = _run(_CHURN, TORCH_TPU_CACHE_BYTES="4M", TORCH_TPU_CACHE_DIR="")
     f = out.split()
     v = {f[i]: int(f[i + 1]) for i in range(0, len(f), 2)}
-    assert v["COMPILES"] >= 300 and v["EVICTIONS"] >= 300
+    assert v["COMPILES"] >= 200 and v["EVICTIONS"] >= 200
     assert v["BYTES"] <= v["CAP"] == 4 * 2**20
-    # Without the bound each executable costs ~150-450 KB of RSS (360 of
-    # them here: > 50 MB); with it, RSS stays within a few MB.
-    assert v["GROWTH"] < 24 * 2**20, v
+    # Without the bound each executable adds ~0.5-0.9 MB of RSS (measured on
+    # XLA:CPU); with it, what remains is JAX's own per-shape bookkeeping.
+    assert v["GROWTH"] < v["COMPILES"] * 128 * 2**10, v

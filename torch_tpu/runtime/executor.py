@@ -136,17 +136,20 @@ def _byte_capacity() -> int:
 
 # An executable's footprint: the growth of the process's resident memory
 # while it was compiled (or loaded from disk), plus the device code PJRT
-# reports (0 on XLA:CPU). Resident memory does not grow where the allocator
-# reuses memory freed by an evicted executable, and grows by more on one-time
-# work (the process's first compile initializes XLA, an op's first compile
-# more than its later ones), so an executable counts the median of the last
-# nine growths measured for its op (at least _MIN_FOOTPRINT, at most 16 MiB
-# a measurement; a growth of zero, memory reused, is no measurement).
-# Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
+# reports (0 on XLA:CPU). Growth is a measurement only until the cache first
+# evicts: from then on new executables reuse the memory evicted ones freed
+# and resident memory hardly grows (measured: estimates fell from ~1.2 MB to
+# ~140 KB an entry, and the cache, holding ever more entries, kept growing).
+# An op's first compile is no measurement either (it carries one-time work:
+# XLA's initialization, the op's first tracing). An executable counts the
+# median of its op's measurements (at most nine), or _DEFAULT_FOOTPRINT
+# where it has fewer than three; at least _MIN_FOOTPRINT, at most 16 MiB a
+# measurement. Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
 _MIN_FOOTPRINT = 64 * 2**10
+_DEFAULT_FOOTPRINT = 512 * 2**10
 _MAX_SAMPLE = 16 * 2**20
 _OP_SAMPLES: dict = {}
-_COMPILES = [0]
+_SAMPLING = [True]   # until the first eviction
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -163,13 +166,13 @@ def _footprint(name: str, grown: int, compiled) -> int:
         code = int(compiled.memory_analysis().generated_code_size_in_bytes or 0)
     except Exception:  # noqa: BLE001  (no analysis for this executable)
         code = 0
-    _COMPILES[0] += 1
     samples = _OP_SAMPLES.get(name)
     if samples is None:
-        samples = _OP_SAMPLES[name] = collections.deque(maxlen=9)
-    if _COMPILES[0] > 1 and grown > 0:  # the first compile initializes XLA
+        _OP_SAMPLES[name] = []  # the op's first compile: no measurement
+    elif _SAMPLING[0] and len(samples) < 9 and grown > 0:
         samples.append(min(grown, _MAX_SAMPLE))
-    known = sorted(samples)[len(samples) // 2] if samples else 0
+        samples.sort()
+    known = samples[len(samples) // 2] if samples and len(samples) >= 3 else _DEFAULT_FOOTPRINT
     return max(known, _MIN_FOOTPRINT) + code
 
 
@@ -246,6 +249,7 @@ def _cache_put(key, entry):
         k, _ = _CACHE.popitem(last=False)
         _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
         STATS.evictions += 1
+        _SAMPLING[0] = False
 
 
 # --------------------------------------------------------------------------
