@@ -159,6 +159,8 @@ def test_cache_byte_cap_evicts(monkeypatch):
     assert set(executor._ENTRY_BYTES) == set(executor._CACHE)
     assert all(b >= executor._MIN_FOOTPRINT for k, b in executor._ENTRY_BYTES.items()
                if getattr(executor._CACHE[k], "compiled", None) is not None)
+    mem = torch_tpu.cache.stats()["memory"]
+    assert mem["bytes"] == d["bytes"] and mem["byte_capacity"] == cap
     executor.clear_cache()
     assert executor.STATS.as_dict()["bytes"] == 0
 

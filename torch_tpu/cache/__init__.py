@@ -139,7 +139,8 @@ def stats() -> dict:
     - ``requests``: executable lookups (eager op executables and compiled
       graphs) = memory hits + memory misses.
     - ``memory``: hits, misses (each miss compiled or loaded a program),
-      entries, capacity, evictions.
+      entries, capacity, evictions, bytes and byte_capacity (the eager
+      executables' measured size and its bound, TORCH_TPU_CACHE_BYTES).
     - ``disk``: enabled, dir, hits, misses, writes, write errors, corrupt
       entries discarded, evictions, entries and bytes on disk, max_bytes.
     - ``compile_seconds``: total seconds spent producing executables;
@@ -172,6 +173,10 @@ def stats() -> dict:
             "entries": len(executor._CACHE) + graph.get("entries", 0),
             "capacity": executor._capacity(),
             "evictions": s.evictions + graph.get("evictions", 0),
+            # The eager executables' measured bytes and their bound
+            # (TORCH_TPU_CACHE_BYTES).
+            "bytes": executor._BYTES[0],
+            "byte_capacity": executor._byte_capacity(),
         },
         "disk": disk_store().info(),
         "compile_seconds": s.compile_seconds,
