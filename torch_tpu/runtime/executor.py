@@ -704,7 +704,9 @@ class _Runner:
         nbytes = sum(m.numel() * m.element_size() for m in meta_leaves
                      if isinstance(m, torch.Tensor))
         nbytes += sum(sig.slot_data[s].array.nbytes for s in out_slots)
-        oom.check(name, nbytes, sig.device)
+        large = nbytes >= oom.check_threshold(sig.device)
+        if large:
+            oom.check(name, nbytes, sig.device)
 
         def program(arrays, dyn):
             args_v = [_rebuild(r, arrays, dyn) for r in recipes]
@@ -750,7 +752,7 @@ class _Runner:
             compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
         entry.nbytes = nbytes
-        entry.check = nbytes >= oom.check_threshold(sig.device)
+        entry.check = large
         _cache_put(key, entry)
         return entry
 

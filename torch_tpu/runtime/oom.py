@@ -19,9 +19,10 @@ the host's memory (physical memory, or the cgroup's limit when lower): the
 device *is* host memory there. What is in use is PJRT's `bytes_in_use` where
 reported, else the bytes of the live arrays on the device.
 
-The check before running costs nothing on the hot path of small ops: an
-executable whose results are below 1/64 of the limit is checked once, when
-it is built (a cache miss); larger ones are checked on every call.
+The check before running costs nothing on the hot path of small ops: only
+results of at least 1/64 of the limit are checked (on every call; on the CPU
+platform the check walks the live arrays). A smaller result that does not
+fit fails to allocate, which is reported as the same error (2. and 3.).
 """
 
 from __future__ import annotations
