@@ -551,3 +551,104 @@ def test_like_factories_keep_layout():
             assert got.shape == want.shape and got.stride() == want.stride()
             assert got.dtype == want.dtype and got.device.type == "tpu"
     torch.testing.assert_close(torch.full_like(base.to("tpu"), 2.5).cpu(), torch.full_like(base, 2.5))
+
+
+# -- index canonicalization, checks and warnings (issue 22) ----------------------
+
+
+def _raises_like_cpu(fn, *args):
+    """fn(cpu args) and fn(tpu args) raise the same exception type and text
+    (the tpu text may name the op after CPU's)."""
+    with pytest.raises(Exception) as cpu:
+        fn(*args)
+    with pytest.raises(type(cpu.value)) as dev:
+        fn(*tpu(args))
+    assert str(dev.value).startswith(str(cpu.value).split("\n")[0][:60]), (cpu.value, dev.value)
+
+
+def test_uint8_mask_warns_once_per_indexing_as_cpu():
+    import warnings
+
+    x = torch.arange(12.0).reshape(4, 3)
+    m8 = torch.tensor([0, 1, 1, 0], dtype=torch.uint8)
+    for dev in ("cpu", "tpu"):
+        xd, md = x.to(dev), m8.to(dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = xd[md]
+            xd[md] = torch.zeros(3, device=dev)
+            xd[md.bool()]  # bool masks are not deprecated
+        msgs = [str(i.message) for i in w if "uint8" in str(i.message)]
+        assert len(msgs) == 2, (dev, msgs)
+        assert all(m.startswith("indexing with dtype torch.uint8 is now deprecated, please use "
+                                "a dtype torch.bool instead.") for m in msgs), msgs
+        assert all(i.filename == __file__ for i in w), [i.filename for i in w]
+        assert got.shape == (2, 3)
+
+
+def test_masks_and_index_lists_broadcast_together():
+    x = make((2, 3, 4, 5))
+    mask = torch.tensor([True, False, True])
+    cases = [
+        lambda t: t[:, mask, [1, 3]],
+        lambda t: t[[0, 1], mask],
+        lambda t: t[True, [0, 1], True, True, [1], [[2]]],
+        lambda t: t[torch.tensor([[0], [1]]), :, torch.tensor([1, 2, 3])],
+        lambda t: t[..., torch.tensor([[True, False, True, False, True]] * 4)],
+    ]
+    for case in cases:
+        compare(case(x.to("tpu")), case(x))
+
+
+def test_empty_and_zero_size_indices():
+    x = make((5,))
+    compare(x.to("tpu")[[]], x[[]])
+    compare(x.to("tpu")[torch.empty(0, 3, dtype=torch.long)], x[torch.empty(0, 3, dtype=torch.long)])
+    y = make((3, 0))
+    compare(y.to("tpu")[[2, 0]], y[[2, 0]])
+    compare(y.to("tpu")[[], []], y[[], []])
+    _raises_like_cpu(lambda t: t[:, [1]], y)
+    # an empty index into a size-0 dimension selects nothing and is fine
+    compare(y.to("tpu")[:, torch.tensor([], dtype=torch.long)], y[:, torch.tensor([], dtype=torch.long)])
+
+
+def test_index_errors_are_cpus():
+    x = make((4, 5))
+    _raises_like_cpu(lambda t: t[[0, 1], [0, 1, 2]], x)
+    _raises_like_cpu(lambda t: t.__setitem__(([0, 1], [0, 1, 2]), 1.0), x)
+    _raises_like_cpu(lambda t, i: t[i], x, torch.tensor([0.0, 1.0]))
+    # issue 18: float indices in index_put_ are PyTorch's IndexError, not JAX's TypeError
+    _raises_like_cpu(lambda t, i, v: t.index_put_((i,), v), x[0].clone(), torch.tensor([1.0]),
+                     torch.tensor([2.0]))
+
+
+def test_index_put_value_checks_are_cpus():
+    x = make((4,)).abs() + 1
+    _raises_like_cpu(lambda t, v: t.__setitem__(t > 0, v), x, torch.tensor([1.0, 2.0, 3.0]))
+    _raises_like_cpu(lambda t, v: t.__setitem__(t > 0, v), x, torch.tensor([]))
+    _raises_like_cpu(lambda t, v: t.index_put([], v, True), torch.tensor(2.0), torch.tensor([1.0]))
+    _raises_like_cpu(lambda t, v: t.__setitem__((slice(None), [1]), v),
+                     make((3, 2), torch.float64), torch.zeros(3, 1, dtype=torch.int32))
+    # CPU writes a one-element host value through a single mask with masked_fill_:
+    # no dtype check there.
+    for dev in ("cpu", "tpu"):
+        t = torch.zeros(4, device=dev)
+        t[t == 0] = torch.tensor(3)
+        assert t.cpu().tolist() == [3.0] * 4
+
+
+def test_setitem_shapes_as_cpu():
+    x = make((3, 4))
+    for idx, val in [((torch.tensor([True, False, True]),), torch.ones(4)),
+                     ((torch.tensor([True, False, True]),), torch.ones(1, 2, 4)[:, :1]),
+                     (([[0], [2]], [1, 3]), torch.arange(2.0)),
+                     ((slice(None), torch.tensor([[0, 1]])), torch.ones(3, 1, 2))]:
+        want = x.clone()
+        want[idx] = val
+        got = x.to("tpu")
+        got[idx] = val.to("tpu")
+        compare(got, want)
+    for dev in ("cpu", "tpu"):  # a value with leading non-1 dims cannot be written
+        t = make((2, 3)).to(dev)
+        with pytest.raises(RuntimeError, match="number of sizes provided"):
+            t[True] = t.expand(5, 1, 2, 3)

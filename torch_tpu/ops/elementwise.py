@@ -163,9 +163,29 @@ def _axpy(x, y, alpha, sign):
 # -- binary arithmetic -------------------------------------------------------------
 
 
+def _alpha_check(x, alpha):
+    """CPU's alpha_check against the result dtype (x is in it). The alpha's
+    Python type is part of the executable's key, so this is a trace-time check."""
+    if alpha is None:
+        return
+    if isinstance(alpha, (bool, int, float, complex)):
+        kind = {bool: "b", int: "i", float: "f", complex: "c"}[type(alpha)]
+    else:
+        kind = np.dtype(jnp.asarray(alpha).dtype).kind
+    if kind == "b" and not _is_bool(x):
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if kind in "fc" and not (_is_float(x) or _is_complex(x)):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
+                           "point number.")
+    if kind == "c" and not _is_complex(x):
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a "
+                           "complex number.")
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
     x, y = prep(self, other)
+    _alpha_check(x, alpha)
     if _is_bool(x):
         return x | (y & _as(alpha, jnp.bool_))
     return _axpy(x, y, alpha, 1)
@@ -174,12 +194,14 @@ def add(self, other, alpha=1):
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     x, y = prep(self, other)
+    _alpha_check(x, alpha)
     return _axpy(x, y, alpha, -1)
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self, other, alpha=1):
     x, y = prep(self, other)
+    _alpha_check(x, alpha)
     return y - _scaled(x, alpha)
 
 
@@ -739,19 +761,24 @@ def logical_not(self):
 # -- comparisons ---------------------------------------------------------------
 
 
-def _compare(fn):
+def _compare(fn, ordered=None):
     def lowering(self, other):
         x, y = prep(self, other, kind=K.ALWAYS_BOOL)
+        if ordered and _is_complex(x):
+            # complex numbers have no order: CPU's kernels have no complex case
+            raise NotImplementedError(
+                f'"{ordered}_tpu" not implemented for '
+                f"'{'ComplexDouble' if x.dtype == jnp.complex128 else 'ComplexFloat'}'")
         return fn(x, y)
     return lowering
 
 
 lower(aten.eq.Tensor, aten.eq.Scalar)(_compare(lambda x, y: x == y))
 lower(aten.ne.Tensor, aten.ne.Scalar)(_compare(lambda x, y: x != y))
-lower(aten.lt.Tensor, aten.lt.Scalar)(_compare(lambda x, y: x < y))
-lower(aten.le.Tensor, aten.le.Scalar)(_compare(lambda x, y: x <= y))
-lower(aten.gt.Tensor, aten.gt.Scalar)(_compare(lambda x, y: x > y))
-lower(aten.ge.Tensor, aten.ge.Scalar)(_compare(lambda x, y: x >= y))
+lower(aten.lt.Tensor, aten.lt.Scalar)(_compare(lambda x, y: x < y, "lt"))
+lower(aten.le.Tensor, aten.le.Scalar)(_compare(lambda x, y: x <= y, "le"))
+lower(aten.gt.Tensor, aten.gt.Scalar)(_compare(lambda x, y: x > y, "gt"))
+lower(aten.ge.Tensor, aten.ge.Scalar)(_compare(lambda x, y: x >= y, "ge"))
 
 
 @lower(aten.isnan.default)

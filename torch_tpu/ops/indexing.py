@@ -110,10 +110,21 @@ def _mask_where_plan(x_shape, indices, values_shape):
         return None
     post = len(x_shape) - p - k
     vs = tuple(values_shape)
-    # values broadcast against pre + (K,) + post: the K position must be 1 or absent.
+    # values broadcast against pre + (K,) + post: the K position must be 1 or
+    # absent (else the count decides, and the nonzero path checks it).
     if len(vs) > post and vs[len(vs) - post - 1] != 1:
         return None
+    if not _expandable(_strip_ones(vs, p + 1 + post),
+                       tuple(x_shape[:p]) + (1,) + tuple(x_shape[p + k:])):
+        return None
     return p, k
+
+
+def _strip_ones(shape, ndim):
+    shape = tuple(shape)
+    while len(shape) > ndim and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _dtype_of(t):
@@ -177,6 +188,25 @@ def _host_check(idx: torch.Tensor, size: int, dim: int):
         raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+def _warn_user(message: str) -> None:
+    """A UserWarning attributed to the first caller outside torch and
+    torch_tpu, as PyTorch's TORCH_WARN attributes it to the Python line that
+    indexed (so each indexing line warns once under the default filter)."""
+    import os
+    import sys
+    import warnings
+
+    roots = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: _warn_user's caller
+    while frame is not None and frame.f_code.co_filename.startswith(roots):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
 def _mask_indices(mask: torch.Tensor, x_shape, dim: int):
     """The integer index tensors (on tpu) selecting the True elements of `mask`."""
     k = mask.dim()
@@ -191,6 +221,38 @@ def _mask_indices(mask: torch.Tensor, x_shape, dim: int):
     return list(nz.unbind(1))
 
 
+def _shape_str(shape) -> str:
+    return str(list(shape))
+
+
+def _broadcast_indices(new, x_shape):
+    """PyTorch's index canonicalization after masks became integer indices:
+    every index tensor broadcast to one shape (expanded views), PyTorch's
+    IndexError when they cannot be, and when a non-empty index addresses a
+    dimension of size 0. JAX then sees only index arrays of one shape."""
+    tensors = [(d, t) for d, t in new if t is not None]
+    if not tensors:
+        return [t for _, t in new], False
+    shapes = [tuple(t.shape) for _, t in tensors]
+    try:
+        common = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         "with shapes " + ", ".join(_shape_str(s) for s in shapes)) from None
+    if math.prod(common) > 0:
+        for d, _ in tensors:
+            if d < len(x_shape) and x_shape[d] == 0:
+                raise IndexError("index is out of bounds for dimension with size 0")
+    changed = False
+    out = []
+    for _, t in new:
+        if t is not None and tuple(t.shape) != common:
+            t = t.expand(common)
+            changed = True
+        out.append(t)
+    return out, changed
+
+
 def _prepare_indices(x: torch.Tensor, indices, values=None):
     """Indices the lowering can take, or None for 'no change'.
 
@@ -198,28 +260,32 @@ def _prepare_indices(x: torch.Tensor, indices, values=None):
     handled (0-dim masks) and the caller should use the CPU.
     """
     changed = False
-    new = []
+    new = []  # (dimension of x it indexes, index tensor or None)
     dim = 0
     device = x.device
+    for idx in indices:
+        if idx is not None and idx.dtype not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     keep_mask = values is not None and _mask_where_plan(
         tuple(x.shape), indices, tuple(values.shape)) is not None \
         and all(i is None or i.device.type == "tpu" for i in indices)
     for idx in indices:
         if idx is None:
-            new.append(None)
+            new.append((dim, None))
             dim += 1
             continue
         is_mask = idx.dtype in (torch.bool, torch.uint8)
         if is_mask:
             if idx.dim() == 0:
                 return None, True
+            if idx.dtype == torch.uint8:
+                _warn_user("indexing with dtype torch.uint8 is now deprecated, please use a "
+                           "dtype torch.bool instead.")
             if keep_mask:
-                new.append(idx)
-                dim += idx.dim()
-                continue
+                return None, False  # one mask, written with a where: no canonical form
             if idx.device.type != "tpu":
                 idx = idx.to(device)
-            new.extend(_mask_indices(idx, tuple(x.shape), dim))
+            new.extend((dim + j, t) for j, t in enumerate(_mask_indices(idx, tuple(x.shape), dim)))
             dim += idx.dim()
             changed = True
             continue
@@ -228,9 +294,10 @@ def _prepare_indices(x: torch.Tensor, indices, values=None):
                 _host_check(idx, x.shape[dim], dim)
             idx = idx.to(device)
             changed = True
-        new.append(idx)
+        new.append((dim, idx))
         dim += 1
-    return (new if changed else None), False
+    out, expanded = _broadcast_indices(new, tuple(x.shape))
+    return (out if changed or expanded else None), False
 
 
 # The executable cache keys a `Tensor?[]` argument by its length and its
@@ -293,6 +360,50 @@ def _index_kernel(op):
 _INPLACE_PUT = (aten.index_put_.default, aten._index_put_impl_.default)
 
 
+_C10_TYPE_NAMES = {
+    torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
+    torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
+    torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble", torch.complex32: "ComplexHalf",
+}
+
+
+def _masked_fill_path(self, indices, values) -> bool:
+    """CPU's index_put_ writes a one-element host value through one bool/uint8
+    mask with masked_fill_ (no dtype or shape check): canDispatchToMaskedFill."""
+    if values.numel() != 1 or values.device.type != "cpu":
+        return False
+    masks = [i for i in indices if i is not None]
+    return (len(masks) == 1 and masks[0].dtype in (torch.bool, torch.uint8)
+            and masks[0].device == self.device)
+
+
+def _expandable(shape, desired) -> bool:
+    if len(shape) > len(desired):
+        return False
+    return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(desired)))
+
+
+def _check_put(self, indices, values):
+    """CPU's index_put_ checks (make_index_put_iterator): the value broadcasts
+    to the indexing result and has the destination's dtype. `indices` are
+    canonical (integer tensors of one shape, or one kept mask)."""
+    if _masked_fill_path(self, indices, values):
+        return
+    if not any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        shape = _index_result_shape(tuple(self.shape), [
+            None if i is None else torch.empty(tuple(i.shape), device="meta") for i in indices])
+        if not _expandable(tuple(values.shape), shape):
+            raise RuntimeError(f"shape mismatch: value tensor of shape {_shape_str(values.shape)} "
+                               f"cannot be broadcast to indexing result of shape "
+                               f"{_shape_str(shape)}")
+    if values.dtype != self.dtype:
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{_C10_TYPE_NAMES.get(self.dtype, self.dtype)} for the destination and "
+            f"{_C10_TYPE_NAMES.get(values.dtype, values.dtype)} for the source.")
+
+
 def _index_put_kernel(op):
     def kernel(self, indices, values, *args, **kwargs):
         new, cpu = _prepare_indices(self, indices, values)
@@ -300,6 +411,7 @@ def _index_put_kernel(op):
             from .fallback import cpu_fallback
 
             return cpu_fallback(op, self, indices, values, *args, **kwargs)
+        _check_put(self, indices if new is None else new, values)
         from ..runtime import executor
 
         runner = executor.runner_for(op)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import gc_pause, oom, platform
+from . import gc_pause, oom, platform, verdict
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -485,13 +485,23 @@ def run_meta(op, args, kwargs):
     try:
         return op(*margs, **mkwargs), margs, mkwargs
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
-        # PyTorch's own check failed: same exception type, with the op named.
-        raise _with_op_name(e, op) from None
+        # PyTorch's own check failed. Meta kernels that are Python references
+        # word (and type) some errors differently from CPU: raise CPU's.
+        raise _cpu_error_or(e, op, args, kwargs) from None
     except AssertionError as e:
         # Some Python meta kernels and decompositions check with `assert`
         # (embedding's 2-D weight, nll_loss's 1-D target) where the CPU
         # kernel's TORCH_CHECK raises RuntimeError: raise what the CPU raises.
         raise RuntimeError(f"{op}: {e}") from None
+
+
+def _cpu_error_or(e, op, args, kwargs):
+    """The exception CPU raises for this call (runtime.verdict), else `e`;
+    either with the op named."""
+    cpu = verdict.cpu_error(op, args, kwargs)
+    if isinstance(cpu, BaseException):
+        return verdict.as_op_error(cpu, op)
+    return _with_op_name(e, op)
 
 
 def _with_op_name(e, op):
@@ -617,9 +627,9 @@ class _Runner:
             sig.device = _factory_device(vals, plan)
         # Executables are committed to one device: tpu:1 needs its own.
         sig.key.append(sig.device)
-        if plan.has_dtype_arg:
-            # dtype=None means the default dtype, which the user may change.
-            sig.key.append(torch.get_default_dtype())
+        # PyTorch's type promotion reads the default dtype (int / int, int +
+        # 2.5, dtype=None), and the user may change it: part of every key.
+        sig.key.append(torch.get_default_dtype())
         # Programs traced under another matmul precision differ.
         sig.key.append(_precision_token())
         # ... and at another XLA optimization level.
@@ -661,6 +671,8 @@ class _Runner:
 
     def _build(self, key, vals, args, kwargs, sig, recipes):
         op = self.op
+        if self.functional is not None:
+            self._check_result_cast(vals, args, kwargs)
         meta_out, margs, mkwargs = run_meta(op, args, kwargs)
         plan, fplan = self.plan, self.fplan
         if plan.out_names:
@@ -678,6 +690,7 @@ class _Runner:
             fmeta = meta_out
         meta_leaves, out_tree = pytree.tree_flatten(meta_out)
         n_tensor_out = sum(isinstance(m, torch.Tensor) for m in meta_leaves)
+        fmeta_tensors = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
         lowering, rng, name = self.lowering, self.rng, plan.name
         is_derived = self.functional is not None
         # Each written tensor: (argument index, list position or None), its
@@ -719,7 +732,12 @@ class _Runner:
             finally:
                 registry.CONTEXT.meta_out = None
             if is_derived:
+                # Computed in the op's result dtype (PyTorch's rounding), then
+                # cast to the written tensor's dtype by _write, as on CPU.
                 values, outs = jax.tree_util.tree_leaves(result), []
+                if len(values) == len(fmeta_tensors):
+                    values = [st.convert(jnp.asarray(v), m.dtype)
+                              for v, m in zip(values, fmeta_tensors)]
             else:
                 updates = {}
                 if lowering.mutates:
@@ -749,12 +767,50 @@ class _Runner:
                 # No device inputs (a factory): place the outputs explicitly.
                 jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
                     platform.jax_device(sig.device))
-            compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
+            try:
+                compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
+            except (TypeError, ValueError) as e:
+                # JAX rejected the lowering's input (a dtype or shape PyTorch's
+                # meta kernel let through): CPU's error if CPU has one.
+                cpu = verdict.cpu_error(op, args, kwargs)
+                if isinstance(cpu, BaseException):
+                    raise verdict.as_op_error(cpu, op) from None
+                raise
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
         entry.nbytes = nbytes
         entry.check = large
         _cache_put(key, entry)
         return entry
+
+    def _check_result_cast(self, vals, args, kwargs):
+        """An in-place or out= call whose written tensor has another dtype than
+        the op's result: CPU decides (TensorIterator's casting rules, and the
+        ops that require equal dtypes), with CPU's message. Host metadata, plus
+        a host copy of small arguments once per executable (runtime.verdict)."""
+        plan = self.plan
+        meta_named = {a.name: _meta_value(v, None) for a, v in zip(plan.args, vals)}
+        fa, fk = _split_named(self.fplan, meta_named)
+        try:
+            fmeta = self.functional(*fa, **fk)
+        except Exception:  # noqa: BLE001 - run_meta raises PyTorch's error
+            return
+        results = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
+        written = []
+        for i in self.targets:
+            v = vals[i]
+            written.extend(v if isinstance(v, (list, tuple)) else [v])
+        if all(not isinstance(w, torch.Tensor) or w.dtype == r.dtype
+               for w, r in zip(written, results)):
+            return
+        cpu = verdict.cpu_error(self.op, args, kwargs)
+        if isinstance(cpu, BaseException):
+            raise verdict.as_op_error(cpu, self.op) from None
+        if cpu is verdict.NO_VERDICT and plan.out_names:
+            for w, r in zip(written, results):
+                if isinstance(w, torch.Tensor) and not torch.can_cast(r.dtype, w.dtype):
+                    raise RuntimeError(
+                        f"{plan.name}: result type {_dtype_name(r.dtype)} can't be cast to "
+                        f"the desired output type {_dtype_name(w.dtype)}")
 
     def _resize_outs(self, vals, margs, mkwargs):
         """Resize out= tensors whose shape the op changes (PyTorch warned already)."""

@@ -1,0 +1,117 @@
+"""Run PyTorch's own device-generic test files for the `tpu` device (and CPU).
+
+PyTorch's test files (test/test_indexing.py, test/test_type_promotion.py,
+test/test_view_ops.py, ...) are not shipped in the torch wheel and are not
+part of this repository. Put them in a directory (read from the pytorch
+repository at a version matching the installed torch), then:
+
+    python tools/pytorch_device_tests.py /path/to/dir                # tpu
+    python tools/pytorch_device_tests.py /path/to/dir --device cpu   # baseline
+    python tools/pytorch_device_tests.py /path/to/dir --device tpu --device cpu \\
+        --files test_indexing.py --failures
+
+Each file runs unmodified in its own pytest process, inside that directory
+(so this repository's conftest and pytest options do not apply), with
+`PYTORCH_TESTING_DEVICE_ONLY_FOR=<device>`: PyTorch's
+`instantiate_device_type_tests` then instantiates the tests for that device
+only. The installed torch_tpu backend is imported up front (`-p torch_tpu`),
+so `tpu` is PyTorch's PrivateUse1 device and gets the PrivateUse1 test base.
+The script prints pass / fail / skip counts per file and device, and with
+`--failures` the names of the failing tests with the first line of each error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+DEFAULT_FILES = ("test_view_ops.py", "test_indexing.py", "test_type_promotion.py")
+
+
+def _parse_junit(path: Path):
+    """(passed, failed, skipped, [(test id, first line of the failure)])."""
+    passed = failed = skipped = 0
+    failures = []
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}.{case.get('name', '')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            failed += 1
+            message = (bad.get("message") or bad.text or "").strip().splitlines()
+            failures.append((name, message[0][:200] if message else ""))
+        elif case.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped, failures
+
+
+def run_file(directory: Path, filename: str, device: str, extra: list[str],
+             timeout: float):
+    """Run one test file for one device; return the parsed counts."""
+    env = dict(os.environ)
+    env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
+    env.setdefault("TORCH_TPU_CPU_FALLBACK", "1")
+    with tempfile.TemporaryDirectory(prefix="pt-device-tests-") as tmp:
+        report = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "-p", "no:xdist", "-p", "torch_tpu", "--rootdir", str(directory),
+               f"--junitxml={report}", "-o", "junit_family=xunit1",
+               str(directory / filename), *extra]
+        proc = subprocess.run(cmd, cwd=directory, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if not report.exists():
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise RuntimeError(f"{filename} [{device}] produced no report "
+                               f"(exit code {proc.returncode}):\n{tail}")
+        return _parse_junit(report)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path,
+                        help="directory holding PyTorch's test files")
+    parser.add_argument("--device", action="append", choices=("tpu", "cpu"),
+                        help="device to instantiate the tests for (repeatable; "
+                             "default: tpu)")
+    parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES),
+                        help="test files inside the directory")
+    parser.add_argument("--failures", action="store_true",
+                        help="list failing tests with the first line of their error")
+    parser.add_argument("-k", dest="keyword", default=None,
+                        help="pytest -k expression, to run a subset")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds allowed per file and device")
+    args = parser.parse_args(argv)
+    devices = args.device or ["tpu"]
+    extra = ["-k", args.keyword] if args.keyword else []
+    directory = args.directory.resolve()
+    missing = [f for f in args.files if not (directory / f).is_file()]
+    if missing:
+        parser.error(f"not found in {directory}: {', '.join(missing)}")
+
+    rows = []
+    for filename in args.files:
+        for device in devices:
+            passed, failed, skipped, failures = run_file(
+                directory, filename, device, extra, args.timeout)
+            rows.append((filename, device, passed, failed, skipped))
+            if args.failures:
+                for name, message in failures:
+                    print(f"FAIL [{device}] {name}: {message}")
+    print(f"{'file':<28} {'device':<6} {'pass':>6} {'fail':>6} {'skip':>6}")
+    for filename, device, passed, failed, skipped in rows:
+        print(f"{filename:<28} {device:<6} {passed:>6} {failed:>6} {skipped:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
