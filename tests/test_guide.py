@@ -87,6 +87,10 @@ def _assert_passed(nb, result):
 # Notebooks whose warm run is tested: torch.compile's programs and their HLO
 # and cost analysis (04), the cache itself (05), the debug APIs (06).
 WARM = ("04_torch_compile", "05_compile_cache", "06_debugging")
+# 05 points the cache at temporary directories of its own while it compiles
+# (it starts its own cold and warm processes) and leaves TORCH_TPU_CACHE_DIR
+# empty: its second run is checked to pass, not to load from that directory.
+OWN_CACHE_DIRS = {"05_compile_cache"}
 
 
 def _cache_entries(root: Path) -> set:
@@ -106,13 +110,14 @@ def test_notebook_runs_warm(name, tmp_path):
     cold = build_docs.run_notebook(nb, force=True, timeout=TIMEOUT, env=env)
     _assert_passed(nb, cold)
     after_cold = _cache_entries(cache)
-    assert after_cold, "the cold run left nothing in the cache"
+    assert after_cold or name in OWN_CACHE_DIRS, "the cold run left nothing in the cache"
     warm = build_docs.run_notebook(nb, force=True, timeout=TIMEOUT, env=env)
     _assert_passed(nb, warm)
-    # The warm run found its programs on disk: it compiled (and wrote) almost
-    # nothing of its own.
-    new = _cache_entries(cache) - after_cold
-    assert len(new) <= len(after_cold) // 10, (len(new), len(after_cold))
+    if after_cold:
+        # The warm run found its programs on disk: it compiled (and wrote)
+        # almost nothing of its own.
+        new = _cache_entries(cache) - after_cold
+        assert len(new) <= len(after_cold) // 10, (len(new), len(after_cold))
 
 
 def test_render_static_controls():
