@@ -16,7 +16,7 @@ Levels (like a C compiler's -O flags):
 
 What each platform does with them: XLA:CPU and XLA:GPU generate their code
 with LLVM, so the backend level changes their machine code (on the CPU, -O0
-leaves elementwise loops unvectorized: a 1024x1024 GELU ran 25x slower); the
+leaves elementwise loops unvectorized: a 1024x1024 GELU ran 15x slower); the
 effort level changes XLA's HLO passes where the backend reads it (the TPU
 compiler's main knob; on XLA:GPU, O1 and above also turn on collective
 pipelining and the latency-hiding scheduler, which cost compile time). The
