@@ -61,6 +61,10 @@ def run_file(directory: Path, filename: str, device: str, extra: list[str],
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
     env.setdefault("TORCH_TPU_CPU_FALLBACK", "1")
     with tempfile.TemporaryDirectory(prefix="pt-device-tests-") as tmp:
+        # A private, empty compile cache per run, as tests/conftest.py gives
+        # each pytest process: a run against a shared directory crashed once
+        # inside XLA:CPU's executable cache (see docs/troubleshooting.md).
+        env.setdefault("TORCH_TPU_CACHE_DIR", str(Path(tmp) / "cache"))
         report = Path(tmp) / "report.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-p", "no:xdist", "-p", "torch_tpu", "--rootdir", str(directory),
