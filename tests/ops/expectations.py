@@ -44,6 +44,10 @@ TOLERANCES = {
     ("matrix_exp", "float32", "grad"): (
         1e-5, 1e-5, "entries up to ~40: relative error 6.9e-6 from the Pade vs Taylor "
         "series (XLA expm vs CPU)"),
+    ("linalg.tensorsolve", "float32", "grad"): (
+        1e-4, 1e-5, "sample 2 has condition number 81 and gradients ~18: CPU's float32 "
+        "gradient is itself 2.5e-5 from float64, ours 3.2e-5; measured 5.7e-5 abs "
+        "(4.9e-6 rel) between the two"),
     ("linalg.lstsq", "float32", "grad"): (
         1e-4, 1e-4, "least-squares backward through QR (ours, float64 work) vs LAPACK gelsy "
         "in float32: CPU's own float32 gradient is 1.8e-4 from float64, ours 5.8e-5; "
