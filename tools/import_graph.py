@@ -1,0 +1,247 @@
+"""The import structure of the torch_tpu package, measured with `ast`.
+
+    python tools/import_graph.py            # summary
+    python tools/import_graph.py --list     # also every function-local import
+    python tools/import_graph.py --json     # machine-readable
+
+It reads the source only (nothing is imported) and reports
+
+- **module-level import cycles**: strongly connected components of the
+  graph of imports executed when a module is imported (top-level statements,
+  including those under module-level `if`/`try`, excluding
+  `if TYPE_CHECKING:` blocks). Importing `a.b.c` also runs `a.b`'s
+  `__init__`, so an edge goes to each package on the way too (except the
+  root `torch_tpu`, which every module is imported under);
+- **cycles between subpackages** (`torch_tpu.runtime`, `torch_tpu.ops`,
+  ...): the same graph with modules collapsed to their subpackage. The layer
+  rule (runtime <- ops <- compile <- distributed; cache and debug as
+  plug-ins) wants none;
+- the count of **function-local imports** of torch_tpu modules: import
+  statements inside a function or method (one per imported module: `from .
+  import a, b` counts two). Those exist either because a lazy import is the
+  point (start-up cost, optional dependency) or to dodge a cycle; the second
+  kind is what this tool is for finding.
+
+Written for issue 15 (one clean runtime layer); its numbers are what the
+closing note cites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+from collections import defaultdict
+
+ROOT = "torch_tpu"
+
+
+def _modules(pkg_dir: str) -> dict[str, str]:
+    """Module name -> file path for every .py file under the package."""
+    out = {}
+    base = os.path.dirname(os.path.abspath(pkg_dir))
+    for dirpath, dirnames, filenames in os.walk(pkg_dir):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__pycache__")))
+        for f in sorted(filenames):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, base)[:-3].split(os.sep)
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join(rel)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+class _Collector(ast.NodeVisitor):
+    """Import statements of one module, each tagged module-level or local."""
+
+    def __init__(self, module: str, is_pkg: bool, modules: dict):
+        self.module = module
+        self.package = module if is_pkg else module.rpartition(".")[0]
+        self.modules = modules
+        self.depth = 0  # function nesting
+        self.found: list[tuple[str, int, bool]] = []  # (target, line, local)
+
+    def _add(self, target: str, line: int):
+        if target == ROOT or target.startswith(ROOT + "."):
+            self.found.append((target, line, self.depth > 0))
+
+    def visit_FunctionDef(self, node):
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+    def visit_If(self, node):
+        if _is_type_checking(node.test):
+            for n in node.orelse:
+                self.visit(n)
+            return  # type-only imports never run
+        self.generic_visit(node)
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self._add(a.name, node.lineno)
+
+    def visit_ImportFrom(self, node):
+        if node.level:
+            parts = self.package.split(".")
+            if node.level > 1:
+                parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts)
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        for a in node.names:
+            sub = f"{base}.{a.name}"
+            # `from pkg import name`: a submodule if one exists, else a name in pkg.
+            self._add(sub if sub in self.modules else base, node.lineno)
+
+
+def analyse(pkg_dir: str) -> dict:
+    modules = _modules(pkg_dir)
+    imports: dict[str, list] = {}
+    for mod, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        c = _Collector(mod, path.endswith("__init__.py"), modules)
+        c.visit(tree)
+        imports[mod] = c.found
+
+    graph: dict[str, set] = defaultdict(set)
+    local = []
+    n_module_level = 0
+    for mod, found in imports.items():
+        for target, line, is_local in found:
+            if target not in modules:
+                continue
+            if is_local:
+                local.append((mod, line, target))
+                continue
+            n_module_level += 1
+            parts = target.split(".")
+            for i in range(2, len(parts) + 1):  # the packages on the way, then the target
+                t = ".".join(parts[:i])
+                if t != mod and t in modules:
+                    graph[mod].add(t)
+
+    sccs = [c for c in _sccs(modules, graph) if len(c) > 1]
+
+    def sub(m):
+        parts = m.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else m
+
+    sgraph: dict[str, set] = defaultdict(set)
+    witness: dict[tuple, tuple] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            sa, sb = sub(a), sub(b)
+            if sa != sb and sa != ROOT and sb != ROOT:
+                sgraph[sa].add(sb)
+                witness.setdefault((sa, sb), (a, b))
+    subs = sorted({sub(m) for m in modules} - {ROOT})
+    sub_sccs = [c for c in _sccs(subs, sgraph) if len(c) > 1]
+    sub_edges = sorted((a, b, witness[(a, b)]) for c in sub_sccs for a in c for b in sgraph[a]
+                       if b in c)
+    return {
+        "modules": len(modules),
+        "module_level_imports": n_module_level,
+        "function_local_imports": len(local),
+        "function_local": sorted(local),
+        "module_cycles": [sorted(c) for c in sccs],
+        "subpackage_cycles": [sorted(c) for c in sub_sccs],
+        "subpackage_cycle_edges": [{"from": a, "to": b, "via": f"{w[0]} -> {w[1]}"}
+                                   for a, b, w in sub_edges],
+    }
+
+
+def _sccs(nodes, graph) -> list[list]:
+    """Tarjan's strongly connected components (iterative)."""
+    index: dict = {}
+    low: dict = {}
+    on_stack: set = set()
+    stack: list = []
+    out = []
+    counter = [0]
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("package", nargs="?",
+                   default=os.path.join(os.path.dirname(os.path.dirname(
+                       os.path.abspath(__file__))), ROOT))
+    p.add_argument("--list", action="store_true", help="print every function-local import")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    r = analyse(args.package)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"modules: {r['modules']}")
+    print(f"imports between torch_tpu modules: {r['module_level_imports']} module-level, "
+          f"{r['function_local_imports']} function-local")
+    print(f"module-level import cycles (strongly connected components): "
+          f"{len(r['module_cycles'])}")
+    for c in r["module_cycles"]:
+        print(f"  {len(c)} modules: {', '.join(c)}")
+    print(f"cycles between subpackages: {len(r['subpackage_cycles'])}")
+    for c in r["subpackage_cycles"]:
+        print(f"  {' <-> '.join(c)}")
+    for e in r["subpackage_cycle_edges"]:
+        print(f"    {e['from']} -> {e['to']}  (e.g. {e['via']})")
+    if args.list:
+        print("function-local imports:")
+        for mod, line, target in r["function_local"]:
+            print(f"  {mod}:{line} -> {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
