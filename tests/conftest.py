@@ -30,6 +30,4 @@ def _private_cache_dir():
 
 _private_cache_dir()
 
-import torch  # noqa: E402
-
 import torch_tpu  # noqa: E402,F401

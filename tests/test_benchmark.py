@@ -10,7 +10,6 @@ import textwrap
 import pytest
 import torch
 
-import torch_tpu
 from torch_tpu import benchmark as bm
 
 

@@ -10,7 +10,6 @@ import warnings
 import pytest
 import torch
 
-import torch_tpu
 import torch_tpu.debug as dbg
 from torch_tpu.ops import registry
 

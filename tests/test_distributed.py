@@ -26,7 +26,6 @@ environment (subprocesses get their own env dicts; monkeypatch otherwise).
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import subprocess

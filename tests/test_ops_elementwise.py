@@ -8,7 +8,6 @@ on views. Run with the CPU fallback disabled, so every op here is lowered.
 """
 
 import math
-import os
 
 import pytest
 import torch

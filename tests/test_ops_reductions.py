@@ -4,7 +4,6 @@ Inputs are built on the CPU and copied to the device, so these tests only
 exercise the ops under test (plus copies and views).
 """
 
-import math
 import warnings
 
 import pytest

@@ -7,7 +7,6 @@ CUDA. References taken before the move (tied weights, an optimizer, hooks)
 therefore keep working. Each test runs the same script on CPU and compares.
 """
 
-import copy
 import warnings
 
 import pytest

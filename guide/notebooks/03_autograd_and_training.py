@@ -245,11 +245,11 @@ def _(copy, make_mlp, torch, train_x, train_y):
         xs, ys = train_x[:128].to(device), train_y[:128].to(device)
         out = []
         for _ in range(n):
-            l = torch.nn.functional.mse_loss(net(xs), ys)
+            loss = torch.nn.functional.mse_loss(net(xs), ys)
             opt.zero_grad()
-            l.backward()
+            loss.backward()
             opt.step()
-            out.append(l.detach())
+            out.append(loss.detach())
         return torch.stack(out).cpu()
 
     parity_cpu = train_steps("cpu")

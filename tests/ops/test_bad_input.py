@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from . import expectations, harness
-from .harness import TPU, classify_exception, format_failure, to_cpu
+from .harness import classify_exception, format_failure, to_cpu
 
 # --------------------------------------------------------------------------
 # OpInfo error_inputs

@@ -33,15 +33,12 @@ from __future__ import annotations
 import operator
 import weakref
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 import torch.fx
 from jax import lax
 
 from ..runtime import storage as st
-from . import graph_ops
 
 aten = torch.ops.aten
 

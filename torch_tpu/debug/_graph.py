@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
 aten = torch.ops.aten
 

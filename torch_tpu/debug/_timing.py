@@ -35,7 +35,6 @@ def _tpu_tensors(tree):
 
 def block(tree) -> None:
     """Wait until every tpu tensor in `tree` has its value computed."""
-    from ..runtime import storage as st
 
     for t in _tpu_tensors(tree):
         data = getattr(t.untyped_storage(), "_tpu", None)

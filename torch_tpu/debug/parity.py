@@ -81,11 +81,11 @@ class ParityReport:
             shape = "x".join(str(s) for s in r.shapes[0]) if r.shapes else "-"
             flag = "  SHAPE" if r.mismatched_shapes else ("  NONFINITE" if r.nonfinite else "")
             lines.append((label, r.module, shape, f"{r.max_abs:.3e}", f"{r.max_rel:.3e}{flag}"))
-        widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
+        widths = [max(len(h), *(len(row[i]) for row in lines)) if lines else len(h)
                   for i, h in enumerate(head)]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
-        out += [fmt.format(*l) for l in lines]
+        out += [fmt.format(*row) for row in lines]
         return "\n".join(out)
 
     __repr__ = __str__

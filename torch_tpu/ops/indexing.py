@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from . import core
-from .registry import LOWERINGS, lower, out_dtype, out_meta
+from .registry import lower, out_dtype, out_meta
 
 aten = torch.ops.aten
 

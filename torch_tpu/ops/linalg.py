@@ -300,7 +300,6 @@ def _linalg_solve_ex(a, b, *, left=True, check_errors=False):
     # PyTorch (2.13) returns the LU of A itself here (unlike _linalg_det,
     # which factors A^T when A is contiguous); the backward solves with it.
     outs = out_meta()
-    n = a.shape[-1]
     vector_case = _solve_is_vector_rhs(a.shape, b.shape)
     b2 = b[..., None] if vector_case else b
     if a.size == 0 or b.size == 0:
@@ -823,7 +822,7 @@ def _lstsq_kernel(A, B, rcond=None, *, driver=None):
         raise RuntimeError(f"{name}: Expected input and other to have the same dtype, but got "
                            f"input's dtype {_torch_dtype_name(A.dtype)} and other's dtype "
                            f"{_torch_dtype_name(B.dtype)}")
-    if not (A.dim() - B.dim() in (0, 1)):
+    if A.dim() - B.dim() not in (0, 1):
         raise RuntimeError(f"{name}: input.dim() must be greater or equal to other.dim() and "
                            "(input.dim() - other.dim()) <= 1")
     if B.device != A.device:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import lower, out_dtype, out_meta
+from .registry import lower, out_meta
 
 aten = torch.ops.aten
 
@@ -282,13 +282,13 @@ def _max_pool_backward(grad_output, x, nsp, kernel_size, stride, padding, dilati
         # Output position o reads input o*s - p + t*d: place the gradient of
         # the outputs whose argmax is this tap there (interior padding = stride).
         lo = [t * d - p for t, d, p in zip(tap, dilation, padding)]
-        pos = [np.arange(o) * s + l for o, s, l in zip(out_sp, stride, lo)]
+        pos = [np.arange(o) * s + lo_ for o, s, lo_ in zip(out_sp, stride, lo)]
         grids = np.meshgrid(*pos, indexing="ij")
         idx = sum(gp * fs for gp, fs in zip(grids, flat_stride))
         contrib = jnp.where(indices == jnp.asarray(idx), g, zero)
         cfg = [(0, 0, 0)] * lead + [
-            (l, L - (l + (o - 1) * s + 1), s - 1)
-            for l, L, o, s in zip(lo, in_sp, out_sp, stride)]
+            (lo_, L - (lo_ + (o - 1) * s + 1), s - 1)
+            for lo_, L, o, s in zip(lo, in_sp, out_sp, stride)]
         gi = gi + lax.pad(contrib, zero, cfg)
     return gi
 
@@ -1920,11 +1920,11 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
             out = _gs_gather(flat, sp, [jnp.round(s_).astype(jnp.int32) for s_ in src])
         else:  # bilinear / trilinear
             lo = [jnp.floor(s_) for s_ in src]
-            w1 = [s_ - l for s_, l in zip(src, lo)]
-            w0 = [l + 1 - s_ for s_, l in zip(src, lo)]
+            w1 = [s_ - f for s_, f in zip(src, lo)]
+            w0 = [f + 1 - s_ for s_, f in zip(src, lo)]
             out = None
             for corner in itertools.product((0, 1), repeat=nsp):
-                idx = [(l + b).astype(jnp.int32) for l, b in zip(lo, corner)]
+                idx = [(f + b).astype(jnp.int32) for f, b in zip(lo, corner)]
                 w = None
                 for d in reversed(range(nsp)):  # x, y, z
                     wd = w1[d] if corner[d] else w0[d]
@@ -2018,11 +2018,11 @@ def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_
         src.append(s_)
         mult.append(m_)
     lo = [jnp.floor(s_) for s_ in src]
-    w1 = [s_ - l for s_, l in zip(src, lo)]
-    w0 = [l + 1 - s_ for s_, l in zip(src, lo)]
+    w1 = [s_ - f for s_, f in zip(src, lo)]
+    w0 = [f + 1 - s_ for s_, f in zip(src, lo)]
     acc = [None] * nsp
     for corner in itertools.product((0, 1), repeat=nsp):
-        idx = [(l + b).astype(jnp.int32) for l, b in zip(lo, corner)]
+        idx = [(f + b).astype(jnp.int32) for f, b in zip(lo, corner)]
         v = _gs_gather(flat, sp, idx) * gof
         for d in range(nsp):
             dw = None

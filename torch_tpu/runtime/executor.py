@@ -22,7 +22,6 @@ import collections
 import os
 import threading
 import time
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -582,10 +581,10 @@ def _overlaps(a, b):
 
 def _dense(t):
     """TensorImpl::is_non_overlapping_and_dense."""
-    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    dims = sorted((stride, sz) for sz, stride in zip(t.shape, t.stride()) if sz != 1)
     expected = 1
-    for st, sz in dims:
-        if st != expected:
+    for stride, sz in dims:
+        if stride != expected:
             return False
         expected *= sz
     return True
@@ -769,7 +768,7 @@ class _Runner:
                     platform.jax_device(sig.device))
             try:
                 compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError):
                 # JAX rejected the lowering's input (a dtype or shape PyTorch's
                 # meta kernel let through): CPU's error if CPU has one.
                 cpu = verdict.cpu_error(op, args, kwargs)
