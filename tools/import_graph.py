@@ -11,7 +11,7 @@ It reads the source only (nothing is imported) and reports
   including those under module-level `if`/`try`, excluding
   `if TYPE_CHECKING:` blocks). Importing `a.b.c` also runs `a.b`'s
   `__init__`, so an edge goes to each package on the way too (except the
-  root `torch_tpu`, which every module is imported under);
+  importer's own packages, which are initialized before it runs);
 - **cycles between subpackages** (`torch_tpu.runtime`, `torch_tpu.ops`,
   ...): the same graph with modules collapsed to their subpackage. The layer
   rule (runtime <- ops <- compile <- distributed; cache and debug as
@@ -132,7 +132,9 @@ def analyse(pkg_dir: str) -> dict:
             parts = target.split(".")
             for i in range(2, len(parts) + 1):  # the packages on the way, then the target
                 t = ".".join(parts[:i])
-                if t != mod and t in modules:
+                # The importer's own packages are initialized already (it runs
+                # inside them): no edge.
+                if t != mod and t in modules and not mod.startswith(t + "."):
                     graph[mod].add(t)
 
     sccs = [c for c in _sccs(modules, graph) if len(c) > 1]

@@ -1,86 +1,24 @@
-"""The lowering table: one place mapping ATen overloads to JAX functions.
+"""The lowering table, as the op families use it: `from .registry import aten, lower`.
 
-A lowering is a small pure function written against the op's ATen schema:
-tensor arguments arrive as jax arrays (already in the tensor's logical shape,
-views resolved), `Scalar` arguments as traced weak-typed scalars, everything
-else (dims, sizes, flags, dtypes) as plain Python values. It returns arrays
-in the structure the op returns. The executor casts each output to the dtype
-PyTorch's meta kernel says the op produces, so a lowering only has to get the
-values right.
-
-In-place (`add_`) and out= (`add.out`) overloads need no lowering of their
-own: the executor runs the functional overload and writes the result back.
-
-    @lower(aten.add.Tensor)
-    def add(x, y, *, alpha=1):
-        return x + alpha * y
+The table itself is `torch_tpu.runtime.registry` (a leaf of the runtime
+layer, so the executor can read it without importing the op layer). This
+module re-exports it; the objects are the same (`LOWERINGS`, `CONTEXT`).
+Importing it through `torch_tpu.ops` loads every op family, which fills the
+table.
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-from typing import Callable
+from ..runtime.registry import (  # noqa: F401  (re-exported)
+    CONTEXT,
+    LOWERINGS,
+    Lowering,
+    aten,
+    lower,
+    out_dtype,
+    out_meta,
+    out_torch_dtype,
+)
 
-import torch
-
-aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class Lowering:
-    op: torch._ops.OpOverload
-    fn: Callable
-    # Names of mutable (non-out) arguments the lowering returns new values for,
-    # after its outputs: fn returns (outputs, {name: new_value}).
-    mutates: tuple = ()
-    # Ops whose lowering needs a fresh PRNG key: passed as keyword `rng_key`.
-    random: bool = False
-    # Data-dependent output shapes (nonzero, masked_select, unique): run on
-    # concrete arrays, outside jit, instead of as one cached executable.
-    eager: bool = False
-
-
-LOWERINGS: dict = {}
-
-
-def lower(*ops, mutates=(), random=False, eager=False):
-    """Register `fn` as the lowering of each ATen overload in `ops`."""
-
-    def deco(fn):
-        for op in ops:
-            if op in LOWERINGS:
-                raise RuntimeError(f"two lowerings registered for {op}")
-            LOWERINGS[op] = Lowering(op, fn, tuple(mutates), random, eager)
-        return fn
-
-    return deco
-
-
-class _Context(threading.local):
-    meta_out = None  # pytree of meta tensors: what the op returns
-
-
-CONTEXT = _Context()
-
-
-def out_meta():
-    """The meta tensor(s) PyTorch says the op being lowered returns."""
-    return CONTEXT.meta_out
-
-
-def out_dtype():
-    """The jax dtype of the (first) output of the op being lowered."""
-    from ..runtime.storage import TORCH_TO_JAX
-
-    meta = CONTEXT.meta_out
-    while isinstance(meta, (tuple, list)):
-        meta = meta[0]
-    return TORCH_TO_JAX[meta.dtype]
-
-
-def out_torch_dtype():
-    meta = CONTEXT.meta_out
-    while isinstance(meta, (tuple, list)):
-        meta = meta[0]
-    return meta.dtype
+__all__ = ["CONTEXT", "LOWERINGS", "Lowering", "aten", "lower", "out_dtype", "out_meta",
+           "out_torch_dtype"]

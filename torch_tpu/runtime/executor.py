@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 import time
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import gc_pause, oom, platform, verdict
+from . import gc_pause, oom, platform, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -922,6 +923,7 @@ def _current():
 
 
 _RUNNERS: dict = {}
+_OPS_MODULE = __name__.rsplit(".", 2)[0] + ".ops"
 
 
 def runner_for(op):
@@ -934,6 +936,12 @@ def runner_for(op):
 
 
 def _make_runner(op):
+    if _OPS_MODULE not in sys.modules:
+        # The op families (a layer above) fill the table when imported; a
+        # runner asked for before they load (a direct import of this module)
+        # must still find its lowering. Lazy by design: the runtime never
+        # imports the op layer at module level. Once per op (runners are cached).
+        from .. import ops  # noqa: F401
     low = registry.LOWERINGS.get(op)
     if low is not None:
         return _Runner(op, low)
@@ -979,8 +987,3 @@ def functional_of(op):
             return cand
     return None
 
-
-# Last: importing the table imports the op families, which use this module's
-# names at import time; so `torch_tpu.runtime.executor` may be imported first
-# (e.g. through torch_tpu.debug when the backend loads lazily).
-from ..ops import registry  # noqa: E402
