@@ -87,7 +87,9 @@ def _install(s: DiskStore) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     with cc._cache_initialized_mutex:
-        cc._cache = s
+        # JAX types the slot as its CacheInterface; DiskStore implements
+        # that interface's get/put by duck typing (see store.DiskStore).
+        cc._cache = s  # type: ignore[assignment]
         cc._cache_initialized = True
         # Re-evaluate "is the cache used" with our store in place.
         cc._cache_checked = False
@@ -98,12 +100,13 @@ def _install(s: DiskStore) -> None:
 # -- hooks used by the executor -------------------------------------------------
 
 
-def begin_compile():
-    """Called by the executor before compiling: starts collecting tier events."""
+def begin_compile() -> object:
+    """Called by the executor before compiling: starts collecting tier events;
+    the token it returns goes to `end_compile`."""
     return disk_store().begin()
 
 
-def end_compile(token, name: str, seconds: float, trace_seconds: float = 0.0) -> str:
+def end_compile(token: object, name: str, seconds: float, trace_seconds: float = 0.0) -> str:
     """Called after compiling: records the compile and says which tier served it.
 
     `seconds` is the whole time to produce the executable; `trace_seconds`

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -15,7 +16,7 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torch_tpu.cache",
         description="The torch_tpu persistent compile cache (TORCH_TPU_CACHE_DIR).")
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     store = DiskStore(root) if root else None
     if args.command == "info":
         if store is None:
-            data = {"enabled": False, "dir": None, "status": "disabled (TORCH_TPU_CACHE_DIR='')",
+            data: dict[str, Any] = {"enabled": False, "dir": None, "status": "disabled (TORCH_TPU_CACHE_DIR='')",
                     "entries": 0, "bytes": 0}
         else:
             full = store.info()

@@ -33,6 +33,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 PREFIX = "torch_tpu-graph-v1:"
 
@@ -165,7 +166,7 @@ def skipped() -> None:
         STATS.skipped += 1
 
 
-def load(key: str, jax_device):
+def load(key: str, jax_device: Any) -> tuple[Any, dict[str, Any]] | None:
     """(loaded PJRT executable, meta) for index entry `key`, or None."""
     from . import disk_store
 

@@ -75,6 +75,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import Any
 
 MAGIC = b"TTPUXC01"
 SUFFIX = ".tpx"
@@ -190,8 +191,9 @@ class _Stats:
 
 class _Local(threading.local):
     def __init__(self):
-        self.events = None  # list collecting "hit"/"miss"/"write" during one compile
-        self.keys = None    # the JAX cache keys asked for during that compile
+        # "hit"/"miss"/"write" collected during one compile (None: not collecting)
+        self.events: list[str] | None = None
+        self.keys: list[str] = []  # the JAX cache keys asked for during that compile
 
 
 class DiskStore:
@@ -204,19 +206,19 @@ class DiskStore:
         self._lock = threading.RLock()
         self.stats = _Stats()
         self._local = _Local()
-        self._env = None
-        self._env_blob = None
-        self.root = None
-        self.path = None
+        self._env: dict[str, Any] | None = None
+        self._env_blob: bytes | None = None
+        self.root: str | None = None
+        self.path: str | None = None
         self.writable = False
         self.reason = "not configured"
-        self.shared_root = None
-        self.shared_path = None
+        self.shared_root: str | None = None
+        self.shared_path: str | None = None
         self.shared_reason = "not configured"
         self.max_bytes = configured_max_bytes() if max_bytes is None else int(max_bytes)
-        self._bytes_estimate = None
+        self._bytes_estimate: int | None = None
         self.set_dir(root)
-        self.set_shared_dir(configured_shared_dir() if shared is True else shared)
+        self.set_shared_dir(configured_shared_dir() if shared is True else (shared or None))
 
     @property
     def enabled(self) -> bool:
@@ -345,7 +347,7 @@ class DiskStore:
 
     # -- the interface JAX calls --------------------------------------------
 
-    def get(self, key: str, count: bool = True):
+    def get(self, key: str, count: bool = True) -> bytes | None:
         """The payload stored under `key`, or None.
 
         The local directory is asked first, then the shared one. `count=False`
@@ -360,10 +362,11 @@ class DiskStore:
                 continue
             fname = os.path.join(path, name)
             blob, problem = _read_entry(fname, shared)
-            if blob is None and problem is None:
-                continue  # no such entry
-            if problem is None:
-                payload, problem = self._decode(blob, key)
+            if blob is None:
+                if problem is not None:
+                    self._bad_entry(fname, problem, shared)
+                continue  # no such entry, or an unreadable one
+            payload, problem = self._decode(blob, key)
             if problem is not None:
                 self._bad_entry(fname, problem, shared)
                 continue
@@ -411,7 +414,7 @@ class DiskStore:
             return
         value = bytes(value)
         self._environment_blob()  # the versions go in the header (a put may come first)
-        header = dict(self._env)
+        header: dict[str, Any] = dict(self._env or {})
         header.update(key=key, size=len(value), sha256=hashlib.sha256(value).hexdigest(),
                       created=time.time())
         hbytes = json.dumps(header, sort_keys=True).encode()
@@ -436,7 +439,7 @@ class DiskStore:
             self._event("write", key)
         self._evict(len(blob))
 
-    def _heal(self, fname, e: OSError) -> bool:
+    def _heal(self, fname: str, e: OSError) -> bool:
         """Remove what made writing `fname` fail, if it can be; True to retry."""
         if e.errno == errno.ENOENT:
             # The directory went away (removed by hand): make it again.
@@ -462,7 +465,7 @@ class DiskStore:
             self.stats.misses += 1
         self._event("miss", key)
 
-    def _decode(self, blob: bytes, key: str):
+    def _decode(self, blob: bytes, key: str) -> tuple[bytes | None, str | None]:
         """(payload, None) for a sound entry of `key`, else (None, what is wrong)."""
         if len(blob) < len(MAGIC) + 4:
             return None, "truncated"
@@ -500,7 +503,8 @@ class DiskStore:
         or a foreign file in its place, a temporary file of a killed writer)
         is not counted.
         """
-        out, other = [], []
+        out: list[tuple[str, int, float]] = []
+        other: list[str] = []
         if path is None:
             return out, other
         try:
@@ -509,11 +513,10 @@ class DiskStore:
             return out, other
         for de in listing:
             try:
-                is_file = de.is_file()
-                st = de.stat() if is_file else None
+                st = de.stat() if de.is_file() else None
             except OSError:
                 continue
-            if is_file and de.name.endswith(SUFFIX):
+            if st is not None and de.name.endswith(SUFFIX):
                 out.append((de.path, st.st_size, st.st_mtime))
             else:
                 other.append(de.path)
@@ -619,7 +622,7 @@ def _prepare_dir(path: str) -> str | None:
     return None
 
 
-def _owner_ok(st) -> str | None:
+def _owner_ok(st: os.stat_result) -> str | None:
     """The problem with who may change `st`'s file, or None (this user or root,
     not writable by group or others)."""
     if not hasattr(os, "getuid"):
@@ -656,7 +659,7 @@ def _same_dir(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _read_entry(fname: str, shared: bool):
+def _read_entry(fname: str, shared: bool) -> tuple[bytes | None, str | None]:
     """(bytes, None), (None, None) when there is no entry, or (None, the problem).
 
     Opened without blocking (a FIFO in an entry's place must not hang the

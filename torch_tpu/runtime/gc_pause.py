@@ -24,6 +24,7 @@ import contextlib
 import gc
 import os
 import threading
+from typing import Any
 
 _lock = threading.Lock()
 _depth = 0
@@ -63,11 +64,11 @@ def paused():
         end()
 
 
-def _on_compile_start(_args) -> None:
+def _on_compile_start(_args: Any) -> None:
     begin()
 
 
-def _on_compile_end(_args) -> None:
+def _on_compile_end(_args: Any) -> None:
     end()
 
 

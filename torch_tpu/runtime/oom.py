@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import torch
@@ -65,7 +67,7 @@ def host_memory() -> int:
     return total
 
 
-def raw_stats(index: int):
+def raw_stats(index: int) -> dict[str, Any] | None:
     """PJRT's memory statistics of tpu:index (None on XLA:CPU)."""
     try:
         return platform.jax_device(index).memory_stats()
@@ -99,8 +101,9 @@ def limit_source(index: int) -> str:
     return "PJRT bytes_limit" if stats and stats.get("bytes_limit") else "host memory"
 
 
-def failed(array, wait_from: float = float("inf")) -> bool:
-    """Whether `array`'s computation finished with an error. Pending arrays
+def failed(array: Any, wait_from: float = float("inf")) -> bool:
+    """Whether `array`'s computation finished with an error (`array`: a
+    concrete jax array; `is_ready` is not on the abstract `jax.Array`). Pending arrays
     of at least `wait_from` bytes are waited for; smaller ones count as
     allocated."""
     try:
@@ -112,7 +115,7 @@ def failed(array, wait_from: float = float("inf")) -> bool:
         return True
 
 
-def live_arrays(index: int):
+def live_arrays(index: int) -> list[jax.Array]:
     """The live arrays on tpu:index whose allocation succeeded.
 
     Pending arrays of at least 1/64 of the device's limit (those that may not
@@ -167,7 +170,7 @@ def check(op: str, nbytes: int, index: int) -> None:
         raise error(op, index, nbytes, used=used)
 
 
-def fmt(n: int) -> str:
+def fmt(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n} bytes" if unit == "bytes" else f"{n:.2f} {unit}"
@@ -218,7 +221,7 @@ def translate(exc: BaseException, op: str, index: int, nbytes: int | None = None
     return RuntimeError(f"{op}: {msg}")
 
 
-def ready(arrays, op: str, index: int) -> None:
+def ready(arrays: Iterable[Any], op: str, index: int) -> None:
     """Wait for `arrays`; raise their failure as PyTorch's error for `op`."""
     for a in arrays:
         if not hasattr(a, "block_until_ready"):
@@ -235,7 +238,7 @@ def ready(arrays, op: str, index: int) -> None:
 _reported: set = set()
 
 
-def synchronize(devs) -> None:
+def synchronize(devs: Iterable[jax.Device]) -> None:
     """Wait for all work on `devs` (PJRT devices); then raise, as PyTorch's
     error, the failure of the first failed array not reported before.
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 ENV = "TORCH_TPU_XLA_OPT_LEVEL"
 LEVELS = (0, 1, 2, 3)
@@ -48,7 +49,7 @@ except Exception:  # pragma: no cover - jax moved it; xla's EffortLevel proto va
     _EFFORT = {0: 9, 1: 19, 2: 29}
 
 
-def check(value, where: str) -> int:
+def check(value: Any, where: str) -> int:
     """`value` as a level, or ValueError naming `where` it came from."""
     if isinstance(value, bool):
         raise ValueError(f"{where}: XLA optimization level must be one of 0, 1, 2, 3, got {value!r}")
@@ -83,7 +84,7 @@ def level() -> int:
     return LEVEL
 
 
-def set_level(value) -> None:
+def set_level(value: Any) -> None:
     """Compile programs from now on at `value` (0-3); see the module docstring."""
     global LEVEL
     LEVEL = check(value, "torch_tpu.runtime.opt_level.set_level")

@@ -53,7 +53,7 @@ def device_count() -> int:
     return len(devices())
 
 
-def jax_device(index: int):
+def jax_device(index: int) -> jax.Device:
     devs = devices()
     if index < 0 or index >= len(devs):
         raise RuntimeError(

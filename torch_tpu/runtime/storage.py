@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +71,7 @@ JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
 TORCH_TO_JAX[torch.complex32] = jnp.complex64
 
 
-def jax_dtype(dtype: torch.dtype):
+def jax_dtype(dtype: torch.dtype) -> Any:
     try:
         jd = TORCH_TO_JAX[dtype]
     except KeyError:
@@ -81,11 +83,11 @@ def jax_dtype(dtype: torch.dtype):
     return jd
 
 
-def torch_dtype(dtype) -> torch.dtype:
+def torch_dtype(dtype: Any) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
 
 
-def convert(x, dtype: torch.dtype):
+def convert(x: jax.Array, dtype: torch.dtype) -> jax.Array:
     """`x` as a value of torch `dtype` (in its carrier): PyTorch's casting rules.
 
     complex -> real keeps the real part, -> bool is `!= 0`, and complex32
@@ -118,7 +120,7 @@ class DeviceData:
 
     __slots__ = ("array", "index", "shape", "dtype", "sig", "origin", "__weakref__")
 
-    def __init__(self, array, index: int, dtype: torch.dtype | None = None,
+    def __init__(self, array: jax.Array, index: int, dtype: torch.dtype | None = None,
                  origin: str | None = None):
         self.array = array
         self.index = index
@@ -175,8 +177,8 @@ def _address_for(nbytes: int) -> int:
     return start
 
 
-def empty_tensor(shape, dtype: torch.dtype, index: int, nbytes: int | None = None,
-                 stride=None) -> torch.Tensor:
+def empty_tensor(shape: Sequence[int], dtype: torch.dtype, index: int,
+                 nbytes: int | None = None, stride: Sequence[int] | None = None) -> torch.Tensor:
     """A new tpu tensor with its own storage (no DeviceData attached yet)."""
     shape = tuple(shape)
     if stride is None:
@@ -192,25 +194,28 @@ def empty_tensor(shape, dtype: torch.dtype, index: int, nbytes: int | None = Non
     return t
 
 
-def wrap(array, index: int, dtype: torch.dtype | None = None,
+def wrap(array: jax.Array, index: int, dtype: torch.dtype | None = None,
          origin: str | None = None) -> torch.Tensor:
     """A new tpu tensor whose value is `array` (a jax.Array on tpu:index);
     `origin` names the op that produced it."""
     if dtype is None:
         dtype = JAX_TO_TORCH[array.dtype]
     t = empty_tensor(array.shape, dtype, index)
-    t.untyped_storage()._tpu = DeviceData(array, index, dtype, origin)
+    # The device data rides on torch's storage object as an attribute of ours.
+    t.untyped_storage()._tpu = DeviceData(  # type: ignore[attr-defined]
+        array, index, dtype, origin)
     return t
 
 
-def attach(t: torch.Tensor, array, origin: str | None = None) -> None:
+def attach(t: torch.Tensor, array: jax.Array, origin: str | None = None) -> None:
     """Give the freshly created tensor `t` (which owns its storage) a value."""
-    t.untyped_storage()._tpu = DeviceData(array, t.device.index, t.dtype, origin)
+    t.untyped_storage()._tpu = DeviceData(  # type: ignore[attr-defined]  # see wrap
+        array, t.device.index, t.dtype, origin)
 
 
 def data_of(t: torch.Tensor) -> DeviceData:
     try:
-        return t.untyped_storage()._tpu
+        return t.untyped_storage()._tpu  # type: ignore[attr-defined]  # see wrap
     except AttributeError:
         raise RuntimeError(
             "tpu tensor has no device data (it was created by a kernel that "
@@ -221,7 +226,7 @@ def has_data(t: torch.Tensor) -> bool:
     return hasattr(t.untyped_storage(), "_tpu")
 
 
-def contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     strides = []
     acc = 1
     for s in reversed(shape):
@@ -230,7 +235,7 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-def layout_of(t: torch.Tensor, data: DeviceData):
+def layout_of(t: torch.Tensor, data: DeviceData) -> tuple | None:
     """None when `t` is exactly its storage's array, else its view layout."""
     if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
             and t.storage_offset() == 0):
@@ -238,14 +243,14 @@ def layout_of(t: torch.Tensor, data: DeviceData):
     return view_layout(t, data)
 
 
-def view_layout(t: torch.Tensor, data: DeviceData):
+def view_layout(t: torch.Tensor, data: DeviceData) -> tuple:
     """The layout of view `t` of `data`'s storage, as strided_read/write take it.
 
     (dtype, sizes, strides, offset), plus the storage's dtype where exactly one
     of the two is complex32 (its carrier does not tell). Hashable: it is part
     of every executable's cache key.
     """
-    layout = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    layout: tuple = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     if (t.dtype is torch.complex32) is not (data.dtype is torch.complex32):
         layout += (data.dtype,)
     return layout
@@ -255,7 +260,8 @@ def view_layout(t: torch.Tensor, data: DeviceData):
 # strided access inside programs
 
 
-def _reinterpret(flat, dtype: torch.dtype, src: torch.dtype | None = None):
+def _reinterpret(flat: jax.Array, dtype: torch.dtype,
+                 src: torch.dtype | None = None) -> jax.Array:
     """View a 1-D array's bytes as elements of `dtype` (1-D result).
 
     `src` is flat's torch dtype where its jax dtype may be complex32's carrier.
@@ -270,30 +276,30 @@ def _reinterpret(flat, dtype: torch.dtype, src: torch.dtype | None = None):
         parts = _reinterpret(flat, torch.float16, src).reshape(-1, 2).astype(jnp.float32)
         return lax.complex(parts[:, 0], parts[:, 1])
     target = TORCH_TO_JAX[dtype]
-    src = flat.dtype
-    if np.dtype(src) == np.dtype(target):
+    have = flat.dtype
+    if np.dtype(have) == np.dtype(target):
         return flat
-    if jnp.issubdtype(src, jnp.complexfloating):
+    if jnp.issubdtype(have, jnp.complexfloating):
         parts = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
         return _reinterpret(parts, dtype)
     if jnp.issubdtype(target, jnp.complexfloating):
         real_t = torch.float32 if dtype == torch.complex64 else torch.float64
         parts = _reinterpret(flat, real_t).reshape(-1, 2)
         return lax.complex(parts[:, 0], parts[:, 1])
-    if src == jnp.bool_:
+    if have == jnp.bool_:
         flat = flat.astype(jnp.uint8)
-        src = jnp.uint8
+        have = jnp.uint8
     to_bool = target == jnp.bool_
     if to_bool:
         target = jnp.uint8
-    si, ti = np.dtype(src).itemsize, np.dtype(target).itemsize
+    si, ti = np.dtype(have).itemsize, np.dtype(target).itemsize
     if si < ti:
         flat = flat.reshape(-1, ti // si)
     out = lax.bitcast_convert_type(flat, target).reshape(-1)
     return out != 0 if to_bool else out
 
 
-def _flat_index(sizes, strides, offset) -> np.ndarray:
+def _flat_index(sizes: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
     idx = np.full(sizes, offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(sizes, strides)):
         shape = [1] * len(sizes)
@@ -378,7 +384,7 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     return host_array(executor.value(t), "aten._to_copy.default", t.device.index)
 
 
-def host_array(value, op: str, index: int) -> np.ndarray:
+def host_array(value: jax.Array, op: str, index: int) -> np.ndarray:
     """jax.Array `value` as numpy; the failure of the work that computed it
     raised as PyTorch's error for `op` (reading a failed buffer's memory
     directly would abort the process)."""
@@ -391,7 +397,7 @@ def host_array(value, op: str, index: int) -> np.ndarray:
 NUMPY_MAX_DIMS = 64
 
 
-def from_host(src: torch.Tensor, index: int):
+def from_host(src: torch.Tensor, index: int) -> jax.Array:
     """A jax.Array on tpu:index holding the CPU tensor `src`."""
     src = src.detach()
     if src._is_zerotensor():

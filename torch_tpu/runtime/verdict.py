@@ -21,6 +21,8 @@ signature never get here), and only for arguments small enough to copy
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -46,7 +48,7 @@ def _on_cpu(x):
     return x
 
 
-def _numel(args, kwargs) -> int:
+def _numel(args: Any, kwargs: Any) -> int:
     return sum(t.numel() for t in pytree.tree_leaves((args, kwargs))
                if isinstance(t, torch.Tensor))
 
@@ -82,7 +84,7 @@ def cpu_error(op, args, kwargs):
     return None
 
 
-def as_op_error(e: BaseException, op) -> BaseException:
+def as_op_error(e: BaseException, op: object) -> BaseException:
     """`e` (CPU's exception) with the op named after CPU's text (scripts and
     tests match CPU's messages from their start), CPU's kernel names
     ("lt_cpu") given the device's."""
