@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -46,7 +46,7 @@ class Lowering:
     eager: bool = False
 
 
-LOWERINGS: dict = {}
+LOWERINGS: dict[Any, Lowering] = {}
 
 
 def lower(*ops, mutates=(), random=False, eager=False):
@@ -63,7 +63,7 @@ def lower(*ops, mutates=(), random=False, eager=False):
 
 
 class _Context(threading.local):
-    meta_out = None  # pytree of meta tensors: what the op returns
+    meta_out: Any = None  # pytree of meta tensors: what the op returns
 
 
 CONTEXT = _Context()
