@@ -383,6 +383,19 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def set_timeout(self, timeout):
         self.timeout_seconds = timeout.total_seconds()
 
+    @property
+    def _device_types(self):
+        """The devices whose tensors this group's collectives take: tpu and cpu.
+
+        c10d's pybind property lists the devices of registered C++ backends,
+        and this group has none, so it would be empty. Python callers read
+        it: `dcp.async_save` requires cpu in it (its staged state dict is on
+        the CPU), `_broadcast_tensors` (full state dict loading with
+        `broadcast_from_rank0`) indexes it, and object collectives choose
+        "cpu" from it (as they do for an empty list).
+        """
+        return [torch.device("tpu"), torch.device("cpu")]
+
     # c10d stores names on a group's C++ backends; this group has none, so it
     # keeps them itself (C++ callers reach these through the trampoline).
     def getGroupName(self):
