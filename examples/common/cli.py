@@ -127,6 +127,19 @@ def compile_seconds() -> float | None:
         return None
 
 
+def graph_programs() -> int | None:
+    """Graph programs the tpu compile backend has made so far (compiled, or
+    loaded from its disk tier); None when the backend is not loaded."""
+    mod = sys.modules.get("torch_tpu.compile.backend")
+    if mod is None:
+        return 0 if "torch_tpu" in sys.modules else None
+    try:
+        s = mod.cache_stats()
+        return int(s["lowered"] + s["disk_loads"])
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def fallback_counts() -> dict:
     """A copy of the CPU-fallback counter (op name -> calls) of torch_tpu.debug.metrics."""
     try:

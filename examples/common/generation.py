@@ -91,13 +91,17 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float 
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_p: float = 1.0, top_k: int | None = None, eos_id: int | None = None,
              use_cache: bool = True, show_progress: bool = False,
-             timings: dict | None = None) -> torch.Tensor:
+             timings: dict | None = None, max_cache_len: int | None = None) -> torch.Tensor:
     """Continue `prompt` (B, T) by up to `max_new_tokens` tokens; returns (B, T + new).
 
     With `eos_id`, a sequence that produced it keeps producing it, and the loop
     stops once all have (one device->host read per token for the check).
     With ``use_cache=False`` every step recomputes the whole sequence (the
     reference the cached path is tested against).
+    The cache holds ``max_cache_len`` positions (default: the prompt plus
+    `max_new_tokens`). Its length is part of every step's shapes, so under
+    `torch.compile` one fixed length serves any prompt and number of new
+    tokens that fit with the same two programs (prompt, decoding step).
     With a `timings` dict, the device is synchronised after the prompt
     (prefill) and after the first decoding step, and it receives
     ``prefill_s``, ``first_step_s`` (both include compilation on a first call)
@@ -112,7 +116,13 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, temperature: f
     device = prompt.device
     bar = progress(range(max_new_tokens), desc="generate", enabled=show_progress)
     if use_cache:
-        cache = model.new_cache(b, t + max_new_tokens)
+        need = t + max_new_tokens - 1  # the last token is sampled, never stored
+        if max_cache_len is None:
+            max_cache_len = t + max_new_tokens
+        elif max_cache_len < need:
+            raise ValueError(f"generate: max_cache_len={max_cache_len} is shorter than the "
+                             f"prompt ({t}) plus max_new_tokens ({max_new_tokens}) minus 1")
+        cache = model.new_cache(b, max_cache_len)
         positions = torch.arange(t, device=device)
         logits = model(prompt, positions=positions, cache=cache, last_only=True)[:, -1]
         pos = torch.full((1,), t, dtype=torch.long, device=device)

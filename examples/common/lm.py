@@ -207,6 +207,10 @@ def generate_parser(family: LMFamily):
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence per token")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="stop a sequence at the end-of-sequence token")
+    p.add_argument("--max-cache-len", type=int, default=None, metavar="N",
+                   help="positions in the static KV cache (default: prompt + steps); with "
+                        "--compile one length serves every prompt and step count that fits "
+                        "with the same compiled programs")
     return p
 
 
@@ -267,23 +271,26 @@ def generate_main(family: LMFamily, argv=None):
 
         new_cache = model.new_cache
 
-    cs0, fb0 = cli.compile_seconds(), cli.fallback_counts()
+    cs0, fb0, gp0 = cli.compile_seconds(), cli.fallback_counts(), cli.graph_programs()
     timings = {}
     t0 = time.perf_counter()
     out = generate(_Fwd(), prompt, args.steps, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, eos_id=cfg.eos_id if args.stop_at_eos else None,
                    use_cache=not args.no_cache, show_progress=not args.no_progress,
-                   timings=timings)
+                   timings=timings, max_cache_len=args.max_cache_len)
     out_cpu = out.cpu()
     elapsed = time.perf_counter() - t0
     n_new = (out_cpu.shape[1] - prompt.shape[1]) * args.batch_size
-    cs1 = cli.compile_seconds()
+    cs1, gp1 = cli.compile_seconds(), cli.graph_programs()
     fb = {k: v - fb0.get(k, 0) for k, v in cli.fallback_counts().items() if v - fb0.get(k, 0)}
     for row in out_cpu.tolist():
         text = tok.decode(row) if tok is not None else ",".join(map(str, row))
         print(repr(text))
     comp = (f" (compile {cs1 - cs0:.2f} s)"
             if device.type == "tpu" and cs0 is not None and cs1 is not None else "")
+    graphs = gp1 - gp0 if args.compile and gp0 is not None and gp1 is not None else None
+    if graphs is not None:
+        comp += f" | graph programs {graphs}"
     fbs = (f" | cpu fallbacks: {sum(fb.values())} calls of {len(fb)} ops ({', '.join(sorted(fb))})"
            if fb else "")
     mode = "compiled" if args.compile else "eager"
@@ -293,4 +300,5 @@ def generate_main(family: LMFamily, argv=None):
           f"{n_new} new tokens in {elapsed:.2f} s | {decode} | prefill "
           f"{timings.get('prefill_s', 0):.2f} s, first step {timings.get('first_step_s', 0):.2f} s"
           f"{comp}{fbs}", flush=True)
-    return {"tokens": out_cpu, "model": model, "elapsed": elapsed, "timings": timings}
+    return {"tokens": out_cpu, "model": model, "elapsed": elapsed, "timings": timings,
+            "graph_programs": graphs}

@@ -602,10 +602,33 @@ class CompiledGraph:
 
     def _run_eager(self, args):
         args = list(args) if not isinstance(args, list) else args
+        if not getattr(self, "_views_as_reshapes", False):
+            _views_as_reshapes(self.gm)
+            self._views_as_reshapes = True
         with torch.no_grad():
             out = self.gm(*args)
         args.clear()
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
+    """`aten.view` nodes of a graph that runs op by op become `aten.reshape`.
+
+    The graph was traced with fake tensors whose strides come from PyTorch's
+    meta kernels; an eager tpu kernel may return another layout for the same
+    value (the fused attention's output is contiguous where the meta kernel
+    gives it the query's transposed layout), and `view` of the transposed
+    result then fails ("view size is not compatible with input tensor's size
+    and stride"). The graph is functional (its only mutations are copies into
+    inputs), so a reshape that copies gives the same values.
+    """
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is aten.view.default:
+            n.target = aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 _VIEW_OPS = {

@@ -233,12 +233,29 @@ def _conform(x, m: Meta, name):
     return x
 
 
+def _spread_tensor_results(result, metas):
+    """A lowering's arrays placed at the tensor positions of the op's outputs.
+
+    Lowerings return the op's tensor outputs only, as the eager executor
+    expects (`_scaled_dot_product_fused_attention_overrideable` returns 4
+    arrays for a 9-output schema whose undefined tensors are None and whose
+    `max_q`/`max_k` are ints); the other positions keep the graph's value.
+    `result` unchanged when the counts do not match.
+    """
+    if sum(isinstance(m, Meta) for m in metas) != len(result):
+        return result
+    it = iter(result)
+    return tuple(next(it) if isinstance(m, Meta) else m for m in metas)
+
+
 def _conform_tree(result, metas, name):
     if isinstance(metas, Meta):
         if isinstance(result, (list, tuple)) and len(result) == 1:
             result = result[0]
         return _conform(result, metas, name)
     if isinstance(metas, (list, tuple)):
+        if isinstance(result, (list, tuple)) and len(result) != len(metas):
+            result = _spread_tensor_results(result, metas)
         if not isinstance(result, (list, tuple)) or len(result) != len(metas):
             raise LoweringError(f"the lowering of {name} returned {type(result).__name__}, "
                                 f"expected {len(metas)} outputs")
