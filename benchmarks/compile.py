@@ -21,7 +21,13 @@ SGD. A training step is forward + backward + the SGD update.
    Target <= 2x.
 3. warm start: a new process running the first compiled step with the
    persistent compile cache filled by a previous process, against a cold one
-   (empty cache directory). Target: >= 10x faster.
+   (empty cache directory). Target: >= 10x faster. Each side is the median
+   of --warm-runs whole processes (default 5): a cold run gets a fresh
+   directory, the warm run after it uses the directory that cold run filled.
+   ``--warm-only`` runs just this part. Besides the phases below, "gc" is the
+   cyclic garbage collector's share of the first step (gc.callbacks), and
+   ``--profile-warm`` prints the top functions of one warm first step
+   (cProfile, cumulative).
 
 What the times include: "first step" is the wall time of the first
 `step()` call only. Process start-up (importing torch, jax and torch_tpu),
@@ -82,6 +88,36 @@ def _torch_model(device):
     return torch.nn.Sequential(*layers).to(device)
 
 
+class _GcClock:
+    """Seconds the cyclic garbage collector ran in this process (gc.callbacks)."""
+
+    def __init__(self):
+        import gc
+
+        self.seconds = 0.0
+        self.collections = 0
+        self._t0 = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections += 1
+            self._t0 = None
+
+
+_GC = None
+
+
+def gc_clock():
+    global _GC
+    if _GC is None:
+        _GC = _GcClock()
+    return _GC
+
+
 def torch_step(device, backend=None):
     """(first-step seconds, step function, sync function)."""
     import torch
@@ -112,13 +148,20 @@ def torch_step(device, backend=None):
             pass
     # Counters just before the first step (set-up compiled eager ops already).
     step.before = phases(0.0) if device == "tpu" else None
+    gc0 = (gc_clock().seconds, gc_clock().collections)
+    prof = getattr(torch_step, "profiler", None)
     c0 = time.process_time()
     t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
     step().item()
+    if prof is not None:
+        prof.disable()
     first = time.perf_counter() - t0
     # CPU seconds of this process (all threads): steadier than wall time
     # on a machine shared with other work.
     step.first_cpu = time.process_time() - c0
+    step.first_gc = (gc_clock().seconds - gc0[0], gc_clock().collections - gc0[1])
     return first, step, sync
 
 
@@ -205,10 +248,20 @@ t_import = time.perf_counter() - t0
 spec = importlib.util.spec_from_file_location("bench", sys.argv[1])
 bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
 torch.tpu.set_matmul_precision(sys.argv[2])
+profile = len(sys.argv) > 3 and sys.argv[3] == "profile"
+if profile:
+    import cProfile, io, pstats
+    prof = cProfile.Profile()
+    bench.torch_step.profiler = prof
 first, step, sync = bench.torch_step("tpu", backend="tpu")
 out = bench.phases(first, step.before)
 out["import"] = t_import
 out["cpu"] = step.first_cpu
+out["gc"], out["gc_collections"] = step.first_gc
+if profile:
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    out["profile"] = text.getvalue()
 print(json.dumps(out))
 """
 
@@ -242,17 +295,74 @@ def opt_level_runs(levels, precision, n):
     return runs
 
 
-def warm_start(precision):
-    with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, TORCH_TPU_CACHE_DIR=d)
-        runs = []
-        for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", _CHILD, os.path.abspath(__file__),
-                                  precision], capture_output=True, text=True, env=env)
-            if out.returncode != 0:
-                raise RuntimeError(out.stderr[-2000:])
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return runs
+def _child(precision, env, profile=False):
+    argv = [sys.executable, "-c", _CHILD, os.path.abspath(__file__), precision]
+    out = subprocess.run(argv + (["profile"] if profile else []), capture_output=True,
+                         text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def warm_start(precision, runs=5, profile=False):
+    """(cold, warm): per-key medians over `runs` cold/warm process pairs.
+
+    Each pair: a cold process on a fresh cache directory, then a warm one
+    on the directory it filled. With `profile`, one more warm process runs
+    under cProfile (its report in warm["profile"]).
+    """
+    cold_runs, warm_runs = [], []
+    for i in range(max(1, runs)):
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, TORCH_TPU_CACHE_DIR=d)
+            cold_runs.append(_child(precision, env))
+            warm_runs.append(_child(precision, env))
+            if profile and i == 0:
+                prof = _child(precision, env, profile=True)["profile"]
+    cold, warm = _median_runs(cold_runs), _median_runs(warm_runs)
+    if profile:
+        warm["profile"] = prof
+    return cold, warm
+
+
+def _median_runs(runs):
+    """The median of every numeric field; the samples of the first step."""
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)):
+            out[k] = statistics.median(r[k] for r in runs)
+    out["by_source"] = {src: {f: statistics.median(r["by_source"][src][f] for r in runs)
+                              for f in ("count", "seconds")}
+                        for src in runs[0]["by_source"]}
+    out["samples"] = [r["first"] for r in runs]
+    out["cpu_samples"] = [r["cpu"] for r in runs]
+    out["runs"] = len(runs)
+    return out
+
+
+def _warm_lines(cold, warm):
+    lines = []
+    for name, r in (("cold", cold), ("warm", warm)):
+        samples = ", ".join(f"{x:.2f}" for x in r["samples"])
+        lines.append(
+            f"new process, {name} cache (median of {r['runs']}): imports {r['import']:.2f} s "
+            f"(not in the first step); first step {r['first']:.2f} s [{samples}] (CPU "
+            f"{r['cpu']:.2f} s) = {_phase_line(r)}; gc {r['gc']:.2f} s in "
+            f"{r['gc_collections']:.0f} collections (inside the phases); executables "
+            f"{r['compile']:.2f} s, of which tracing {r['trace']:.2f} s (XLA compiled "
+            f"{r['by_source']['compiled']['count']:.0f}, from disk "
+            f"{r['by_source']['disk']['count']:.0f})")
+    lines.append(
+        f"warm start: first step {cold['first'] / warm['first']:.1f}x faster, in CPU seconds "
+        f"{cold['cpu'] / warm['cpu']:.1f}x (target >= 10x); executables "
+        f"{cold['compile'] / max(warm['compile'], 1e-9):.1f}x, graph programs "
+        f"{cold['graphs'] / max(warm['graphs'], 1e-9):.1f}x; dynamo and AOTAutograd run in "
+        f"every process: {warm['dynamo'] + warm['aot']:.2f} s warm vs "
+        f"{cold['dynamo'] + cold['aot']:.2f} s cold")
+    if "profile" in warm:
+        lines.append("one warm first step under cProfile (cumulative):")
+        lines.append(warm["profile"])
+    return lines
 
 
 def main(argv=None):
@@ -265,8 +375,20 @@ def main(argv=None):
     p.add_argument("--no-torchax", action="store_true", help="skip the torchax row")
     p.add_argument("--opt-levels", default="",
                    help="comma-separated XLA optimization levels to compare (e.g. 0,1,2,3)")
+    p.add_argument("--warm-runs", type=int, default=5,
+                   help="cold/warm process pairs for the warm-start comparison (median)")
+    p.add_argument("--warm-only", action="store_true",
+                   help="run only the warm-start comparison (new processes)")
+    p.add_argument("--profile-warm", action="store_true",
+                   help="also profile one warm first step (cProfile, top functions)")
     args = p.parse_args(argv)
     n = 30 if args.quick else 100
+    if args.warm_only:
+        cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm)
+        print(f"4-layer MLP, width {WIDTH}, batch {BATCH}, fwd+bwd+SGD; matmul precision "
+              f"{args.precision}; load average {os.getloadavg()[0]:.1f}")
+        print("\n".join(_warm_lines(cold, warm)))
+        return
 
     import torch
     import torch_tpu
@@ -307,7 +429,7 @@ def main(argv=None):
             rows.append(("torch CPU inductor", _timeit(istep, isync, n), first_ind))
         except Exception as e:  # noqa: BLE001 - no C++ compiler, etc.
             rows.append((f"inductor failed ({type(e).__name__})", (float("nan"),) * 2, None))
-    cold, warm = warm_start(args.precision)
+    cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm)
     levels = ([opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
               if args.opt_levels else [])
     level_runs = opt_level_runs(levels, args.precision, n) if levels else {}
@@ -325,17 +447,7 @@ def main(argv=None):
           f"{main_phases['cpu'] / jstep.first_cpu:.2f} (target <= 2); "
           f"torch_tpu first step {first_tpu:.2f} s (CPU {main_phases['cpu']:.2f} s) = "
           f"{_phase_line(main_phases)}")
-    for name, r in (("cold", cold), ("warm", warm)):
-        print(f"new process, {name} cache: imports {r['import']:.2f} s (not in the first step); "
-              f"first step {r['first']:.2f} s (CPU {r['cpu']:.2f} s) = {_phase_line(r)}; executables "
-              f"{r['compile']:.2f} s, of which tracing {r['trace']:.2f} s "
-              f"(XLA compiled {r['by_source']['compiled']['count']}, "
-              f"from disk {r['by_source']['disk']['count']})")
-    print(f"warm start: executables {cold['compile'] / max(warm['compile'], 1e-9):.1f}x faster, "
-          f"graph programs {cold['graphs'] / max(warm['graphs'], 1e-9):.1f}x, "
-          f"first step {cold['first'] / warm['first']:.1f}x, in CPU seconds "
-          f"{cold['cpu'] / warm['cpu']:.1f}x (target >= 10x; dynamo and "
-          f"AOTAutograd run in every process: {warm['dynamo'] + warm['aot']:.2f} s warm)")
+    print("\n".join(_warm_lines(cold, warm)))
     if "error" not in tx:
         print(f"torchax row: first call {tx['first']:.2f} s (CPU {tx['first_cpu']:.2f} s); a child "
               f"process; {len(set(tx['shimmed']))} named-tensor overloads missing in torch "
