@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import lower, out_meta
+from ..registry import lower, out_meta
 
 aten = torch.ops.aten
 
@@ -617,7 +617,7 @@ def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size,
 
 
 def _install_fractional_kernel():
-    from . import core
+    from .. import core
 
     core.KERNELS.setdefault(aten.fractional_max_pool3d_backward.default,
                             _fractional_max_pool3d_backward)
@@ -684,7 +684,7 @@ def _layer_norm_kernel(input, normalized_shape, weight, bias, eps):
     dtype for mean/rstd. CPU keeps them in the input's dtype (float32 only for a
     half input with float32 weight or bias); PyTorch's meta function, which
     sizes the lowering's outputs, says float32 for half inputs always."""
-    from ..runtime import executor
+    from ...runtime import executor
 
     out, mean, rstd = executor.runner_for(aten.native_layer_norm.default)(
         input, normalized_shape, weight, bias, eps)
@@ -697,7 +697,7 @@ def _layer_norm_kernel(input, normalized_shape, weight, bias, eps):
 def _install_layer_norm_kernel():
     # Takes the op's PrivateUse1 slot in place of the runner (the lowering stays
     # in the table for graphs).
-    from . import core
+    from .. import core
 
     core.KERNELS.setdefault(aten.native_layer_norm.default, _layer_norm_kernel)
 
@@ -1257,7 +1257,7 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
 
 
 def _jax_key(rng_key):
-    from ..device import random as tpu_random
+    from ...device import random as tpu_random
 
     return tpu_random.jax_key(rng_key)
 
@@ -1302,7 +1302,7 @@ def _rrelu_with_noise_inplace(self, noise, lower=0.125, upper=1.0 / 3.0, trainin
 
 
 def _install_rrelu_kernel():
-    from . import core
+    from .. import core
 
     core.KERNELS.setdefault(aten.rrelu_with_noise_.default, _rrelu_with_noise_inplace)
 
@@ -2228,7 +2228,7 @@ def _bn_cpu_stats(out, input, params, training):
 def _bn_kernels():
     """PrivateUse1 kernels of the batch-norm overloads: the lowering's runner,
     then CPU's saved-statistics conventions (`_bn_cpu_stats`)."""
-    from ..runtime import executor
+    from ...runtime import executor
 
     def legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
         out = executor.runner_for(aten._native_batch_norm_legit.default)(
@@ -2268,7 +2268,7 @@ def _bn_kernels():
 def _install_bn_kernels():
     # Kernels in `core.KERNELS` take the op's PrivateUse1 slot in place of the
     # lowering's runner (the lowering stays in the table for graphs).
-    from . import core
+    from .. import core
 
     for op, fn in _bn_kernels().items():
         core.KERNELS.setdefault(op, fn)
@@ -2320,7 +2320,7 @@ def _ctc_lse3(a, b, c):
 
 def _ctc_check(log_probs, targets, blank):
     if log_probs.dtype not in (jnp.float32, jnp.float64):
-        from .reductions import type_name
+        from ..reductions import type_name
 
         raise NotImplementedError(
             f'"ctc_loss_cpu" not implemented for \'{type_name(log_probs.dtype)}\'')
@@ -2524,7 +2524,7 @@ def _ctc_jax_op(kind, L, blank, zero_infinity):
     key = (kind, L, blank, zero_infinity)
     op = _CTC_JAX_OPS.get(key)
     if op is None:
-        from ..jax_op import jax_op
+        from ...jax_op import jax_op
 
         if kind == "fwd":
             def fn(log_probs, targets, il, tl):
@@ -2621,7 +2621,7 @@ def _ctc_loss_backward_kernel(grad, log_probs, targets, input_lengths, target_le
 
 
 def _install_ctc_kernels():
-    from . import core
+    from .. import core
 
     for op in (aten._ctc_loss.default, aten._ctc_loss.Tensor):
         core.KERNELS.setdefault(op, _ctc_loss_kernel)
