@@ -71,6 +71,10 @@ def __getattr__(name):
         _load()
     if name in globals():
         return globals()[name]
+    if name == "export":  # torch_tpu.export(...): the function (module torch_tpu.exporting)
+        from .exporting import export
+
+        return export
     try:
         return _importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as e:

@@ -249,7 +249,21 @@ def _select(g, a):
 @graph_op(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor,
           aten.split_with_sizes_copy.default, aten.unbind.int, aten.unbind_copy.int)
 def _split(g, a):
-    return _generic_view(g, a)
+    """Consecutive slices along `dim` (sizes from the outputs' metadata): no
+    gather, and valid for symbolic sizes (torch_tpu.export)."""
+    x = a["self"]
+    outs = g.out if isinstance(g.out, (list, tuple)) else [g.out]
+    d = _dim(a.get("dim", 0) or 0, x.ndim)
+    results, start = [], 0
+    for o in outs:
+        if len(o.shape) < x.ndim:  # unbind
+            results.append(lax.index_in_dim(x, start, d, keepdims=False))
+            start += 1
+            continue
+        size = o.shape[d]
+        results.append(lax.slice_in_dim(x, start, start + size, axis=d))
+        start = start + size
+    return results if isinstance(g.out, (list, tuple)) else results[0]
 
 
 @graph_op(aten.as_strided.default, aten.as_strided_copy.default)

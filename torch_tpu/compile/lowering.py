@@ -107,8 +107,36 @@ class SymEnv:
         return val
 
 
+class SymbolicMeta:
+    """What `registry.out_meta()` gives a lowering when sizes are jax.export
+    dimension variables (torch_tpu.export): a meta tensor cannot hold them."""
+
+    __slots__ = ("shape", "dtype", "_stride")
+
+    def __init__(self, m):
+        self.shape = tuple(m.shape)
+        self.dtype = m.dtype
+        self._stride = m.stride
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def dim(self):
+        return len(self.shape)
+
+    def size(self, d=None):
+        return self.shape if d is None else self.shape[d]
+
+    def stride(self, d=None):
+        s = self._stride if self._stride is not None else ()
+        return s if d is None else s[d]
+
+
 def _meta_tensor(m):
     if isinstance(m, Meta):
+        if not all(isinstance(d, int) for d in m.shape):
+            return SymbolicMeta(m)
         stride = m.stride if m.stride is not None else st.contiguous_strides(m.shape)
         return torch.empty_strided(m.shape, stride, dtype=m.dtype, device="meta")
     if isinstance(m, (list, tuple)):
@@ -222,7 +250,7 @@ def _conform(x, m: Meta, name):
     x = jnp.asarray(x)
     want = st.TORCH_TO_JAX[m.dtype]
     if x.dtype != want:
-        x = graph_ops._convert(x, m.dtype)
+        x = st.convert(x, m.dtype)
     if x.shape != m.shape:
         try:
             x = jnp.broadcast_to(x, m.shape)
@@ -591,9 +619,28 @@ def _const_value(v, device_index=0):
 # last resort: the op on the CPU, through a host callback
 
 
+_no_callbacks = threading.local()
+
+
+class no_host_callbacks:
+    """Within: an op with no lowering raises instead of calling back to the host
+    CPU (a program exported with torch_tpu.export cannot call back into torch)."""
+
+    def __enter__(self):
+        self._prev = getattr(_no_callbacks, "on", False)
+        _no_callbacks.on = True
+
+    def __exit__(self, *exc):
+        _no_callbacks.on = self._prev
+
+
 def _cpu_callback(op, args, kwargs, out, name):
     from ..ops import fallback
 
+    if getattr(_no_callbacks, "on", False):
+        raise LoweringError(
+            f"The operator '{name}' has no tpu lowering and no decomposition; an exported "
+            "program cannot run it on the host CPU")
     if not fallback.cpu_fallback_enabled():
         raise LoweringError(
             f"The operator '{name}' has no tpu lowering and the CPU fallback is disabled "

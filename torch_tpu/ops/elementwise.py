@@ -64,7 +64,10 @@ def _standin(x):
     if aval.shape == () and getattr(aval, "weak_type", False):
         # A traced `Scalar` argument (a Python number on the host).
         return _SCALAR_OF_KIND[dtype.kind]
-    return torch.empty(aval.shape, dtype=_torch_dtype(dtype), device="meta")
+    # Promotion depends on rank and dtype only: a symbolic size (torch_tpu.export)
+    # stands in as 2.
+    shape = tuple(d if isinstance(d, int) else 2 for d in aval.shape)
+    return torch.empty(shape, dtype=_torch_dtype(dtype), device="meta")
 
 
 def promote(*xs, kind=K.DEFAULT):
