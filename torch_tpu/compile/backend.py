@@ -49,6 +49,10 @@ try:
     from ..cache import graphs as _graph_tier
 except Exception:  # pragma: no cover - the cache package failed to import
     _graph_tier = None
+try:
+    from ..cache import artifacts as _artifacts
+except Exception:  # pragma: no cover - the cache package failed to import
+    _artifacts = None
 
 aten = torch.ops.aten
 
@@ -130,7 +134,8 @@ def _device_of(example_inputs):
 class CompiledGraph:
     """One AOT graph (forward, backward or inference) as XLA executables."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str, options=None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str, options=None,
+                 n_user_outputs=None):
         # Boxed calling convention (one list of inputs, cleared after use). An
         # instance attribute, so that wrappers made with functools.wraps keep it.
         self._boxed_call = True
@@ -179,6 +184,8 @@ class CompiledGraph:
                 self.n_user_outputs = int(md.num_forward)
             except Exception:
                 pass
+            if n_user_outputs is not None:  # rebuilt from a compile package
+                self.n_user_outputs = int(n_user_outputs)
             if not self.symbolic:
                 self._saved_views_of_inputs()
         mutated = set(self.program.mutated_inputs)
@@ -861,6 +868,9 @@ def _compiler(kind, options):
     def compile_graph(gm, example_inputs):
         return CompiledGraph(gm, example_inputs, kind, options)
 
+    if _artifacts is not None and _artifacts.STATE["installed"]:
+        # TORCH_TPU_PRECOMPILE: graphs AOTAutograd can bundle into packages.
+        return _artifacts.serializable_compiler(compile_graph)
     return compile_graph
 
 
@@ -894,6 +904,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         keep_inference_input_mutations=True,
     )
     try:
+        if _artifacts is not None and _artifacts.STATE["installed"]:
+            with _artifacts.aot_context():
+                return aot(gm, example_inputs)
         return aot(gm, example_inputs)
     finally:
         with _lock:
@@ -925,6 +938,8 @@ def register() -> None:
     _skip_cudagraph_import()
     _lighter_dynamo_bookkeeping()
     gc_pause.install_dynamo_hooks()
+    if _artifacts is not None:
+        _artifacts.install()  # TORCH_TPU_PRECOMPILE=1: dynamo packages in the cache dir
     _registered = True
 
 

@@ -1,0 +1,74 @@
+"""`TpuOutputCode`: a compiled tpu graph in the form AOTAutograd's bundled cache stores.
+
+AOTAutograd bundles a graph compiler's result into its cache entry (and so
+into a dynamo precompile package) only when the result is an `OutputCode`.
+This wraps a `CompiledGraph`: what is pickled is the graph's FX module (with
+its tensor metadata, through `torch.fx._graph_pickler.GraphPickler`) and how
+the backend built it; a process that loads it rebuilds the `CompiledGraph`
+on first call, and the graph tier then loads its executable from disk
+without lowering it. Imported only when `torch_tpu.cache.artifacts` is on
+(it imports inductor's output_code module) or when pickle loads one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch._inductor.output_code import OutputCode
+
+
+class TpuOutputCode(OutputCode):
+    """A `CompiledGraph` that AOTAutograd can bundle into its cache entry."""
+
+    def __init__(self, graph):
+        from torch.fx._graph_pickler import GraphPickler
+
+        self._graph = graph
+        self._boxed_call = True
+        # Serialized now: AOTAutograd copies and pickles the result later, in
+        # places (the lazy backward, under no_dispatch) where fake tensors
+        # cannot be described.
+        self._state = {"gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
+                       "options": dict(graph.options), "n_user_outputs": graph.n_user_outputs}
+
+    def __call__(self, inputs: Any) -> Any:
+        if self._graph is None:
+            self._rebuild()
+        return self._graph(inputs)
+
+    def _rebuild(self) -> None:
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        from ..compile.backend import CompiledGraph
+
+        s = self._state
+        gm = GraphPickler.loads(s["gm"], FakeTensorMode(shape_env=ShapeEnv()))
+        gm.recompile()
+        examples = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        self._graph = CompiledGraph(gm, examples, s["kind"], s["options"],
+                                    n_user_outputs=s["n_user_outputs"])
+
+    def __getstate__(self):
+        return self._state
+
+    def __setstate__(self, state):
+        self._state = state
+        self._graph = None  # rebuilt on first call, outside AOTAutograd's copies
+        self._boxed_call = True
+
+    def __deepcopy__(self, memo):
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    # OutputCode's interface: nothing to prepare, post-process or bundle.
+    def prepare_for_serialization(self) -> None:
+        pass
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        pass
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass

@@ -1,0 +1,478 @@
+"""PyTorch's own compile artifacts (dynamo precompile packages) in the cache directory.
+
+Opt-in: ``TORCH_TPU_PRECOMPILE=1``. A process that compiled a function with
+``torch.compile(backend="tpu")`` leaves, in ``<cache dir>/torch-v1/``, the
+dynamo package of each compiled function (its guards, transformed bytecode
+and, bundled by AOTAutograd, the forward/backward graphs). A later process
+that compiles the same function loads the package at ``torch.compile(...)``
+time: it skips dynamo's tracing and AOTAutograd, and the graph tier
+(`torch_tpu.cache.graphs`) loads each graph's executable without lowering
+it. This is PyTorch's "caching precompile"
+(``torch._dynamo.config.caching_precompile``) with its storage replaced by
+this module's.
+
+Trust model. These artifacts are pickles: loading one runs code chosen by
+whoever wrote it. They are therefore only read from a directory that this
+user controls, the rule ssh applies to ``~/.ssh``: the cache directory and
+its ``torch-v1`` subdirectory must be owned by this user (or root) and not
+writable by group or others, and so must each entry file; each entry carries
+a SHA-256 of its payload in its header, checked before unpickling, and the
+versions it was written by (torch, Python, JAX, the hash of torch_tpu's
+sources). A directory that fails the check is used without these artifacts
+(one warning naming the reason; the executable tiers, which hold no pickle,
+apply their own check). A corrupted, truncated or stale entry (another
+torch/JAX/torch_tpu) is ignored with one warning, and the function is traced
+and compiled as in a cold process. Writers replace entries atomically, so
+processes warming one directory at once all succeed.
+
+Why opt-in (PyTorch 2.13): caching precompile is process-wide and drops
+dynamo guards it cannot serialize (``ID_MATCH``, ``CLOSURE_MATCH``,
+``DICT_VERSION``: e.g. rebinding a global function a compiled function calls
+is then not noticed); compiled ``optimizer.step`` frames are never packaged
+(their graph holds the parameters by address), so they are traced in every
+process; and the first process computes AOTAutograd's cache key, which
+imports parts of inductor (about a second). See docs/troubleshooting.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pickle
+import platform
+import struct
+import threading
+
+from . import store as _store
+
+MAGIC = b"TTPUPK01"
+SUFFIX = ".tpk"
+SUBDIR = "torch-v1"
+
+_lock = threading.Lock()
+_local = threading.local()
+STATE = {"installed": False}  # read by the backend
+_saved: dict = {}   # key -> sha256 of what this process last wrote
+
+
+class _Stats:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.hits = 0      # packages loaded (dynamo and AOTAutograd skipped)
+        self.misses = 0    # lookups that found nothing usable
+        self.writes = 0    # packages written
+        self.rejected = 0  # entries ignored: bad, stale or untrusted
+
+
+STATS = _Stats()
+
+
+def enabled() -> bool:
+    """Is TORCH_TPU_PRECOMPILE on (and the disk tier configured)?"""
+    if os.environ.get("TORCH_TPU_PRECOMPILE", "0").strip().lower() not in ("1", "true", "on"):
+        return False
+    return _store.configured_dir() is not None
+
+
+def stats() -> dict:
+    return {"enabled": STATE["installed"], "hits": STATS.hits, "misses": STATS.misses,
+            "writes": STATS.writes, "rejected": STATS.rejected}
+
+
+# -- the store -------------------------------------------------------------------
+
+
+def _environment() -> dict:
+    """What an entry must have been written by to be loaded here."""
+    import jax
+    import torch
+
+    from .graphs import source_fingerprint
+
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "jax": jax.__version__, "torch_tpu_source": source_fingerprint(),
+            "format": 1}
+
+
+class ArtifactStore:
+    """Checksummed pickle payloads under ``<root>/torch-v1``, read only if trusted."""
+
+    def __init__(self, root: str | None):
+        self.root = root
+        self.path = os.path.join(root, SUBDIR) if root else None
+        self.problem = None if root else "no cache directory"
+        self.writable = False
+        self._env = None
+        if root:
+            self._check()
+
+    def _check(self) -> None:
+        problem = _store._prepare_dir(self.path)
+        if problem == "not writable":
+            problem = None  # read-only: serves what it holds
+        else:
+            self.writable = problem is None
+        # The same rule as the shared tier: this user or root, not writable
+        # by group or others; the directory above too (it could be replaced).
+        problem = problem or _store._check_readable(self.root) or \
+            _store._check_readable(self.path)
+        if problem is not None:
+            self.problem = problem
+            self.writable = False
+            _store.warn_once(f"artifacts:{self.path}",
+                             f"not using PyTorch compile artifacts in {self.root!r} "
+                             f"({problem}); torch.compile traces every function again")
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+    def environment(self) -> dict:
+        if self._env is None:
+            self._env = _environment()
+        return self._env
+
+    def file_for(self, key: str) -> str:
+        return os.path.join(self.path, hashlib.sha256(key.encode()).hexdigest() + SUFFIX)
+
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under `key` if it is sound and trusted, else None."""
+        if not self.usable:
+            return None
+        fname = self.file_for(key)
+        # shared=True: the entry file must pass the owner/mode check too.
+        blob, problem = _store._read_entry(fname, shared=True)
+        if blob is None and problem is None:
+            return None
+        payload = None
+        if problem is None:
+            payload, problem = self._decode(blob, key)
+        if problem is not None:
+            self._reject(fname, problem)
+            return None
+        return payload
+
+    def _decode(self, blob: bytes, key: str):
+        start = len(MAGIC) + 4
+        if len(blob) < start:
+            return None, "truncated"
+        if blob[:len(MAGIC)] != MAGIC:
+            return None, "not a torch_tpu artifact"
+        (hlen,) = struct.unpack(">I", blob[len(MAGIC):start])
+        if hlen > 1 << 20 or start + hlen > len(blob):
+            return None, "truncated header"
+        try:
+            header = json.loads(blob[start:start + hlen].decode())
+        except (UnicodeDecodeError, ValueError):
+            return None, "unreadable header"
+        if not isinstance(header, dict) or header.get("key") != key:
+            return None, "entry of another function"
+        for name, want in self.environment().items():
+            if header.get(name) != want:
+                return None, f"stale: written by another {name} ({header.get(name)!r})"
+        payload = blob[start + hlen:]
+        if header.get("size") != len(payload):
+            return None, "truncated payload"
+        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+            return None, "checksum mismatch"
+        return payload, None
+
+    def _reject(self, fname: str, problem: str) -> None:
+        with _lock:
+            STATS.rejected += 1
+        _store.warn_once("artifact-bad", f"ignored the PyTorch compile artifact "
+                                         f"{os.path.basename(fname)} ({problem}); the function "
+                                         "is traced and compiled again")
+        if self.writable and not problem.startswith(("owned by", "writable by", "cannot read")):
+            _store._remove(fname)
+
+    def put(self, key: str, payload: bytes) -> bool:
+        if not (self.usable and self.writable):
+            return False
+        header = dict(self.environment())
+        header.update(key=key, size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+        hbytes = json.dumps(header, sort_keys=True).encode()
+        try:
+            _store._write_atomic(self.file_for(key),
+                                 MAGIC + struct.pack(">I", len(hbytes)) + hbytes + payload)
+        except OSError as e:
+            _store.warn_once("artifact-write", f"cannot write PyTorch compile artifacts in "
+                                               f"{self.root!r} ({e.strerror or e})")
+            self.writable = False
+            return False
+        return True
+
+
+_STORE: ArtifactStore | None = None
+
+
+def artifact_store() -> ArtifactStore:
+    """The store in the disk tier's local directory (checked once per directory)."""
+    global _STORE
+    from . import disk_store
+
+    root = disk_store().root if disk_store().path is not None else None
+    if _STORE is None or _STORE.root != root:
+        _STORE = ArtifactStore(root)
+    return _STORE
+
+
+# -- dynamo's package cache, on this store -----------------------------------------
+
+
+def _is_optimizer_step(fn) -> bool:
+    """Compiled optimizer steps are never packaged by PyTorch 2.13 (their graph
+    holds parameters by address) and reinstalling one clashes: not loaded."""
+    import torch
+
+    return isinstance(getattr(fn, "__self__", None), torch.optim.Optimizer)
+
+
+def _make_dynamo_cache():
+    from torch._dynamo.package import CompilePackage, DiskDynamoCache
+    from torch._dynamo.utils import counters
+
+    class TpuDynamoCache(DiskDynamoCache):
+        """dynamo's DynamoCache with entries in the trusted artifact store."""
+
+        def __init__(self):
+            super().__init__("")
+
+        def path_prefix(self) -> str:
+            return artifact_store().path or ""
+
+        def clear(self) -> None:
+            pass  # torch_tpu.cache.clear() empties the directory
+
+        def write(self, cache_entry, path: str) -> None:
+            artifact_store().put("dynamo:" + path, pickle.dumps(cache_entry))
+
+        def read(self, path: str):
+            blob = artifact_store().get("dynamo:" + path)
+            if blob is None:
+                raise RuntimeError(f"no compile package {path}")
+            return pickle.loads(blob)
+
+        def load(self, fn):
+            if _is_optimizer_step(fn):
+                return None
+            try:
+                key = CompilePackage.source_id_from_fn(fn)
+                blob = artifact_store().get("dynamo:" + key)
+                if blob is None:
+                    with _lock:
+                        STATS.misses += 1
+                    counters["dynamo_cache"]["dynamo_cache_miss"] += 1
+                    return None
+                entry = pickle.loads(blob)
+                from torch._dynamo.precompile_context import PrecompileContext
+
+                for backend in entry.backends.values():
+                    PrecompileContext.record_artifact(backend)
+            except Exception as e:  # an entry that cannot be loaded here: trace instead
+                with _lock:
+                    STATS.rejected += 1
+                _store.warn_once("artifact-load", f"could not load a PyTorch compile "
+                                                  f"artifact ({type(e).__name__}: {e}); the "
+                                                  "function is traced and compiled again")
+                return None
+            with _lock:
+                STATS.hits += 1
+            counters["dynamo_cache"]["dynamo_cache_hit"] += 1
+            return entry
+
+    return TpuDynamoCache()
+
+
+def save() -> int:
+    """Write the packages of functions compiled in this process; their number.
+
+    Called at exit; callable any time (a long-lived process, a notebook).
+    Unchanged packages are not rewritten.
+    """
+    if not STATE["installed"]:
+        return 0
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    s = artifact_store()
+    if not (s.usable and s.writable):
+        return 0
+    n = 0
+    try:
+        entries, _ = PrecompileContext.create_cache_entries()
+    except Exception as e:  # pragma: no cover - PyTorch could not assemble them
+        _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
+        return 0
+    for key, entry in entries.items():
+        if all(code.bypassed for code in entry.dynamo.codes):
+            continue
+        try:
+            blob = pickle.dumps(entry)
+        except Exception as e:
+            _store.warn_once("artifact-pickle", f"a compile package could not be saved "
+                                                f"({type(e).__name__}: {e})")
+            continue
+        digest = hashlib.sha256(blob).hexdigest()
+        if _saved.get(key) == digest:
+            continue
+        if s.put("dynamo:" + key, blob):
+            _saved[key] = digest
+            n += 1
+            with _lock:
+                STATS.writes += 1
+    return n
+
+
+def _save_at_exit() -> None:
+    try:
+        save()
+    except Exception:  # pragma: no cover - never fail the interpreter's exit
+        pass
+
+
+# -- patches that make caching precompile usable for this backend -------------------
+
+
+class _DropNoise(logging.Filter):
+    """PyTorch logs one warning per guard it drops and per frame it cannot
+    package; with precompile on by choice these are expected."""
+
+    def filter(self, record):
+        msg = str(record.msg)
+        return not ("is dropped with caching_precompile" in msg
+                    or msg.startswith("Detected a package bypass")
+                    or msg == "Backend not found")
+
+
+@contextlib.contextmanager
+def aot_context():
+    """Around the backend's AOTAutograd call: AOTAutograd's own local cache
+    (plain pickles in inductor's temporary directory) is neither read nor
+    written for tpu graphs; their results travel in the packages instead."""
+    prev = getattr(_local, "tpu", False)
+    _local.tpu = True
+    try:
+        yield
+    finally:
+        _local.tpu = prev
+
+
+def _patch() -> None:
+    from torch._dynamo import guards
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    # 1. A frame whose package is bypassed (a compiled optimizer step) leaves
+    #    no serialized guards, which PyTorch 2.13 then asserts on: record an
+    #    empty state for the bypassed entry (bypassed entries are never loaded).
+    init = guards.CheckFunctionManager.__init__
+    if not getattr(init, "_torch_tpu", False):
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if kwargs.get("save_guards") and self.guards_state is None:
+                self.guards_state = b""
+
+        __init__._torch_tpu = True
+        guards.CheckFunctionManager.__init__ = __init__
+
+    # 2. AOTAutograd's local cache: not for tpu graphs (see aot_context).
+    lookup = AOTAutogradCache._lookup
+    if not getattr(lookup, "_torch_tpu", False):
+        def _lookup(*args, **kwargs):
+            if getattr(_local, "tpu", False):
+                return None
+            return lookup(*args, **kwargs)
+
+        _lookup._torch_tpu = True
+        AOTAutogradCache._lookup = staticmethod(_lookup)
+    save_entry = AOTAutogradCache.save
+    if not getattr(save_entry, "_torch_tpu", False):
+        def _save(key, entry, remote):
+            if not _is_tpu_entry(entry):
+                return save_entry(key, entry, remote)
+            prev = getattr(_local, "no_write", False)
+            _local.no_write = True
+            try:
+                return save_entry(key, entry, remote)
+            finally:
+                _local.no_write = prev
+
+        _save._torch_tpu = True
+        AOTAutogradCache.save = staticmethod(_save)
+    write = AOTAutogradCache._write_to_local_cache
+    if not getattr(write, "_torch_tpu", False):
+        def _write(key, content):
+            if getattr(_local, "no_write", False):
+                return None
+            return write(key, content)
+
+        _write._torch_tpu = True
+        AOTAutogradCache._write_to_local_cache = staticmethod(_write)
+
+    # 3. A package that fails to install (a clash, a missing global) falls
+    #    back to tracing: dynamo catches RuntimeError only.
+    from torch._dynamo.package import CompilePackage
+
+    install = CompilePackage.install
+    if not getattr(install, "_torch_tpu", False):
+        def _install(self, backends):
+            try:
+                return install(self, backends)
+            except RuntimeError:
+                raise
+            except Exception as e:
+                with _lock:
+                    STATS.rejected += 1
+                raise RuntimeError(f"torch_tpu: cannot install a compile package: {e}") from e
+
+        _install._torch_tpu = True
+        CompilePackage.install = _install
+
+    for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
+
+
+def _is_tpu_entry(entry) -> bool:
+    from ._output_code import TpuOutputCode
+
+    fw = getattr(entry, "compiled_fw", None)
+    return isinstance(getattr(fw, "result", None), TpuOutputCode)
+
+
+def serializable_compiler(compile_graph):
+    """`compile_graph` (gm, example_inputs) -> CompiledGraph, as the
+    serializable compiler AOTAutograd bundles into packages."""
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    from ._output_code import TpuOutputCode
+
+    def compile_output_code(gm, example_inputs):
+        return TpuOutputCode(compile_graph(gm, example_inputs))
+
+    return SerializableAOTDispatchCompiler(TpuOutputCode, compile_output_code)
+
+
+def install() -> bool:
+    """Turn caching precompile on with this module's storage (when enabled())."""
+    if STATE["installed"]:
+        return True
+    if not enabled():
+        return False
+    if not artifact_store().usable:
+        return False
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo import package
+
+    _patch()
+    package.DynamoCache = _make_dynamo_cache()
+    dynamo_config.caching_precompile = True
+    atexit.register(_save_at_exit)
+    STATE["installed"] = True
+    return True

@@ -1,0 +1,71 @@
+"""Helpers shared by the nn lowerings: matmul precision, dtype tests,
+loss reductions, parameter expansion and gradient summing.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..registry import out_meta
+
+aten = torch.ops.aten
+
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _is_half(x):
+    return x.dtype in _HALF
+
+
+def _acc(x):
+    """`x` in its accumulation dtype (float32 for half types)."""
+    if x is None:
+        return None
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _precision(*xs):
+    """HIGHEST for genuine float32 operands, DEFAULT when they came from halves."""
+    if any(x is not None and x.dtype == jnp.float32 for x in xs):
+        return lax.Precision.HIGHEST
+    return lax.Precision.DEFAULT
+
+
+def _is_float(x):
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _meta_list():
+    m = out_meta()
+    return list(m) if isinstance(m, (list, tuple)) else [m]
+
+
+def _reduce(loss, reduction):
+    """PyTorch's loss reduction enum: 0 none, 1 mean, 2 sum."""
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return jnp.mean(loss)
+    return jnp.sum(loss)
+
+
+def _expand_param(v, n):
+    v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    return v * n if len(v) == 1 else v
+
+
+def _sum_to(x, shape):
+    """Sum a broadcast result back to `shape` (the transpose of broadcasting)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    return jnp.sum(x, axis=axes, keepdims=False).reshape(shape) if axes else x.reshape(shape)

@@ -1,0 +1,112 @@
+"""Convolution, forward and backward (`convolution`, `_convolution`,
+`convolution_backward`): one `lax.conv_general_dilated` each; the backward
+is the vjp of the forward inside the program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..registry import lower
+from ._common import _acc, _expand_param, _precision
+
+aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------
+# convolution
+
+
+_SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
+
+
+def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, groups, prec):
+    """Batched N-d convolution (no bias) in PyTorch's layout and semantics."""
+    nsp = x.ndim - 2
+    sp = _SPATIAL[nsp]
+    dn = ("NC" + sp, "OI" + sp, "NC" + sp)
+    stride = _expand_param(stride, nsp)
+    padding = _expand_param(padding, nsp)
+    dilation = _expand_param(dilation, nsp)
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding],
+            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+            precision=prec)
+    output_padding = _expand_param(output_padding, nsp)
+    # Transposed: the gradient of a convolution w.r.t. its input. The weight
+    # (Cin, Cout/g, k...) becomes (Cout, Cin/g, k...), spatially flipped.
+    cin, coutg = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, coutg) + k)
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * coutg, cin // groups) + k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nsp)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(
+        x, w, window_strides=(1,) * nsp, padding=pads, lhs_dilation=stride,
+        rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+        precision=prec)
+
+
+def _check_conv_params(stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch CPU's convolution parameter checks (ConvUtils.h check_shape_forward)
+    that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
+    op = "aten.convolution"
+    stride, padding, dilation, output_padding = (
+        _expand_param(v, 1) for v in (stride, padding, dilation, output_padding))
+    if any(s <= 0 for s in stride):
+        raise RuntimeError(f"{op}: non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError(f"{op}: negative padding is not supported")
+    if transposed and any(p < 0 for p in output_padding):
+        raise RuntimeError(f"{op}: negative output_padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(f"{op}: dilation should be greater than zero")
+    if groups <= 0:
+        raise RuntimeError(f"{op}: non-positive groups is not supported")
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups):
+    _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
+    prec = _precision(input, weight)
+    unbatched = input.ndim == weight.ndim - 1
+    x = _acc(input)[None] if unbatched else _acc(input)
+    y = _conv_forward(x, _acc(weight), stride, padding, dilation, transposed, output_padding,
+                      groups, prec)
+    if bias is not None:
+        y = y + _acc(bias).reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y[0] if unbatched else y
+
+
+@lower(aten._convolution.default)
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    return convolution(input, weight, bias, stride, padding, dilation, transposed,
+                       output_padding, groups)
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask):
+    prec = _precision(input, weight)
+    unbatched = input.ndim == weight.ndim - 1
+    x = _acc(input)[None] if unbatched else _acc(input)
+    g = _acc(grad_output)[None] if unbatched else _acc(grad_output)
+    g = g.astype(x.dtype)
+
+    def f(x_, w_):
+        return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding,
+                             groups, prec)
+
+    _, vjp = jax.vjp(f, x, _acc(weight).astype(x.dtype))
+    gx, gw = vjp(g)
+    if unbatched:
+        gx = gx[0]
+    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if output_mask[2] else None
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)

@@ -1,0 +1,159 @@
+"""Embedding (with renorm and the dense backward) and embedding_bag,
+forward and backwards.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..registry import lower
+from ._common import _acc, _meta_list
+
+aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------
+# embedding
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0, mode="clip")
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """Rows of `self` named in `indices` rescaled to norm <= max_norm."""
+    idx = indices.reshape(-1)
+    rows = jnp.take(_acc(self), idx, axis=0, mode="clip")
+    norms = jnp.linalg.norm(rows, ord=norm_type, axis=-1, keepdims=True)
+    scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+    return _acc(self).at[idx].set(rows * scale)
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    g = _acc(grad_output)
+    d = g.shape[-1]
+    idx = indices.reshape(-1)
+    g = g.reshape(-1, d)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], jnp.zeros((), g.dtype), g)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    return jnp.zeros((num_weights, d), g.dtype).at[idx].add(g)
+
+
+def _bags(indices, offsets, include_last_offset, padding_idx, nbags):
+    """Bag of each index, whether it counts (in a bag, not padding), counts per bag."""
+    n = indices.shape[0]
+    pos = jnp.arange(n)
+    starts = offsets[:nbags]
+    bag = jnp.clip(jnp.searchsorted(starts, pos, side="right") - 1, 0, max(nbags - 1, 0))
+    if include_last_offset:
+        end = offsets[nbags] if offsets.shape[0] > nbags else n
+        inside = pos < end
+    else:
+        inside = jnp.ones((n,), jnp.bool_)
+    valid = inside & (pos >= starts[bag]) if nbags else jnp.zeros((n,), jnp.bool_)
+    if padding_idx is not None and padding_idx >= 0:
+        valid = valid & (indices != padding_idx)
+    counts = jax.ops.segment_sum(valid.astype(jnp.int64), bag, num_segments=nbags)
+    return bag, valid, counts
+
+
+def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
+                        include_last_offset, padding_idx):
+    nbags = offsets.shape[0] - (1 if include_last_offset else 0)
+    bag, valid, counts = _bags(indices, offsets, include_last_offset, padding_idx, nbags)
+    w = _acc(weight)
+    rows = jnp.take(w, indices, axis=0, mode="clip")
+    metas = _meta_list()
+    if mode == 2:
+        neg = jnp.array(-jnp.inf, rows.dtype)
+        vals = jnp.where(valid[:, None], rows, neg)
+        out = jax.ops.segment_max(vals, bag, num_segments=nbags)
+        out = jnp.where(counts[:, None] > 0, out, 0)
+        # First index (in bag order) reaching the maximum, like PyTorch's CPU.
+        n = indices.shape[0]
+        hit = valid[:, None] & (vals == out[bag])
+        first = jax.ops.segment_min(jnp.where(hit, jnp.arange(n)[:, None], n), bag,
+                                    num_segments=nbags)
+        maxi = jnp.where(counts[:, None] > 0, indices[jnp.clip(first, 0, max(n - 1, 0))], 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * _acc(per_sample_weights)[:, None]
+        out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_segments=nbags)
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
+        maxi = jnp.zeros(tuple(metas[3].shape), jnp.int64)
+    bag_size = jnp.zeros(tuple(metas[2].shape), jnp.int64)
+    if mode != 0:
+        bag_size = bag_size.at[:nbags].set(counts)
+    return out, bag, bag_size, maxi
+
+
+@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
+                               include_last_offset, padding_idx)
+
+
+def _embedding_bag_grad(grad, indices, bag, valid, counts, maximum_indices, num_weights,
+                        scale_grad_by_freq, mode, per_sample_weights):
+    g = _acc(grad)
+    d = g.shape[-1]
+    if mode == 2:
+        nbags = g.shape[0]
+        keep = (counts > 0)[:, None]
+        cols = jnp.broadcast_to(jnp.arange(d), (nbags, d))
+        return jnp.zeros((num_weights, d), g.dtype).at[maximum_indices, cols].add(
+            jnp.where(keep, g, 0))
+    rows = g[bag]
+    if mode == 1:
+        rows = rows / jnp.maximum(counts[bag], 1)[:, None].astype(rows.dtype)
+    if per_sample_weights is not None:
+        rows = rows * _acc(per_sample_weights)[:, None]
+    rows = jnp.where(valid[:, None], rows, 0)
+    if scale_grad_by_freq:
+        freq = jnp.zeros((num_weights,), rows.dtype).at[indices].add(valid.astype(rows.dtype))
+        rows = rows / jnp.maximum(freq[indices], 1)[:, None]
+    return jnp.zeros((num_weights, d), rows.dtype).at[indices].add(rows)
+
+
+@lower(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                            num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                            padding_idx=-1):
+    nbags = grad.shape[0]
+    include_last = offsets.shape[0] > nbags
+    bag, valid, counts = _bags(indices, offsets, include_last, padding_idx, nbags)
+    return _embedding_bag_grad(grad, indices, bag, valid, counts, maximum_indices, num_weights,
+                               scale_grad_by_freq, mode, per_sample_weights)
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                  num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                                  padding_idx=-1):
+    nbags = grad.shape[0]
+    valid = jnp.ones(indices.shape, jnp.bool_)
+    if padding_idx >= 0:
+        valid = indices != padding_idx
+    counts = jax.ops.segment_sum(valid.astype(jnp.int64), offset2bag, num_segments=nbags)
+    return _embedding_bag_grad(grad, indices, offset2bag, valid, counts, maximum_indices,
+                               num_weights, scale_grad_by_freq, mode, per_sample_weights)
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                               padding_idx=-1):
+    nbags = grad.shape[0]
+    include_last = offsets.shape[0] > nbags
+    bag, valid, _ = _bags(indices, offsets, include_last, padding_idx, nbags)
+    rows = jnp.take(_acc(weight), indices, axis=0, mode="clip")
+    return jnp.where(valid, jnp.sum(_acc(grad)[bag] * rows, axis=-1), 0)
