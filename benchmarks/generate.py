@@ -4,13 +4,21 @@ For each model it runs generation with a static KV cache eagerly and with the
 forward under `torch.compile(backend="tpu")`, in one process: a first run
 (which compiles) and then `--repeats` timed runs; it prints the median decode
 rate (new tokens after the first one, per second; prefill and the first
-decoding step excluded), the first run's time, and the programs made:
+decoding step excluded), the median time of one decoding step's forward
+(waited for), the first run's time, and the programs made:
 graph programs (prefill + decode) and eager-op programs, in the first run and
 in the timed runs (0 there: nothing compiles per token once warm).
 
 Models: the llama and qwen examples' own code (`examples/common/generation.py`,
 tiny configs by default) and tiny random-weight Hugging Face Llama / Qwen2
-through `generate(cache_implementation="static")` (hf-llama, hf-qwen2).
+through `generate(cache_implementation="static")` (hf-llama, hf-qwen2). For
+those, "eager" passes `disable_compile=True` (on a `tpu` model with a static
+cache, transformers otherwise compiles the decoding step by itself, through
+torch.compile's default backend, which is "tpu" for tpu inputs) and
+"compiled" is `model.forward = torch.compile(model.forward, backend="tpu")`
+(also with `disable_compile=True`: one compile, not two nested). The rate
+covers generate()'s whole loop: its eager ops around the model (masks,
+stopping criteria, the growing input_ids) are part of every token.
 
     python benchmarks/generate.py [--models llama,qwen,hf-llama] [--tokens 32] [--repeats 5]
 """
@@ -35,6 +43,27 @@ import torch_tpu  # noqa: E402,F401
 PROMPT = [5, 9, 2, 7, 1, 3, 8, 4]
 
 
+class _Timed:
+    """Wraps a forward: the median time of the decoding steps' calls, each
+    waited for (generate() reads every token on the host anyway)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.times = []
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        torch.tpu.synchronize()
+        self.times.append(time.perf_counter() - t0)
+        return out
+
+    def step_ms(self):
+        steps = self.times[2:]  # after the prompt and the first decoding step
+        self.times = []
+        return 1e3 * statistics.median(steps) if steps else float("nan")
+
+
 def _programs():
     """(graph programs, eager-op programs) made so far in this process."""
     from torch_tpu.compile import backend
@@ -56,7 +85,7 @@ def _example_runner(name, config, tokens, compiled):
 
     family = importlib.import_module(f"examples.{name}.family").FAMILY
     model = build_model(family, config, device="tpu").eval()
-    fwd = torch.compile(model, backend="tpu") if compiled else model
+    fwd = _Timed(torch.compile(model, backend="tpu") if compiled else model)
 
     class _Fwd:  # generate() calls model(...) and model.new_cache(...)
         def __call__(self, *a, **k):
@@ -70,7 +99,7 @@ def _example_runner(name, config, tokens, compiled):
         timings = {}
         out = generate(_Fwd(), prompt, tokens, timings=timings)
         out.cpu()
-        return timings["decode_tokens"] / timings["decode_s"]
+        return timings["decode_tokens"] / timings["decode_s"], fwd.step_ms()
 
     return run
 
@@ -102,16 +131,16 @@ def _hf_runner(kind, tokens, compiled):
                  num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=len(PROMPT) + tokens + 8)
     model = copy.deepcopy(cls(cfg).eval()).to("tpu")
-    if compiled:
-        model.forward = torch.compile(model.forward, backend="tpu")
+    fwd = _Timed(torch.compile(model.forward, backend="tpu") if compiled else model.forward)
+    model.forward = fwd
     ids = torch.tensor([PROMPT], device="tpu")
 
     def run():
         clock = _Clock()
         model.generate(ids, max_new_tokens=tokens, do_sample=False,
-                       cache_implementation="static", streamer=clock)
+                       cache_implementation="static", streamer=clock, disable_compile=True)
         t = clock.times  # t[1]: first new token; t[2:]: one decoding step each
-        return (len(t) - 2) / (t[-1] - t[1])
+        return (len(t) - 2) / (t[-1] - t[1]), fwd.step_ms()
 
     return run
 
@@ -130,9 +159,10 @@ def _measure(name, config, tokens, repeats, compiled):
     run()
     first = time.perf_counter() - t0
     p1 = _programs()
-    rates = [run() for _ in range(repeats)]
+    runs = [run() for _ in range(repeats)]
     p2 = _programs()
-    return {"rate": statistics.median(rates), "first": first,
+    return {"rate": statistics.median(r for r, _ in runs),
+            "step_ms": statistics.median(ms for _, ms in runs), "first": first,
             "made": (p1[0] - p0[0], p1[1] - p0[1]), "timed": (p2[0] - p1[0], p2[1] - p1[1])}
 
 
@@ -150,13 +180,13 @@ def main(argv=None):
           f"repeats={args.repeats} (median decode tokens/s)   "
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'model':<10}{'eager tok/s':>12}{'compiled tok/s':>16}{'speed-up':>10}"
-          f"{'first eager s':>15}{'first comp s':>14}  programs made: compiled "
-          f"(graphs/eager ops), then in timed runs; eager (ops)")
+          f"{'fwd ms eager':>14}{'fwd ms comp':>13}{'first eager s':>15}{'first comp s':>14}"
+          f"  programs made: compiled (graphs/eager ops), then in timed runs; eager (ops)")
     for name in args.models.split(","):
         e = _measure(name, args.config, args.tokens, args.repeats, False)
         c = _measure(name, args.config, args.tokens, args.repeats, True)
         print(f"{name:<10}{e['rate']:>12.1f}{c['rate']:>16.1f}{c['rate'] / e['rate']:>9.1f}x"
-              f"{e['first']:>15.2f}{c['first']:>14.2f}  "
+              f"{e['step_ms']:>14.2f}{c['step_ms']:>13.2f}{e['first']:>15.2f}{c['first']:>14.2f}  "
               f"{c['made'][0]}/{c['made'][1]}, timed {c['timed'][0]}/{c['timed'][1]}; "
               f"eager {e['made'][1]}, timed {e['timed'][1]}", flush=True)
 

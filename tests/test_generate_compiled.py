@@ -125,6 +125,27 @@ def test_hf_fresh_compiles_for_8_and_32_tokens_make_the_same_programs(kind):
     _check_fresh_runs(kind)
 
 
+@pytest.mark.slow
+def test_hf_auto_compiled_decoding_matches_cpu_and_compiles_once():
+    """No torch.compile by the user: on a `tpu` model with a static cache,
+    transformers compiles the decoding step itself through torch.compile's
+    default backend, which is "tpu" for tpu inputs; the prompt runs eagerly."""
+    cpu_model = _hf("llama")
+    ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    backend.clear_cache()
+    model = copy.deepcopy(cpu_model).to("tpu")
+    made = []
+    for n in (8, 32):
+        p0 = _programs()
+        streamer = _CountingStreamer()
+        got = _hf_generate(model, ids.to("tpu"), n, streamer).cpu()
+        assert torch.equal(got, _hf_generate(cpu_model, ids, n)), n
+        assert streamer.counts[2:] == [streamer.counts[2]] * (n - 1), streamer.counts
+        made.append(_programs() - p0)
+    assert made == [1, 0], made  # the decoding step's program, made once
+
+
 def test_graph_run_op_by_op_survives_eager_layouts(monkeypatch):
     """The issue's error: a graph that runs op by op replays `view` on eager
     results whose layout differs from the fake tensors' (the fused attention
