@@ -34,9 +34,12 @@ lowering that fails on symbolic sizes (RuntimeError).
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = ["export", "state_arrays", "parameter_names"]
 
@@ -44,16 +47,25 @@ _MODES = ("constants", "arguments")
 _PREFIX = "torch_tpu.export: "
 
 
-def export(fn_or_module, args, kwargs=None, dynamic_shapes=None, *, params="constants",
-           platforms=None, strict=False):
+def export(fn_or_module: torch.nn.Module | Callable, args: tuple,
+           kwargs: dict | None = None, dynamic_shapes: Any = None, *,
+           params: str = "constants", platforms: Sequence[str] | None = None,
+           strict: bool = False) -> jax.export.Exported:
     """Export `fn_or_module(*args, **kwargs)` to a `jax.export.Exported`.
+
+    The result's ``call(*args, **kwargs)`` takes numpy / jax arrays in the
+    structure of `args` / `kwargs` (``None`` in place of non-tensor
+    arguments, which are constants of the program), preceded by the
+    parameter dict for ``params="arguments"``, and returns the module's
+    outputs (tuples, lists and dicts of arrays keep their structure; any
+    other output container is flattened to a tuple).
 
     Args:
         fn_or_module: an `nn.Module` (export its inference path: call `.eval()`
             first) or a function of tensors.
-        args: example positional arguments (a tuple). Tensors may be on
-            ``cpu`` or ``tpu``; only their shapes and dtypes are used (and the
-            module's parameter values, for ``params="constants"``).
+        args: example positional arguments. Tensors may be on ``cpu`` or
+            ``tpu``; only their shapes and dtypes are used (and the module's
+            parameter values, for ``params="constants"``).
         kwargs: example keyword arguments.
         dynamic_shapes: as for `torch.export.export`: ``torch.export.Dim``
             objects per input axis. Each Dim becomes a `jax.export` dimension
@@ -66,12 +78,7 @@ def export(fn_or_module, args, kwargs=None, dynamic_shapes=None, *, params="cons
         strict: passed to `torch.export.export`.
 
     Returns:
-        A `jax.export.Exported`. Its ``call(*args, **kwargs)`` takes numpy /
-        jax arrays in the structure of `args` / `kwargs` (with ``None`` in
-        place of non-tensor arguments, which are constants of the program),
-        preceded by the parameter dict for ``params="arguments"``; it returns
-        the module's outputs (tuples, lists and dicts of arrays keep their
-        structure; any other output container is flattened to a tuple).
+        The exported program (StableHLO and its calling convention).
     """
     if params not in _MODES:
         raise ValueError(f"torch_tpu.export: params must be one of {_MODES}, not {params!r}")
