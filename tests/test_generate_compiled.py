@@ -195,3 +195,21 @@ def test_example_generate_compile_matches_cpu_and_compiles_once(family, capsys):
     # same cache length: nothing new.
     assert runs[8]["graph_programs"] == 2 and runs[32]["graph_programs"] == 0, runs
     assert "graph programs 2" in capsys.readouterr().out
+
+
+def test_example_max_cache_len_keeps_tokens_and_rejects_a_short_cache():
+    """A longer static cache than needed changes no token (unused positions are
+    masked); one too short for the prompt and the new tokens is refused."""
+    import importlib
+
+    from examples.common.generation import generate
+    from examples.common.lm import build_model
+
+    fam = importlib.import_module("examples.llama.family").FAMILY
+    model = build_model(fam, "tiny").eval()
+    prompt = torch.tensor([[5, 9, 2, 7, 1]])
+    want = generate(model, prompt, 6)
+    assert torch.equal(generate(model, prompt, 6, max_cache_len=64), want)
+    assert torch.equal(generate(model, prompt, 6, max_cache_len=10), want)  # 5 + 6 - 1
+    with pytest.raises(ValueError, match="max_cache_len=9 is shorter"):
+        generate(model, prompt, 6, max_cache_len=9)
