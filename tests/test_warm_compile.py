@@ -1,0 +1,239 @@
+"""TORCH_TPU_PRECOMPILE: PyTorch's compile artifacts in the cache directory.
+
+The store's rules are checked in-process (fast): trusted round trip, a
+group-writable directory refused with one warning, an entry file another
+user could change, corrupted, truncated and stale entries ignored with one
+warning. The whole path runs in new processes sharing one cache directory
+(slow): a cold process, a warm one that neither traces nor runs AOTAutograd
+and gets the same results, two cold processes at once, and a warm process
+after the artifacts were corrupted.
+"""
+
+import json
+import os
+import stat
+import struct
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from torch_tpu.cache import artifacts
+from torch_tpu.cache import store as _store
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Each test sees the store's one-per-process warnings again."""
+    monkeypatch.setattr(_store, "_warned", set())
+
+
+def _private(path):
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return str(path)
+
+
+def _cache_warnings(record):
+    return [w for w in record if issubclass(w.category, _store.CacheWarning)]
+
+
+def test_round_trip_in_a_private_directory(tmp_path, fresh_warnings):
+    root = _private(tmp_path / "c")
+    s = artifacts.ArtifactStore(root)
+    assert s.usable and s.writable
+    assert s.put("dynamo:k", b"payload")
+    assert s.get("dynamo:k") == b"payload"
+    assert s.get("dynamo:other") is None
+    st = os.stat(s.file_for("dynamo:k"))
+    assert not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    # A second store on the same directory (a new process) reads it.
+    assert artifacts.ArtifactStore(root).get("dynamo:k") == b"payload"
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_group_writable_directory_is_refused_with_one_warning(tmp_path, fresh_warnings):
+    root = _private(tmp_path / "c")
+    artifacts.ArtifactStore(root).put("dynamo:k", b"payload")
+    os.chmod(root, 0o770)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        s = artifacts.ArtifactStore(root)
+        s2 = artifacts.ArtifactStore(root)
+    assert not s.usable and not s2.usable
+    assert s.problem == "writable by other users"
+    assert s.get("dynamo:k") is None
+    assert not s.put("dynamo:k2", b"x")
+    msgs = [str(w.message) for w in _cache_warnings(record)]
+    assert len(msgs) == 1 and "writable by other users" in msgs[0], msgs
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_group_writable_entry_is_ignored(tmp_path, fresh_warnings):
+    root = _private(tmp_path / "c")
+    s = artifacts.ArtifactStore(root)
+    s.put("dynamo:k", b"payload")
+    os.chmod(s.file_for("dynamo:k"), 0o660)
+    with pytest.warns(_store.CacheWarning, match="writable by other users"):
+        assert s.get("dynamo:k") is None
+
+
+def _rewrite_header(path, **changes):
+    blob = open(path, "rb").read()
+    start = len(artifacts.MAGIC) + 4
+    (hlen,) = struct.unpack(">I", blob[len(artifacts.MAGIC):start])
+    header = json.loads(blob[start:start + hlen])
+    header.update(changes)
+    hbytes = json.dumps(header, sort_keys=True).encode()
+    with open(path, "wb") as f:
+        f.write(artifacts.MAGIC + struct.pack(">I", len(hbytes)) + hbytes
+                + blob[start + hlen:])
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("flip", "checksum mismatch"),
+    ("truncate", "truncated payload"),
+    ("cut_header", "truncated header"),
+    ("garbage", "not a torch_tpu artifact"),
+    ("stale_torch", "stale: written by another torch"),
+    ("stale_source", "stale: written by another torch_tpu_source"),
+])
+def test_bad_entries_are_ignored_with_one_warning(tmp_path, fresh_warnings, damage, reason):
+    root = _private(tmp_path / "c")
+    s = artifacts.ArtifactStore(root)
+    payload = b"x" * 1000
+    s.put("dynamo:k", payload)
+    path = s.file_for("dynamo:k")
+    blob = open(path, "rb").read()
+    if damage == "flip":
+        blob = blob[:-10] + bytes([blob[-10] ^ 0xFF]) + blob[-9:]
+        open(path, "wb").write(blob)
+    elif damage == "truncate":
+        open(path, "wb").write(blob[:-100])
+    elif damage == "cut_header":
+        open(path, "wb").write(blob[:20])
+    elif damage == "garbage":
+        open(path, "wb").write(b"\x80\x04not ours at all")
+    elif damage == "stale_torch":
+        _rewrite_header(path, torch="1.0.0")
+    else:
+        _rewrite_header(path, torch_tpu_source="0" * 64)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert s.get("dynamo:k") is None
+        assert s.get("dynamo:k") is None  # removed: a plain miss now
+    msgs = [str(w.message) for w in _cache_warnings(record)]
+    assert len(msgs) == 1 and reason in msgs[0], msgs
+    assert not os.path.exists(path)
+    # Rewritten, it is used again.
+    s.put("dynamo:k", payload)
+    assert s.get("dynamo:k") == payload
+
+
+def test_off_by_default(monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_PRECOMPILE", raising=False)
+    assert not artifacts.enabled()
+    monkeypatch.setenv("TORCH_TPU_PRECOMPILE", "1")
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", "")
+    assert not artifacts.enabled()  # no disk tier, nowhere to keep them
+
+
+# -- whole processes ------------------------------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import json, warnings
+    warnings.simplefilter("always")
+    import torch, torch_tpu
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+    from torch_tpu.cache import artifacts
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 32).to("tpu")
+    y = torch.randn(8, 4).to("tpu")
+
+    def forward_loss(x, y):
+        return F.mse_loss(model(x), y)
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        loss_fn = torch.compile(forward_loss, backend="tpu")
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = loss_fn(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    print(json.dumps({
+        "losses": losses,
+        "captured": counters["stats"]["calls_captured"],
+        "aot": counters["aot_autograd"]["total"],
+        "stats": artifacts.stats(),
+        "warnings": [str(w.message) for w in record
+                     if "compile artifact" in str(w.message)
+                     or "PyTorch compile" in str(w.message)],
+    }))
+""")
+
+
+def _run(cache_dir, background=False):
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir, TORCH_TPU_PRECOMPILE="1")
+    argv = [sys.executable, "-c", _CHILD]
+    if background:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _entries(cache_dir):
+    path = os.path.join(cache_dir, artifacts.SUBDIR)
+    return [os.path.join(path, n) for n in os.listdir(path) if n.endswith(artifacts.SUFFIX)]
+
+
+@pytest.mark.slow
+def test_cold_then_warm_process_skips_dynamo_and_aot(tmp_path):
+    d = _private(tmp_path / "c")
+    # Two cold processes warming the directory at once: both succeed.
+    procs = [_run(d, background=True) for _ in range(2)]
+    colds = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        colds.append(json.loads(out.strip().splitlines()[-1]))
+    for cold in colds:
+        assert cold["captured"] > 0 and cold["aot"] > 0
+        assert cold["stats"]["hits"] == 0
+    assert colds[0]["losses"] == colds[1]["losses"]
+    assert _entries(d)
+
+    warm = _run(d)
+    assert warm["stats"]["hits"] == 1, warm
+    assert warm["captured"] == 0, warm  # dynamo traced nothing
+    assert warm["aot"] == 0, warm       # nor did AOTAutograd run
+    assert warm["losses"] == colds[0]["losses"]
+    assert warm["warnings"] == []
+
+    # Corrupted entries: one warning, traced again, the same results.
+    for path in _entries(d):
+        blob = open(path, "rb").read()
+        open(path, "wb").write(blob[:-64] + bytes(64))
+    bad = _run(d)
+    assert bad["captured"] > 0 and bad["stats"]["hits"] == 0
+    assert bad["losses"] == colds[0]["losses"]
+    assert len(bad["warnings"]) == 1 and "checksum mismatch" in bad["warnings"][0], bad
+
+    # The directory made group-writable: no artifacts, one warning naming why.
+    os.chmod(d, 0o770)
+    refused = _run(d)
+    assert refused["stats"]["enabled"] is False
+    assert refused["captured"] > 0 and refused["losses"] == colds[0]["losses"]
+    assert len(refused["warnings"]) == 1
+    assert "writable by other users" in refused["warnings"][0], refused
