@@ -284,3 +284,18 @@ def test_example_exports(name, tmp_path):
     for got_job, want_job in zip(results, want):
         for got, w in zip(got_job, want_job):
             _close(got, w, rtol=1e-4, atol=2e-5)
+
+
+def test_model_on_tpu_exports_like_on_cpu():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        want = model(x)
+    on_tpu = MLP().eval()
+    on_tpu.load_state_dict(model.state_dict())
+    on_tpu = on_tpu.to("tpu")
+    baked = torch_tpu.export(on_tpu, (x.to("tpu"),))
+    as_args = torch_tpu.export(on_tpu, (x.to("tpu"),), params="arguments")
+    _close([np.asarray(baked.call(_np(x)))], want)
+    _close([np.asarray(as_args.call(state_arrays(on_tpu, as_args), _np(x)))], want)
