@@ -237,3 +237,12 @@ def test_cold_then_warm_process_skips_dynamo_and_aot(tmp_path):
     assert refused["captured"] > 0 and refused["losses"] == colds[0]["losses"]
     assert len(refused["warnings"]) == 1
     assert "writable by other users" in refused["warnings"][0], refused
+
+
+def test_clear_removes_the_packages(tmp_path, fresh_warnings):
+    root = _private(tmp_path / "c")
+    s = artifacts.ArtifactStore(root)
+    s.put("dynamo:k", b"payload")
+    assert _store.DiskStore(root, shared=None).clear() >= 1
+    assert s.get("dynamo:k") is None
+    assert os.listdir(os.path.join(root, artifacts.SUBDIR)) == []

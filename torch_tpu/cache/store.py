@@ -562,8 +562,8 @@ class DiskStore:
     def clear(self) -> int:
         """Empty the local directory: every entry, and anything else in it that
         is not a valid entry (directories or foreign files under entry names,
-        temporary files). The shared directory is never touched. Returns the
-        number of items removed."""
+        temporary files), and the compile packages beside it. The shared
+        directory is never touched. Returns the number of items removed."""
         n = 0
         with self._lock:
             entries, other = self._scan(self.path)
@@ -571,6 +571,14 @@ class DiskStore:
                 if _remove(full):
                     n += 1
             self._bytes_estimate = None
+            # PyTorch's compile packages (torch_tpu.cache.artifacts) beside it.
+            if self.path is not None and self.root:
+                packages = os.path.join(self.root, "torch-v1")
+                try:
+                    names = os.listdir(packages)
+                except OSError:
+                    names = []
+                n += sum(_remove(os.path.join(packages, name)) for name in names)
         return n
 
     def info(self) -> dict:
