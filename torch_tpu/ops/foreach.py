@@ -24,6 +24,7 @@ from jax import lax
 
 from . import elementwise as ew
 from . import registry
+from .opmath import opmath_dtype
 from .registry import LOWERINGS, out_meta
 
 aten = torch.ops.aten
@@ -223,11 +224,10 @@ def _foreach_copy(self, src, non_blocking=False):
 
 
 def _acc_dtype(x):
-    if x.dtype in (jnp.bfloat16, jnp.float16):
-        return jnp.float32
+    """The dtype |x| accumulates in: the opmath type of x's real part."""
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         return jnp.float32 if x.dtype == jnp.complex64 else jnp.float64
-    return x.dtype
+    return opmath_dtype(x.dtype)
 
 
 @lower(aten._foreach_norm.Scalar)
@@ -282,10 +282,6 @@ def _foreach_max(self):
 # -- fused optimizers --------------------------------------------------------------
 
 
-def _opmath(x):
-    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
-
-
 def _one_minus_pow(beta, step):
     """1 - beta ** step, accurate in float32 (log(beta) taken in double)."""
     if beta <= 0:
@@ -304,7 +300,7 @@ def _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, 
           weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, adamw):
     ps, gs, ms, vs, mxs = [], [], [], [], []
     for i, p0 in enumerate(self):
-        dt = _opmath(p0)
+        dt = opmath_dtype(p0.dtype)
         p = p0.astype(dt)
         g = grads[i].astype(dt)
         if grad_scale is not None:
@@ -381,7 +377,7 @@ def _sgd(self, grads, momentum_buffer_list, weight_decay, momentum, lr, dampenin
          maximize, is_first_step, grad_scale, found_inf):
     ps, gs, bufs = [], [], []
     for i, p0 in enumerate(self):
-        dt = _opmath(p0)
+        dt = opmath_dtype(p0.dtype)
         p = p0.astype(dt)
         g = grads[i].astype(dt)
         if grad_scale is not None:
@@ -430,7 +426,7 @@ def _adagrad(self, grads, state_sums, state_steps, lr, lr_decay, weight_decay, e
              grad_scale, found_inf):
     ps, gs, ss = [], [], []
     for i, p0 in enumerate(self):
-        dt = _opmath(p0)
+        dt = opmath_dtype(p0.dtype)
         p = p0.astype(dt)
         g = grads[i].astype(dt)
         if grad_scale is not None:

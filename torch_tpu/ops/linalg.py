@@ -21,6 +21,7 @@ import torch
 from jax import lax
 
 from . import core
+from .opmath import is_half, opmath_dtype
 from .registry import lower, out_dtype, out_meta
 from ..precision import lax_precision
 
@@ -29,15 +30,11 @@ aten = torch.ops.aten
 
 
 
-def _acc(dtype):
-    """Accumulation dtype of a product of `dtype` operands."""
-    if dtype in (jnp.bfloat16, jnp.float16):
-        return jnp.float32
-    return None
-
-
 def _matmul(a, b, acc=None):
-    acc = acc or _acc(a.dtype)
+    """a @ b accumulated in `acc` (default: the opmath type for half operands,
+    the operands' own type otherwise)."""
+    if acc is None and is_half(a.dtype):
+        acc = opmath_dtype(a.dtype)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
     return jnp.matmul(a, b, precision=lax_precision(), preferred_element_type=acc)
@@ -115,7 +112,7 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
     _same_dtype("addbmm", self, b1, b2)
-    acc = _acc(b1.dtype)
+    acc = opmath_dtype(b1.dtype) if is_half(b1.dtype) else None
     if acc is not None and b1.shape[0] > 0:
         # PyTorch's CPU kernel runs one addmm_ per batch, rounding the
         # half-precision result after each: do the same.

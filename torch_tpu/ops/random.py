@@ -22,6 +22,7 @@ import torch
 from jax import lax
 
 from . import core
+from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta
 from ..device.random import jax_key
 from ..runtime.storage import torch_dtype
@@ -261,14 +262,14 @@ def cauchy(x, median=0.0, sigma=1.0, *, generator=None, rng_key):
 
 @lower(aten.poisson.default, random=True)
 def poisson(x, generator=None, *, rng_key):
-    lam = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    lam = upcast(x)
     return jax.random.poisson(jax_key(rng_key), lam, x.shape).astype(x.dtype)
 
 
 @lower(aten._standard_gamma.default, random=True)
+@opmath("x")
 def _standard_gamma(x, generator=None, *, rng_key):
-    a = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
-    return jax.random.gamma(jax_key(rng_key), a, x.shape)
+    return jax.random.gamma(jax_key(rng_key), x, x.shape)
 
 
 # -- ops without a meta kernel -------------------------------------------------------------
@@ -313,13 +314,13 @@ def _direct_kernel(name, fn):
 
 
 def _dirichlet_fn(key, alpha):
-    a = alpha.astype(jnp.float32) if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha
+    a = upcast(alpha)
     g = jax.random.gamma(key, a, a.shape)
     return g / jnp.sum(g, axis=-1, keepdims=True)
 
 
 def _binomial_fn(key, count, prob):
-    f = jnp.float32 if count.dtype in (jnp.bfloat16, jnp.float16) else count.dtype
+    f = opmath_dtype(count.dtype)
     return jax.random.binomial(key, count.astype(f), prob.astype(f), count.shape)
 
 
@@ -410,7 +411,7 @@ def multinomial(p, num_samples, replacement=False, *, generator=None, rng_key):
                        num_samples, replacement)
     key = jax_key(rng_key)
     p2 = p.reshape(1, -1) if p.ndim == 1 else p
-    f = jnp.float32 if p2.dtype in (jnp.bfloat16, jnp.float16) else p2.dtype
+    f = opmath_dtype(p2.dtype)
     logits = jnp.log(p2.astype(f))
     n, k = p2.shape
     if replacement:

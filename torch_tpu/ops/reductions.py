@@ -24,19 +24,12 @@ import torch
 from jax import lax
 
 from ..runtime import storage as st
+from .opmath import opmath_dtype
 from .registry import lower, out_dtype, out_meta
 
 aten = torch.ops.aten
 
-_HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
-
-
 # -- helpers -----------------------------------------------------------------
-
-
-def _acc(dtype):
-    """The dtype PyTorch's CPU kernels accumulate `dtype` in."""
-    return jnp.float32 if np.dtype(dtype) in _HALF else dtype
 
 
 def _is_float(x):
@@ -134,7 +127,7 @@ def _meta_dtype(i):
 @lower(aten.sum.default, aten.sum.dim_IntList)
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
     od = out_dtype()
-    return jnp.sum(x.astype(_acc(od)), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.sum(x.astype(opmath_dtype(od)), axis=_axes(x, dim), keepdims=keepdim)
 
 
 @lower(aten.nansum.default)
@@ -142,7 +135,7 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
     if _is_complex(x):
         raise RuntimeError("nansum does not support complex inputs")
     od = out_dtype()
-    x = x.astype(_acc(od))
+    x = x.astype(opmath_dtype(od))
     if _is_float(x) or _is_complex(x):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
     return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim)
@@ -152,14 +145,14 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     od = out_dtype()
     axes = _axes(x, dim)
-    s = jnp.sum(x.astype(_acc(od)), axis=axes, keepdims=keepdim)
+    s = jnp.sum(x.astype(opmath_dtype(od)), axis=axes, keepdims=keepdim)
     return s / _count(x, axes)
 
 
 @lower(aten.prod.default, aten.prod.dim_int)
 def prod(x, dim=None, keepdim=False, *, dtype=None):
     od = out_dtype()
-    return jnp.prod(x.astype(_acc(od)), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.prod(x.astype(opmath_dtype(od)), axis=_axes(x, dim), keepdims=keepdim)
 
 
 def _f32_bits_as_f64(x):
@@ -427,7 +420,7 @@ def _var_mean(x, dim, correction, keepdim):
         raise RuntimeError("std and var only support floating point and complex dtypes")
     axes = _axes(x, dim)
     n = _count(x, axes)
-    xa = x.astype(_acc(x.dtype))
+    xa = x.astype(opmath_dtype(x.dtype))
     m = jnp.sum(xa, axis=axes, keepdims=True) / n
     d = xa - m
     sq = d.real * d.real + d.imag * d.imag if _is_complex(d) else d * d
@@ -493,7 +486,7 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = x.astype(st.TORCH_TO_JAX[dtype])
     axes = _axes(x, dim)
-    a = jnp.abs(x).astype(_acc(od))
+    a = jnp.abs(x).astype(opmath_dtype(od))
     branches = _norm_branches(axes, keepdim)
     # max/min of |x| over an empty set: PyTorch's meta kernel already rejects
     # inf/-inf norms of empty inputs; `initial` only makes tracing total.
@@ -518,7 +511,7 @@ def norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
 @lower(aten.logsumexp.default)
 def logsumexp(x, dim, keepdim=False):
     od = out_dtype()
-    xa = x.astype(_acc(od))
+    xa = x.astype(opmath_dtype(od))
     axes = _axes(xa, dim)
     # Complex: shift by the largest real part (the result's imaginary part is
     # then the principal argument of the sum, as on CPU).
@@ -536,7 +529,7 @@ def _softmax_axes(x, dim):
 @lower(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
     reject(x, "softmax", complex_=True, integer=True)
-    xa = x.astype(_acc(x.dtype))
+    xa = x.astype(opmath_dtype(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
         return xa
@@ -547,7 +540,7 @@ def _softmax(x, dim, half_to_float):
 @lower(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
     reject(x, "log_softmax", complex_=True, integer=True)
-    xa = x.astype(_acc(x.dtype))
+    xa = x.astype(opmath_dtype(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
         return xa
@@ -570,7 +563,7 @@ def _safe_softmax(x, dim, dtype=None):
 
 @lower(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
-    acc = _acc(grad_output.dtype)
+    acc = opmath_dtype(grad_output.dtype)
     g, y = grad_output.astype(acc), output.astype(acc)
     axes = _softmax_axes(g, dim)
     return y * (g - jnp.sum(g * y, axis=axes, keepdims=True))
@@ -578,7 +571,7 @@ def _softmax_backward_data(grad_output, output, dim, input_dtype):
 
 @lower(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
-    acc = _acc(grad_output.dtype)
+    acc = opmath_dtype(grad_output.dtype)
     g, y = grad_output.astype(acc), output.astype(acc)
     axes = _softmax_axes(g, dim)
     return g - jnp.exp(y) * jnp.sum(g, axis=axes, keepdims=True)
@@ -589,14 +582,14 @@ def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
 
 @lower(aten.cumsum.default)
 def cumsum(x, dim, *, dtype=None):
-    xa = x.astype(_acc(out_dtype()))
+    xa = x.astype(opmath_dtype(out_dtype()))
     d = _axis(x, dim)
     return xa if d is None else jnp.cumsum(xa, axis=d)
 
 
 @lower(aten.cumprod.default)
 def cumprod(x, dim, *, dtype=None):
-    xa = x.astype(_acc(out_dtype()))
+    xa = x.astype(opmath_dtype(out_dtype()))
     d = _axis(x, dim)
     return xa if d is None else jnp.cumprod(xa, axis=d)
 
@@ -604,7 +597,7 @@ def cumprod(x, dim, *, dtype=None):
 @lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def logcumsumexp(x, dim):
     reject(x, "logcumsumexp", integer=True)
-    xa = x.astype(_acc(out_dtype()))
+    xa = x.astype(opmath_dtype(out_dtype()))
     d = _axis(x, dim)
     if d is None or xa.shape[d] == 0:
         return xa
@@ -882,7 +875,7 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
                  lambda: "segment_reduce(): Either lengths or offsets must be defined.")
     reject(data, "_segment_reduce_cpu", complex_=True, integer=True)
     x, ids, ln, (outer, n_seg, inner), axis = _segment_layout(data, lengths, offsets, axis)
-    acc = jnp.float32 if np.dtype(data.dtype) in _HALF else data.dtype
+    acc = opmath_dtype(data.dtype)
     rows = x.reshape(outer * x.shape[1], inner).astype(acc)
     nseg = outer * n_seg + 1
     ln = ln.reshape(-1, 1)
@@ -932,7 +925,7 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
     torch._check(lengths is not None or offsets is not None,
                  lambda: "segment_reduce(): Either lengths or offsets must be defined")
     x, ids, ln, (outer, n_seg, inner), axis = _segment_layout(data, lengths, offsets, axis)
-    acc = jnp.float32 if np.dtype(grad.dtype) in _HALF else grad.dtype
+    acc = opmath_dtype(grad.dtype)
     n = outer * x.shape[1]
     rows = x.reshape(n, inner).astype(acc)
     nseg = outer * n_seg + 1

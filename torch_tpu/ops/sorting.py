@@ -26,6 +26,7 @@ from jax import lax
 from ..runtime import executor, platform
 from ..runtime import storage as st
 from . import core
+from .opmath import opmath_dtype
 from .reductions import reject, type_name, wrap_dim
 from .registry import LOWERINGS, lower, out_dtype
 
@@ -215,7 +216,7 @@ def _hist_fill(x2, edges, weight, density):
     """The histogram of the (M, N) points `x2` over per-dimension `edges`."""
     m, n = x2.shape
     shape = tuple(e.shape[0] - 1 for e in edges)
-    acc = jnp.float32 if x2.dtype in (jnp.bfloat16, jnp.float16) else x2.dtype
+    acc = opmath_dtype(x2.dtype)
     if n == 0:
         return jnp.zeros((), x2.dtype)
     total = int(np.prod(shape))

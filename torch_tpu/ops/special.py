@@ -28,6 +28,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
 from .elementwise import prep
+from .opmath import opmath, upcast
 from .registry import lower
 
 aten = torch.ops.aten
@@ -62,19 +63,15 @@ def _chbevl(y, coeffs):
     return b, p
 
 
-def _opmath(x):
-    """float32 for half-precision inputs (PyTorch's CPU kernels reject them)."""
-    if x.dtype in (jnp.bfloat16, jnp.float16):
-        return x.astype(jnp.float32)
-    return x
-
-
 def _unary(*ops):
+    """Register `fn(x)` for `ops`: integer inputs as floats, half-precision
+    ones in float32 (PyTorch's CPU kernels reject halves; CUDA's compute them
+    in float32)."""
     def deco(fn):
         def lowering(self):
-            return fn(_opmath(prep(self, kind=K.INT_TO_FLOAT)))
+            return fn(prep(self, kind=K.INT_TO_FLOAT))
         lowering.__name__ = fn.__name__
-        lower(*ops)(lowering)
+        lower(*ops)(opmath(lowering))
         return fn
     return deco
 
@@ -414,7 +411,7 @@ def _recurrence(n, q0, step, *, nan_stop=True):
 
 def _poly_prep(x, n):
     x, n = prep(x, n, kind=K.INT_TO_FLOAT)
-    x, n = _opmath(x), _opmath(n)
+    x, n = upcast(x), upcast(n)  # after prep: type promotion sees the half type
     x, n = jnp.broadcast_arrays(x, n)
     return x, _degree(n)
 
