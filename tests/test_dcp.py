@@ -12,8 +12,9 @@ wrote next to the checkpoint (`torch.save` of CPU copies):
 - 2 -> 2 and 2 -> 1: plain (replicated) modules and FSDP2 saved by 2 ranks,
   loaded by 2 ranks (FSDP2 again) and by one process without a group;
 - slow: DDP, tensor parallel DTensor state dicts (Colwise/Rowwise; also
-  1 -> 2), async_save on 2 ranks (its own gloo group, training going on
-  while it writes), each 2 -> 2 and 2 -> 1, and a full state dict broadcast
+  1 -> 2), async_save on 2 ranks (a thread with its own gloo group, and a
+  checkpoint process; training goes on while they write), each 2 -> 2 and
+  2 -> 1, and a full state dict broadcast
   from rank 0 into FSDP2 (`broadcast_from_rank0`);
 - damage: a truncated or missing shard file raises DCP's
   `CheckpointException` (on every rank), the same as the same damaged
@@ -205,86 +206,106 @@ dist.destroy_process_group()
 
 
 # The slow 2-rank run: DDP, tensor parallel, async_save, broadcast_from_rank0.
+# (in main(): the process-based async_save spawns a child that imports this script)
 SLOW_TWO_RANKS = COMMON + """
 import copy
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel, RowwiseParallel, parallelize_module)
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
-rank, world = dist.get_rank(), dist.get_world_size()
-base = os.environ["DCP_BASE"]
-mesh = init_device_mesh("tpu", (world,))
-t0 = time.monotonic()
-out = {}
+def main():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, parallelize_module)
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-def fsdp(model):
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = os.environ["DCP_BASE"]
+    mesh = init_device_mesh("tpu", (world,))
+    t0 = time.monotonic()
+    out = {}
 
-def tp(model):
-    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    def fsdp(model):
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
 
-# 1 -> 2: a single-process checkpoint into tensor-parallel DTensors
-m, o = fresh(tp, make=tp_mlp)
-load_into(m, o, f"{base}/single_tp")
-out["load_1to2_tp"] = diff(full_state(m, o), torch.load(f"{base}/single_tp_ref.pt")) or "ok"
+    def tp(model):
+        return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
-# DDP (each rank its share of the batch; the replicas stay equal) and tensor
-# parallel (every rank the whole batch): saved by 2 ranks, reloaded by 2 ranks
-for name, wrap, make, part in (("ddp", DDP, mlp, dict(rank=rank, world=world)),
-                               ("tp", tp, tp_mlp, {})):
-    m = wrap(make().to("tpu"))
-    o = train(m, **part)
+    # 1 -> 2: a single-process checkpoint into tensor-parallel DTensors
+    m, o = fresh(tp, make=tp_mlp)
+    load_into(m, o, f"{base}/single_tp")
+    out["load_1to2_tp"] = diff(full_state(m, o), torch.load(f"{base}/single_tp_ref.pt")) or "ok"
+
+    # DDP (each rank its share of the batch; the replicas stay equal) and tensor
+    # parallel (every rank the whole batch): saved by 2 ranks, reloaded by 2 ranks
+    for name, wrap, make, part in (("ddp", DDP, mlp, dict(rank=rank, world=world)),
+                                   ("tp", tp, tp_mlp, {})):
+        m = wrap(make().to("tpu"))
+        o = train(m, **part)
+        ref = full_state(m, o)
+        save_from(m, o, f"{base}/{name}")
+        if rank == 0:
+            torch.save(ref, f"{base}/{name}_ref.pt")
+        m2, o2 = fresh(wrap, make=make)
+        load_into(m2, o2, f"{base}/{name}")
+        out[f"load_2to2_{name}"] = diff(full_state(m2, o2), ref) or "ok"
+        if name == "tp":
+            w = m2[0].weight
+            out["tp_sharded"] = (tuple(w.to_local().shape) == (8, 6)
+                                 and tuple(m2[2].weight.to_local().shape) == (6, 8))
+
+    # async_save of FSDP2 state on 2 ranks (staged to CPU, written by a thread
+    # whose collectives run on a gloo group, apart from training's on "tpu")
+    ckpt_group = dist.new_group(backend="gloo")
+    m = fsdp(mlp().to("tpu"))
+    o = train(m, rank=rank, world=world)
     ref = full_state(m, o)
-    save_from(m, o, f"{base}/{name}")
+    msd, osd = get_state_dict(m, o)
+    fut = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=f"{base}/async",
+                         process_group=ckpt_group)
+    step(m, o, seed=2, rank=rank, world=world)   # training goes on while it writes
+    fut.result()
     if rank == 0:
-        torch.save(ref, f"{base}/{name}_ref.pt")
-    m2, o2 = fresh(wrap, make=make)
-    load_into(m2, o2, f"{base}/{name}")
-    out[f"load_2to2_{name}"] = diff(full_state(m2, o2), ref) or "ok"
-    if name == "tp":
-        w = m2[0].weight
-        out["tp_sharded"] = (tuple(w.to_local().shape) == (8, 6)
-                             and tuple(m2[2].weight.to_local().shape) == (6, 8))
+        torch.save(ref, f"{base}/async_ref.pt")
+    m2, o2 = fresh(fsdp)
+    load_into(m2, o2, f"{base}/async")
+    out["load_2to2_async"] = diff(full_state(m2, o2), ref) or "ok"
 
-# async_save of FSDP2 state on 2 ranks (staged to CPU, written by a thread
-# whose collectives run on a gloo group, apart from training's on "tpu")
-ckpt_group = dist.new_group(backend="gloo")
-m = fsdp(mlp().to("tpu"))
-o = train(m, rank=rank, world=world)
-ref = full_state(m, o)
-msd, osd = get_state_dict(m, o)
-fut = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=f"{base}/async",
-                     process_group=ckpt_group)
-step(m, o, seed=2, rank=rank, world=world)   # training goes on while it writes
-fut.result()
-if rank == 0:
-    torch.save(ref, f"{base}/async_ref.pt")
-m2, o2 = fresh(fsdp)
-load_into(m2, o2, f"{base}/async")
-out["load_2to2_async"] = diff(full_state(m2, o2), ref) or "ok"
+    # async_save in a checkpoint process of its own (its own gloo group)
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    ref = full_state(m, o)
+    msd, osd = get_state_dict(m, o)
+    fut = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=f"{base}/async_process",
+                         async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+    step(m, o, seed=3, rank=rank, world=world)
+    fut.result()
+    if rank == 0:
+        torch.save(ref, f"{base}/async_process_ref.pt")
+    m2, o2 = fresh(fsdp)
+    load_into(m2, o2, f"{base}/async_process")
+    out["load_2to2_async_process"] = diff(full_state(m2, o2), ref) or "ok"
 
-# a full state dict on rank 0 only, broadcast into FSDP2 shards (model and
-# optimizer in separate calls, as set_state_dict with an empty dict on the
-# other ranks would treat their call as optimizer-only)
-from torch.distributed.checkpoint.state_dict import (
-    set_model_state_dict, set_optimizer_state_dict)
-m3, o3 = fresh(fsdp)
-# (set_*_state_dict put the loaded DTensors into the dicts they are given: a copy)
-full = copy.deepcopy(ref) if rank == 0 else ({}, {})
-opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-set_model_state_dict(m3, full[0], options=opts)
-set_optimizer_state_dict(m3, o3, full[1], options=opts)
-out["broadcast_from_rank0"] = diff(full_state(m3, o3), ref) or "ok"
-out["seconds"] = time.monotonic() - t0
-report(**{f"{k}_{rank}": v for k, v in out.items()})
-dist.destroy_process_group()
+    # a full state dict on rank 0 only, broadcast into FSDP2 shards (model and
+    # optimizer in separate calls, as set_state_dict with an empty dict on the
+    # other ranks would treat their call as optimizer-only)
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict, set_optimizer_state_dict)
+    m3, o3 = fresh(fsdp)
+    # (set_*_state_dict put the loaded DTensors into the dicts they are given: a copy)
+    full = copy.deepcopy(ref) if rank == 0 else ({}, {})
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(m3, full[0], options=opts)
+    set_optimizer_state_dict(m3, o3, full[1], options=opts)
+    out["broadcast_from_rank0"] = diff(full_state(m3, o3), ref) or "ok"
+    out["seconds"] = time.monotonic() - t0
+    report(**{f"{k}_{rank}": v for k, v in out.items()})
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
 """
 
 @pytest.fixture(scope="module")
@@ -442,9 +463,9 @@ def slow_ckpts(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp", "tp", "async"])
+@pytest.mark.parametrize("name", ["ddp", "tp", "async", "async_process"])
 def test_slow_save_2_load_2_and_1(slow_ckpts, name):
-    """DDP, tensor parallel (Colwise/Rowwise DTensors) and async_save: 2 -> 2 and 2 -> 1."""
+    """DDP, tensor parallel (Colwise/Rowwise DTensors), async_save (thread, process): 2 -> 2, 2 -> 1."""
     base, res = slow_ckpts
     for r in (0, 1):
         assert res[f"load_2to2_{name}_{r}"] == "ok", res
