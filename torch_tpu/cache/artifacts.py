@@ -271,6 +271,14 @@ def _make_dynamo_cache():
                     counters["dynamo_cache"]["dynamo_cache_miss"] += 1
                     return None
                 entry = pickle.loads(blob)
+                import sys
+
+                if any(code.python_module not in sys.modules for code in entry.dynamo.codes):
+                    # A module run without an entry in sys.modules (exec'd
+                    # source): the package cannot be installed into it.
+                    with _lock:
+                        STATS.misses += 1
+                    return None
                 from torch._dynamo.precompile_context import PrecompileContext
 
                 for backend in entry.backends.values():
@@ -423,11 +431,19 @@ def _patch() -> None:
         def _install(self, backends):
             try:
                 return install(self, backends)
-            except RuntimeError:
-                raise
             except Exception as e:
+                # Undo it, so that dynamo's fallback (a fresh package, traced
+                # again) can initialize this one anew.
+                with contextlib.suppress(Exception):
+                    self.uninstall()
+                self._initialized = False
+                self._codes = {}
                 with _lock:
                     STATS.rejected += 1
+                    STATS.hits = max(0, STATS.hits - 1)
+                _store.warn_once("artifact-install", f"could not install a PyTorch compile "
+                                                     f"package ({type(e).__name__}: {e}); the "
+                                                     "function is traced and compiled again")
                 raise RuntimeError(f"torch_tpu: cannot install a compile package: {e}") from e
 
         _install._torch_tpu = True
@@ -444,6 +460,13 @@ def _is_tpu_entry(entry) -> bool:
 
     fw = getattr(entry, "compiled_fw", None)
     return isinstance(getattr(fw, "result", None), TpuOutputCode)
+
+
+def packaged(gm) -> bool:
+    """Is dynamo packaging the frame of this graph? (It names the graph's
+    backend id only then; a frame it bypassed, e.g. a compiled optimizer
+    step, is compiled as without precompile, without AOTAutograd's key.)"""
+    return STATE["installed"] and getattr(gm, "_backend_id", None) is not None
 
 
 def serializable_compiler(compile_graph):

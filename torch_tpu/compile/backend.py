@@ -864,11 +864,11 @@ def _partition_fn(options):
     return partitioners.default_partition
 
 
-def _compiler(kind, options):
+def _compiler(kind, options, packaged=False):
     def compile_graph(gm, example_inputs):
         return CompiledGraph(gm, example_inputs, kind, options)
 
-    if _artifacts is not None and _artifacts.STATE["installed"]:
+    if packaged:
         # TORCH_TPU_PRECOMPILE: graphs AOTAutograd can bundle into packages.
         return _artifacts.serializable_compiler(compile_graph)
     return compile_graph
@@ -895,16 +895,18 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
     if options.get("opt_level") is not None:
         options["opt_level"] = _olevel.check(
             options["opt_level"], 'torch.compile(backend="tpu"): options["opt_level"]')
+    # TORCH_TPU_PRECOMPILE: only graphs of frames dynamo is packaging.
+    packaged = _artifacts is not None and _artifacts.packaged(gm)
     aot = aot_autograd(
-        fw_compiler=_compiler("forward", options),
-        bw_compiler=_compiler("backward", options),
-        inference_compiler=_compiler("inference", options),
+        fw_compiler=_compiler("forward", options, packaged),
+        bw_compiler=_compiler("backward", options, packaged),
+        inference_compiler=_compiler("inference", options, packaged),
         decompositions=_decompositions(),
         partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )
     try:
-        if _artifacts is not None and _artifacts.STATE["installed"]:
+        if packaged:
             with _artifacts.aot_context():
                 return aot(gm, example_inputs)
         return aot(gm, example_inputs)
