@@ -494,3 +494,40 @@ def test_slow_broadcast_from_rank0(slow_ckpts):
     _, res = slow_ckpts
     for r in (0, 1):
         assert res[f"broadcast_from_rank0_{r}"] == "ok", res
+
+
+def test_one_rank_group_async_save_and_broadcast_from_rank0(tmp_path):
+    """With a "tpu" group: async_save on the default group and broadcast_from_rank0.
+
+    Both read the group's `_device_types` (empty for a Python process group
+    before torch_tpu declared tpu and cpu): async_save refused the group,
+    and the broadcast indexed the empty list.
+    """
+    import copy
+    from datetime import timedelta
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        ns = _ns()
+        m = ns["mlp"]().to("tpu")
+        o = ns["train"](m)
+        ref = ns["full_state"](m, o)
+        msd, osd = ns["get_state_dict"](m, o)
+        dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp_path)).result()
+        m2, o2 = ns["fresh"]()
+        ns["load_into"](m2, o2, str(tmp_path))
+        assert ns["diff"](ns["full_state"](m2, o2), ref) is None
+
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        m3, o3 = ns["fresh"]()
+        full = copy.deepcopy(ref)
+        set_model_state_dict(m3, full[0], options=opts)
+        set_optimizer_state_dict(m3, o3, full[1], options=opts)
+        assert ns["diff"](ns["full_state"](m3, o3), ref) is None
+    finally:
+        dist.destroy_process_group()
