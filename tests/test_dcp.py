@@ -11,11 +11,12 @@ wrote next to the checkpoint (`torch.save` of CPU copies):
   uneven 8/7 row split) and into replicated modules on 2 ranks;
 - 2 -> 2 and 2 -> 1: plain (replicated) modules and FSDP2 saved by 2 ranks,
   loaded by 2 ranks (FSDP2 again) and by one process without a group;
+- a one-process "tpu" group: async_save on the default group and a full
+  state dict loaded with `broadcast_from_rank0`;
 - slow: DDP, tensor parallel DTensor state dicts (Colwise/Rowwise; also
   1 -> 2), async_save on 2 ranks (a thread with its own gloo group, and a
   checkpoint process; training goes on while they write), each 2 -> 2 and
-  2 -> 1, and a full state dict broadcast
-  from rank 0 into FSDP2 (`broadcast_from_rank0`);
+  2 -> 1, and a full state dict broadcast from rank 0 into FSDP2;
 - damage: a truncated or missing shard file raises DCP's
   `CheckpointException` (on every rank), the same as the same damaged
   checkpoint loaded into CPU tensors (never a silent partial load; as on
