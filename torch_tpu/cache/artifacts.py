@@ -234,6 +234,19 @@ def _is_optimizer_step(fn) -> bool:
     return isinstance(getattr(fn, "__self__", None), torch.optim.Optimizer)
 
 
+def _package_key(source_id: str, code) -> str:
+    """The store key of a function's package: dynamo's id (qualified name and
+    first line) plus the function's file and bytecode, so that another script
+    with a function of the same name at the same line is not mistaken for it
+    (dynamo also checks the sources it inlined)."""
+    h = hashlib.sha256()
+    for part in (code.co_filename, code.co_qualname, str(code.co_firstlineno),
+                 " ".join(code.co_names)):
+        h.update(part.encode("utf-8", "replace") + b"\0")
+    h.update(code.co_code)
+    return f"dynamo:{source_id}:{h.hexdigest()}"
+
+
 def _make_dynamo_cache():
     from torch._dynamo.package import CompilePackage, DiskDynamoCache
     from torch._dynamo.utils import counters
@@ -251,20 +264,21 @@ def _make_dynamo_cache():
             pass  # torch_tpu.cache.clear() empties the directory
 
         def write(self, cache_entry, path: str) -> None:
-            artifact_store().put("dynamo:" + path, pickle.dumps(cache_entry))
+            artifact_store().put(_package_key(path, cache_entry.dynamo.codes[0].python_code),
+                                 pickle.dumps(cache_entry))
 
         def read(self, path: str):
-            blob = artifact_store().get("dynamo:" + path)
-            if blob is None:
-                raise RuntimeError(f"no compile package {path}")
-            return pickle.loads(blob)
+            raise RuntimeError("torch_tpu's package store is read through load(fn)")
 
         def load(self, fn):
             if _is_optimizer_step(fn):
                 return None
             try:
-                key = CompilePackage.source_id_from_fn(fn)
-                blob = artifact_store().get("dynamo:" + key)
+                from torch._dynamo.eval_frame import innermost_fn
+
+                key = _package_key(CompilePackage.source_id_from_fn(fn),
+                                   innermost_fn(fn).__code__)
+                blob = artifact_store().get(key)
                 if blob is None:
                     with _lock:
                         STATS.misses += 1
@@ -318,8 +332,10 @@ def save() -> int:
         _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
         return 0
     for key, entry in entries.items():
-        if all(code.bypassed for code in entry.dynamo.codes):
-            continue
+        codes = entry.dynamo.codes
+        if all(code.bypassed for code in codes) or \
+                codes[0].python_module.startswith("torch.optim"):
+            continue  # nothing to load (optimizer steps are never loaded)
         try:
             blob = pickle.dumps(entry)
         except Exception as e:
@@ -329,7 +345,7 @@ def save() -> int:
         digest = hashlib.sha256(blob).hexdigest()
         if _saved.get(key) == digest:
             continue
-        if s.put("dynamo:" + key, blob):
+        if s.put(_package_key(key, codes[0].python_code), blob):
             _saved[key] = digest
             n += 1
             with _lock:
