@@ -121,7 +121,7 @@ def gc_clock():
     return _GC
 
 
-def torch_step(device, backend=None):
+def torch_step(device, backend=None, compile_optimizer=True):
     """(first-step seconds, step function, sync function)."""
     import torch
     import torch.nn.functional as F
@@ -136,7 +136,8 @@ def torch_step(device, backend=None):
 
     t0 = time.perf_counter()
     loss_fn = torch.compile(forward_loss, backend=backend) if backend else forward_loss
-    opt_step = torch.compile(opt.step, backend=backend) if backend == "tpu" else opt.step
+    opt_step = (torch.compile(opt.step, backend=backend)
+                if backend == "tpu" and compile_optimizer else opt.step)
     # With TORCH_TPU_PRECOMPILE=1 a warm process loads its packages here.
     compile_calls = time.perf_counter() - t0
 
@@ -257,12 +258,13 @@ bench = importlib.util.module_from_spec(spec)
 sys.modules["bench"] = bench  # as an imported module is (compile packages name it)
 spec.loader.exec_module(bench)
 torch.tpu.set_matmul_precision(sys.argv[2])
-profile = len(sys.argv) > 3 and sys.argv[3] == "profile"
+profile = sys.argv[3] == "profile"
 if profile:
     import cProfile, io, pstats
     prof = cProfile.Profile()
     bench.torch_step.profiler = prof
-first, step, sync = bench.torch_step("tpu", backend="tpu")
+first, step, sync = bench.torch_step("tpu", backend="tpu",
+                                     compile_optimizer=sys.argv[4] == "1")
 out = bench.phases(first, step.before)
 out["import"] = t_import
 out["cpu"] = step.first_cpu
@@ -308,16 +310,16 @@ def opt_level_runs(levels, precision, n):
     return runs
 
 
-def _child(precision, env, profile=False):
-    argv = [sys.executable, "-c", _CHILD, os.path.abspath(__file__), precision]
-    out = subprocess.run(argv + (["profile"] if profile else []), capture_output=True,
-                         text=True, env=env)
+def _child(precision, env, profile=False, compile_optimizer=True):
+    argv = [sys.executable, "-c", _CHILD, os.path.abspath(__file__), precision,
+            "profile" if profile else "-", "1" if compile_optimizer else "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def warm_start(precision, runs=5, profile=False, precompile=False):
+def warm_start(precision, runs=5, profile=False, precompile=False, compile_optimizer=True):
     """(cold, warm): per-key medians over `runs` cold/warm process pairs.
 
     Each pair: a cold process on a fresh cache directory, then a warm one
@@ -329,10 +331,10 @@ def warm_start(precision, runs=5, profile=False, precompile=False):
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, TORCH_TPU_CACHE_DIR=d,
                        TORCH_TPU_PRECOMPILE="1" if precompile else "0")
-            cold_runs.append(_child(precision, env))
-            warm_runs.append(_child(precision, env))
+            cold_runs.append(_child(precision, env, compile_optimizer=compile_optimizer))
+            warm_runs.append(_child(precision, env, compile_optimizer=compile_optimizer))
             if profile and i == 0:
-                prof = _child(precision, env, profile=True)["profile"]
+                prof = _child(precision, env, True, compile_optimizer)["profile"]
     cold, warm = _median_runs(cold_runs), _median_runs(warm_runs)
     if profile:
         warm["profile"] = prof
@@ -386,8 +388,12 @@ def _warm_runs(args):
     """The warm-start comparison per --precompile setting (lists of lines)."""
     out = []
     for on in {"off": [False], "on": [True], "both": [False, True]}[args.precompile]:
-        cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm, on)
-        out.append(_warm_lines(cold, warm, "TORCH_TPU_PRECOMPILE=1" if on else "default"))
+        cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm, on,
+                                not args.eager_optimizer)
+        label = "TORCH_TPU_PRECOMPILE=1" if on else "default"
+        if args.eager_optimizer:
+            label += ", optimizer step eager (not compiled)"
+        out.append(_warm_lines(cold, warm, label))
     return out
 
 
@@ -410,6 +416,9 @@ def main(argv=None):
     p.add_argument("--precompile", default="both", choices=["off", "on", "both"],
                    help="warm start without and/or with TORCH_TPU_PRECOMPILE=1 (dynamo "
                         "packages in the cache dir)")
+    p.add_argument("--eager-optimizer", action="store_true",
+                   help="warm start: run optimizer.step eagerly (PyTorch never packages a "
+                        "compiled one, so with --precompile it is traced in every process)")
     args = p.parse_args(argv)
     n = 30 if args.quick else 100
     if args.warm_only:
