@@ -9,7 +9,8 @@ program (convolution, padding, average pooling, attention), which keeps the
 two consistent by construction.
 
 Half-precision inputs (bfloat16, float16) compute in float32 and are rounded
-once at the end, like PyTorch's CPU kernels (accumulation types). Matmul-like
+once at the end, like PyTorch's CPU kernels (accumulation types): `@opmath`
+and `upcast` from `ops/opmath.py`. Matmul-like
 ops (convolution, attention, adaptive pooling) run float32 inputs at
 `Precision.HIGHEST`, so results match PyTorch's float32 on a TPU too; inputs
 that came from a half type are exact in bfloat16 and use the default (one-pass)

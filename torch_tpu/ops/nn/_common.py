@@ -12,22 +12,8 @@ from ..registry import out_meta
 
 aten = torch.ops.aten
 
-_HALF = (jnp.bfloat16, jnp.float16)
-
-
 # --------------------------------------------------------------------------
 # helpers
-
-
-def _is_half(x):
-    return x.dtype in _HALF
-
-
-def _acc(x):
-    """`x` in its accumulation dtype (float32 for half types)."""
-    if x is None:
-        return None
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 def _precision(*xs):

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..opmath import is_half, upcast
 from ..registry import lower
-from ._common import _acc, _is_half, _precision, _sum_to
+from ._common import _precision, _sum_to
 from .dropout import _jax_key
 
 aten = torch.ops.aten
@@ -48,7 +49,7 @@ def _kv(x, grp):
 def _attn_scores(q, k, bias, is_causal, scale, grp):
     """Masked, scaled scores q k^T in float32, shape (..., Hq, L, S)."""
     L, S = q.shape[-2], k.shape[-2]
-    s = jnp.einsum("...le,...se->...ls", _group(_acc(q), grp), _kv(_acc(k), grp),
+    s = jnp.einsum("...le,...se->...ls", _group(upcast(q), grp), _kv(upcast(k), grp),
                    precision=_precision(q, k))
     s = _ungroup(s, grp) * scale
     masked = None
@@ -58,7 +59,7 @@ def _attn_scores(q, k, bias, is_causal, scale, grp):
         if bias.dtype == jnp.bool_:
             masked = ~bias if masked is None else (masked | ~bias)
         else:
-            s = s + _acc(bias)
+            s = s + upcast(bias)
     if masked is not None:
         s = jnp.where(masked, -jnp.inf, s)
     return s
@@ -91,9 +92,9 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
     p = e / jnp.where(denom == 0, 1.0, denom)
     if dropout_p > 0:
         p = jnp.where(_attn_keep(key, dropout_p, p.shape), p / (1.0 - dropout_p), 0.0)
-    half_v = _is_half(v)
+    half_v = is_half(v.dtype)
     # P @ V runs in V's dtype (float32 accumulation) for half types.
-    va = v if half_v else _acc(v)
+    va = v if half_v else upcast(v)
     out = jnp.einsum("...ls,...sd->...ld", _group(p.astype(va.dtype), grp), _kv(va, grp),
                      precision=_precision(v), preferred_element_type=jnp.float32
                      if half_v else None)
@@ -108,7 +109,7 @@ def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key,
     s = _attn_scores(q, k, bias, is_causal, scale, grp)
     lse = lse.reshape(s.shape[:-1])[..., None]
     p = jnp.where(jnp.isfinite(lse), jnp.exp(s - lse), 0.0)
-    ga = _acc(g)
+    ga = upcast(g)
     prec = _precision(q, k, v)
     pd = p
     if dropout_p > 0:
@@ -118,18 +119,18 @@ def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key,
     # With GQA, the G query heads of a kv head sum into its gradients.
     gsum = "...gls,...gld->...sd" if grp > 1 else "...ls,...ld->...sd"
     dv = jnp.einsum(gsum, _group(pd, grp), gg, precision=prec)
-    dp = _ungroup(jnp.einsum("...ld,...sd->...ls", gg, _kv(_acc(v), grp), precision=prec), grp)
+    dp = _ungroup(jnp.einsum("...ld,...sd->...ls", gg, _kv(upcast(v), grp), precision=prec), grp)
     if dropout_p > 0:
         dp = dp * z
     if out is not None:
-        row = jnp.sum(ga * _acc(out), axis=-1, keepdims=True)
+        row = jnp.sum(ga * upcast(out), axis=-1, keepdims=True)
     else:
         row = jnp.sum(p * dp, axis=-1, keepdims=True)
     ds = p * (dp - row)
     dsg = _group(ds, grp)
-    dq = _ungroup(jnp.einsum("...ls,...se->...le", dsg, _kv(_acc(k), grp), precision=prec),
+    dq = _ungroup(jnp.einsum("...ls,...se->...le", dsg, _kv(upcast(k), grp), precision=prec),
                   grp) * scale
-    dk = jnp.einsum(gsum.replace("d", "e"), dsg, _group(_acc(q), grp), precision=prec) * scale
+    dk = jnp.einsum(gsum.replace("d", "e"), dsg, _group(upcast(q), grp), precision=prec) * scale
     return dq, dk, dv, ds
 
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc, _expand_param, _precision
+from ._common import _expand_param, _precision
 
 aten = torch.ops.aten
 
@@ -76,11 +77,11 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
     prec = _precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
-    x = _acc(input)[None] if unbatched else _acc(input)
-    y = _conv_forward(x, _acc(weight), stride, padding, dilation, transposed, output_padding,
+    x = upcast(input)[None] if unbatched else upcast(input)
+    y = _conv_forward(x, upcast(weight), stride, padding, dilation, transposed, output_padding,
                       groups, prec)
     if bias is not None:
-        y = y + _acc(bias).reshape((1, -1) + (1,) * (y.ndim - 2))
+        y = y + upcast(bias).reshape((1, -1) + (1,) * (y.ndim - 2))
     return y[0] if unbatched else y
 
 
@@ -92,19 +93,20 @@ def _convolution(input, weight, bias, stride, padding, dilation, transposed, out
 
 
 @lower(aten.convolution_backward.default)
+@opmath("grad_output")
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
     prec = _precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
-    x = _acc(input)[None] if unbatched else _acc(input)
-    g = _acc(grad_output)[None] if unbatched else _acc(grad_output)
+    x = upcast(input)[None] if unbatched else upcast(input)
+    g = grad_output[None] if unbatched else grad_output
     g = g.astype(x.dtype)
 
     def f(x_, w_):
         return _conv_forward(x_, w_, stride, padding, dilation, transposed, output_padding,
                              groups, prec)
 
-    _, vjp = jax.vjp(f, x, _acc(weight).astype(x.dtype))
+    _, vjp = jax.vjp(f, x, upcast(weight).astype(x.dtype))
     gx, gw = vjp(g)
     if unbatched:
         gx = gx[0]

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc
 
 aten = torch.ops.aten
 
@@ -29,14 +29,15 @@ def native_dropout(input, p, train, *, rng_key):
         return input, jnp.ones(input.shape, jnp.bool_)
     keep = jax.random.bernoulli(_jax_key(rng_key), 1.0 - p, input.shape)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
-    x = _acc(input)
+    x = upcast(input)
     return x * keep.astype(x.dtype) * scale, keep
 
 
 @lower(aten.rrelu_with_noise.default, mutates=("noise",), random=True)
+@opmath("self")
 def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None,
                      *, rng_key):
-    x = _acc(self)
+    x = self
     if not training:  # leaky_relu with the mean slope; the noise is left alone
         slope = (lower + upper) / 2
         return jnp.where(x > 0, x, x * slope), {"noise": noise}
@@ -72,16 +73,18 @@ _install_rrelu_kernel()
 
 
 @lower(aten.rrelu_with_noise_backward.default)
+@opmath("grad_output", "self", "noise")
 def rrelu_with_noise_backward(grad_output, self, noise, lower, upper, training, self_is_result):
-    g = _acc(grad_output)
+    g = grad_output
     slope = (lower + upper) / 2
-    leaky = jnp.where(_acc(self) > 0, g, g * slope)
+    leaky = jnp.where(self > 0, g, g * slope)
     if not training:
         return leaky
-    return jnp.where(upper - lower > 1e-6, g * _acc(noise), leaky)
+    return jnp.where(upper - lower > 1e-6, g * noise, leaky)
 
 
 @lower(aten.native_dropout_backward.default)
+@opmath("grad_output")
 def native_dropout_backward(grad_output, mask, scale):
-    g = _acc(grad_output)
+    g = grad_output
     return g * mask.astype(g.dtype) * scale

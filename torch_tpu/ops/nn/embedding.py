@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc, _meta_list
+from ._common import _meta_list
 
 aten = torch.ops.aten
 
@@ -24,18 +25,20 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 
 @lower(aten.embedding_renorm.default)
+@opmath("self")
 def embedding_renorm(self, indices, max_norm, norm_type):
     """Rows of `self` named in `indices` rescaled to norm <= max_norm."""
     idx = indices.reshape(-1)
-    rows = jnp.take(_acc(self), idx, axis=0, mode="clip")
+    rows = jnp.take(self, idx, axis=0, mode="clip")
     norms = jnp.linalg.norm(rows, ord=norm_type, axis=-1, keepdims=True)
     scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
-    return _acc(self).at[idx].set(rows * scale)
+    return self.at[idx].set(rows * scale)
 
 
 @lower(aten.embedding_dense_backward.default)
+@opmath("grad_output")
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
-    g = _acc(grad_output)
+    g = grad_output
     d = g.shape[-1]
     idx = indices.reshape(-1)
     g = g.reshape(-1, d)
@@ -69,7 +72,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
                         include_last_offset, padding_idx):
     nbags = offsets.shape[0] - (1 if include_last_offset else 0)
     bag, valid, counts = _bags(indices, offsets, include_last_offset, padding_idx, nbags)
-    w = _acc(weight)
+    w = upcast(weight)
     rows = jnp.take(w, indices, axis=0, mode="clip")
     metas = _meta_list()
     if mode == 2:
@@ -85,7 +88,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
         maxi = jnp.where(counts[:, None] > 0, indices[jnp.clip(first, 0, max(n - 1, 0))], 0)
     else:
         if per_sample_weights is not None:
-            rows = rows * _acc(per_sample_weights)[:, None]
+            rows = rows * upcast(per_sample_weights)[:, None]
         out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, num_segments=nbags)
         if mode == 1:
             out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
@@ -109,7 +112,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
 
 def _embedding_bag_grad(grad, indices, bag, valid, counts, maximum_indices, num_weights,
                         scale_grad_by_freq, mode, per_sample_weights):
-    g = _acc(grad)
+    g = upcast(grad)
     d = g.shape[-1]
     if mode == 2:
         nbags = g.shape[0]
@@ -121,7 +124,7 @@ def _embedding_bag_grad(grad, indices, bag, valid, counts, maximum_indices, num_
     if mode == 1:
         rows = rows / jnp.maximum(counts[bag], 1)[:, None].astype(rows.dtype)
     if per_sample_weights is not None:
-        rows = rows * _acc(per_sample_weights)[:, None]
+        rows = rows * upcast(per_sample_weights)[:, None]
     rows = jnp.where(valid[:, None], rows, 0)
     if scale_grad_by_freq:
         freq = jnp.zeros((num_weights,), rows.dtype).at[indices].add(valid.astype(rows.dtype))
@@ -154,10 +157,11 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
 
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)
+@opmath("weight")
 def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
                                                padding_idx=-1):
     nbags = grad.shape[0]
     include_last = offsets.shape[0] > nbags
     bag, valid, _ = _bags(indices, offsets, include_last, padding_idx, nbags)
-    rows = jnp.take(_acc(weight), indices, axis=0, mode="clip")
-    return jnp.where(valid, jnp.sum(_acc(grad)[bag] * rows, axis=-1), 0)
+    rows = jnp.take(weight, indices, axis=0, mode="clip")
+    return jnp.where(valid, jnp.sum(upcast(grad)[bag] * rows, axis=-1), 0)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc
 
 aten = torch.ops.aten
 
@@ -104,8 +104,8 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
     # the same operations on bfloat16 arrays reproduce it. float16 (like float32)
     # takes CPU's vectorized 2-D kernel, which we follow in float32.
     keep = input.dtype == jnp.bfloat16
-    x = input if keep else _acc(input)
-    g = grid if keep else _acc(grid)
+    x = input if keep else upcast(input)
+    g = grid if keep else upcast(grid)
     n, c = x.shape[:2]
     sp = x.shape[2:]
     nsp = len(sp)
@@ -192,9 +192,10 @@ def _gs_coordinates_grad(coord, size, padding_mode, align_corners, vectorized=Fa
 
 
 @lower(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+@opmath("grad_output", "input", "grid")
 def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                           align_corners, output_mask):
-    x, g, go = _acc(input), _acc(grid), _acc(grad_output)
+    x, g, go = input, grid, grad_output
     gi = None
     if output_mask[0]:  # linear in the input: the forward's transpose
         _, vjp = jax.vjp(lambda x_: _grid_sample(x_, g, interpolation_mode, padding_mode,

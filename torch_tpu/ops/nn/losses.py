@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc, _reduce
+from ._common import _reduce
 
 aten = torch.ops.aten
 
@@ -27,13 +28,13 @@ def _nll(self, target, weight, ignore_index):
     t = target.astype(jnp.int32)
     ignored = t == ignore_index
     safe = jnp.where(ignored, 0, t)
-    w = jnp.ones(t.shape, jnp.float32) if weight is None else _acc(weight)[safe]
+    w = jnp.ones(t.shape, jnp.float32) if weight is None else upcast(weight)[safe]
     w = jnp.where(ignored, jnp.zeros((), w.dtype), w)
     return cdim, nclass, safe, w
 
 
 def _nll_forward(self, target, weight, reduction, ignore_index):
-    x = _acc(self)
+    x = upcast(self)
     cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
     picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, cdim), axis=cdim), cdim)
     w = w.astype(x.dtype)
@@ -46,11 +47,11 @@ def _nll_forward(self, target, weight, reduction, ignore_index):
 
 
 def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     cdim, nclass, safe, w = _nll(self, target, weight, ignore_index)
     w = w.astype(g.dtype)
     if reduction == 1:
-        g = g / _acc(total_weight).astype(g.dtype)
+        g = g / upcast(total_weight).astype(g.dtype)
     scale = -w * g
     onehot = jax.nn.one_hot(safe, nclass, dtype=g.dtype, axis=cdim)
     return onehot * jnp.expand_dims(scale, cdim)
@@ -78,26 +79,28 @@ def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_ind
 
 
 def _grad_scale(grad_output, reduction, n):
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     return g / n if reduction == 1 else g
 
 
 @lower(aten.mse_loss.default)
+@opmath("self", "target")
 def mse_loss(self, target, reduction=1):
-    d = _acc(self) - _acc(target)
+    d = self - target
     return _reduce(d * d, reduction)
 
 
 @lower(aten.mse_loss_backward.default)
 def mse_loss_backward(grad_output, self, target, reduction):
-    d = _acc(self) - _acc(target)
+    d = upcast(self) - upcast(target)
     n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
     return 2 * d * _grad_scale(grad_output, reduction, n)
 
 
 @lower(aten.smooth_l1_loss.default)
+@opmath("self", "target")
 def smooth_l1_loss(self, target, reduction=1, beta=1.0):
-    z = jnp.abs(_acc(self) - _acc(target))
+    z = jnp.abs(self - target)
     if beta == 0:
         return _reduce(z, reduction)
     return _reduce(jnp.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta), reduction)
@@ -105,7 +108,7 @@ def smooth_l1_loss(self, target, reduction=1, beta=1.0):
 
 @lower(aten.smooth_l1_loss_backward.default)
 def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
-    x = _acc(self) - _acc(target)
+    x = upcast(self) - upcast(target)
     n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
     g = _grad_scale(grad_output, reduction, n)
     inner = x / beta if beta != 0 else jnp.zeros_like(x)
@@ -114,14 +117,15 @@ def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
 
 
 @lower(aten.huber_loss.default)
+@opmath("self", "target")
 def huber_loss(self, target, reduction=1, delta=1.0):
-    z = jnp.abs(_acc(self) - _acc(target))
+    z = jnp.abs(self - target)
     return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
 
 
 @lower(aten.huber_loss_backward.default)
 def huber_loss_backward(grad_output, self, target, reduction, delta):
-    x = _acc(self) - _acc(target)
+    x = upcast(self) - upcast(target)
     n = max(1, int(np.prod(jnp.broadcast_shapes(self.shape, target.shape))))
     g = _grad_scale(grad_output, reduction, n)
     d = jnp.where(x <= -delta, -delta, jnp.where(x >= delta, delta, x))
@@ -129,23 +133,25 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 
 
 @lower(aten.binary_cross_entropy.default)
+@opmath("self", "target")
 def binary_cross_entropy(self, target, weight=None, reduction=1):
-    x, t = _acc(self), _acc(target)
+    x, t = self, target
     log_x = jnp.maximum(jnp.log(x), -100.0)
     log_1mx = jnp.maximum(jnp.log1p(-x), -100.0)
     loss = (t - 1) * log_1mx - t * log_x
     if weight is not None:
-        loss = loss * _acc(weight)
+        loss = loss * upcast(weight)
     return _reduce(loss, reduction)
 
 
 @lower(aten.binary_cross_entropy_backward.default)
+@opmath("self", "target")
 def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
-    x, t = _acc(self), _acc(target)
+    x, t = self, target
     g = _grad_scale(grad_output, reduction, max(1, x.size))
     gi = g * (x - t) / jnp.maximum((1 - x) * x, 1e-12)
     if weight is not None:
-        gi = gi * _acc(weight)
+        gi = gi * upcast(weight)
     return gi
 
 
@@ -157,7 +163,7 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
     def rnd(v, like):
         return v.astype(like.dtype)
 
-    xf = _acc(self)
+    xf = upcast(self)
     lsi = rnd(jnp.minimum(xf, 0) - jnp.log1p(jnp.exp(-jnp.abs(xf))), self)
     if pos_weight is not None:
         log_weight = (pos_weight - 1) * target + 1
@@ -166,7 +172,7 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
     loss = rnd(rnd(one_m_t * self, one_m_t) - lsi, one_m_t)
     if weight is not None:
         loss = rnd(loss * weight, loss)
-    return _reduce(_acc(loss), reduction)
+    return _reduce(upcast(loss), reduction)
 
 
 def _margin_rows(x, grad_output, reduction):
@@ -176,7 +182,7 @@ def _margin_rows(x, grad_output, reduction):
     x2 = x.reshape(1, -1) if x.ndim <= 1 else x
     n, c = x2.shape
     scale = 1.0 / (n * c) if reduction == 1 else 1.0 / c
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     g = g.reshape(-1, 1) if g.ndim > 0 else g
     return x2, n, c, scale, g
 
@@ -185,14 +191,14 @@ def _margin_rows(x, grad_output, reduction):
 def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
     """CPU's formula: for each class d != y with z = margin - x[y] + x[d] > 0,
     grad[d] = g (p=1) or 2*g*z (p=2), times weight[y]; grad[y] = -sum."""
-    x2, n, c, scale, g = _margin_rows(_acc(self), grad_output, reduction)
+    x2, n, c, scale, g = _margin_rows(upcast(self), grad_output, reduction)
     t = target.reshape(-1).astype(jnp.int32)
     xt = jnp.take_along_axis(x2, t[:, None], axis=1)
     z = margin - xt + x2
     is_y = jnp.arange(c, dtype=jnp.int32)[None, :] == t[:, None]
     h = jnp.where(p == 1, jnp.full_like(z, scale), (2 * scale) * z)
     if weight is not None:
-        h = h * _acc(weight)[t][:, None]
+        h = h * upcast(weight)[t][:, None]
     h = jnp.where((z > 0) & ~is_y, h, jnp.zeros((), h.dtype))
     gi = jnp.where(is_y, -jnp.sum(h, axis=1, keepdims=True), h)
     return (gi * g).reshape(self.shape)
@@ -203,7 +209,7 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
     """CPU's formula: each listed target y (up to the first -1, repeats count)
     and each non-target d with z = 1 - x[y] + x[d] > 0 add g to grad[d] and
     -g to grad[y]."""
-    x2, n, c, scale, g = _margin_rows(_acc(self), grad_output, reduction)
+    x2, n, c, scale, g = _margin_rows(upcast(self), grad_output, reduction)
     t = target.reshape(n, c).astype(jnp.int32)
     listed = jnp.cumsum(t < 0, axis=1) == 0
     count = jnp.sum(jax.nn.one_hot(jnp.where(listed, t, -1), c, dtype=x2.dtype), axis=1)

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc, _meta_list
+from ._common import _meta_list
 
 aten = torch.ops.aten
 
@@ -33,8 +34,9 @@ def _norm_input_grad(g, xhat, rstd, axes):
 
 
 @lower(aten.native_layer_norm.default)
+@opmath("input")
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
-    x = _acc(input)
+    x = input
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
     if x.size == 0:
@@ -44,24 +46,25 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     rstd = lax.rsqrt(var + eps)
     y = (x - mean) * rstd
     if weight is not None:
-        y = y * _acc(weight)
+        y = y * upcast(weight)
     if bias is not None:
-        y = y + _acc(bias)
+        y = y + upcast(bias)
     return y, mean, rstd
 
 
 @lower(aten.native_layer_norm_backward.default)
+@opmath("grad_out", "input")
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
                                output_mask):
-    x = _acc(input)
-    dy = _acc(grad_out)
+    x = input
+    dy = grad_out
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
     batch_axes = tuple(range(x.ndim - k))
-    mean = _acc(mean)
-    rstd = _acc(rstd)
+    mean = upcast(mean)
+    rstd = upcast(rstd)
     xhat = (x - mean) * rstd
-    g = dy * _acc(weight) if weight is not None else dy
+    g = dy * upcast(weight) if weight is not None else dy
     gi = _norm_input_grad(g, xhat, rstd, axes) if output_mask[0] else None
     gw = jnp.sum(dy * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
     gb = jnp.sum(dy, axis=batch_axes) if output_mask[2] and bias is not None else None
@@ -99,34 +102,34 @@ def _bn_shape(x, v):
 
 
 def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
-    x = _acc(input)
+    x = upcast(input)
     axes = (0,) + tuple(range(2, x.ndim))
     mean, var = _moments(x, axes)
     rstd = lax.rsqrt(var + eps)
     y = (x - mean) * rstd
     if weight is not None:
-        y = y * _bn_shape(x, _acc(weight))
+        y = y * _bn_shape(x, upcast(weight))
     if bias is not None:
-        y = y + _bn_shape(x, _acc(bias))
+        y = y + _bn_shape(x, upcast(bias))
     mean, var, rstd = mean.reshape(-1), var.reshape(-1), rstd.reshape(-1)
     new_rm = new_rv = None
     if running_mean is not None:
-        new_rm = (1 - momentum) * _acc(running_mean) + momentum * mean
+        new_rm = (1 - momentum) * upcast(running_mean) + momentum * mean
     if running_var is not None:
         n = x.size // x.shape[1]
         unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.inf
-        new_rv = (1 - momentum) * _acc(running_var) + momentum * unbiased
+        new_rv = (1 - momentum) * upcast(running_var) + momentum * unbiased
     return y, mean, rstd, new_rm, new_rv
 
 
 def _bn_eval(input, weight, bias, running_mean, running_var, eps):
-    x = _acc(input)
-    mean = _acc(running_mean)
-    rstd = lax.rsqrt(_acc(running_var) + eps)
-    scale = rstd if weight is None else rstd * _acc(weight)
+    x = upcast(input)
+    mean = upcast(running_mean)
+    rstd = lax.rsqrt(upcast(running_var) + eps)
+    scale = rstd if weight is None else rstd * upcast(weight)
     y = (x - _bn_shape(x, mean)) * _bn_shape(x, scale)
     if bias is not None:
-        y = y + _bn_shape(x, _acc(bias))
+        y = y + _bn_shape(x, upcast(bias))
     return y, mean, rstd
 
 
@@ -198,17 +201,17 @@ def _batch_norm_no_update(input, weight, bias, running_mean, running_var, moment
 
 def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
                  train, eps, output_mask):
-    x = _acc(input)
-    dy = _acc(grad_out)
+    x = upcast(input)
+    dy = upcast(grad_out)
     axes = (0,) + tuple(range(2, x.ndim))
     if train:
-        mean, rstd = _acc(save_mean), _acc(save_invstd)
+        mean, rstd = upcast(save_mean), upcast(save_invstd)
     else:
-        mean = _acc(running_mean)
-        rstd = lax.rsqrt(_acc(running_var) + eps)
+        mean = upcast(running_mean)
+        rstd = lax.rsqrt(upcast(running_var) + eps)
     mean_b, rstd_b = _bn_shape(x, mean), _bn_shape(x, rstd)
     xhat = (x - mean_b) * rstd_b
-    w = _bn_shape(x, _acc(weight)) if weight is not None else None
+    w = _bn_shape(x, upcast(weight)) if weight is not None else None
     gi = None
     if output_mask[0]:
         g = dy * w if w is not None else dy
@@ -234,8 +237,9 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
 
 
 @lower(aten.native_group_norm.default)
+@opmath("input")
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = _acc(input)
+    x = input
     if x.size == 0:
         z = jnp.zeros((N, group), x.dtype)
         return x, z, z
@@ -244,24 +248,25 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     rstd = lax.rsqrt(var + eps)
     y = ((xg - mean) * rstd).reshape(x.shape)
     if weight is not None:
-        y = y * _bn_shape(x, _acc(weight))
+        y = y * _bn_shape(x, upcast(weight))
     if bias is not None:
-        y = y + _bn_shape(x, _acc(bias))
+        y = y + _bn_shape(x, upcast(bias))
     return y, mean.reshape(N, group), rstd.reshape(N, group)
 
 
 @lower(aten.native_group_norm_backward.default)
+@opmath("grad_out")
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
                                output_mask):
-    x = _acc(input).reshape(N, C, HxW)
-    dy = _acc(grad_out).reshape(N, C, HxW)
-    mean = _acc(mean).reshape(N, group, 1, 1)
-    rstd = _acc(rstd).reshape(N, group, 1, 1)
+    x = upcast(input).reshape(N, C, HxW)
+    dy = grad_out.reshape(N, C, HxW)
+    mean = upcast(mean).reshape(N, group, 1, 1)
+    rstd = upcast(rstd).reshape(N, group, 1, 1)
     xg = x.reshape(N, group, C // group, HxW)
     xhat = (xg - mean) * rstd
     gi = None
     if output_mask[0]:
-        g = dy * _acc(weight).reshape(1, C, 1) if weight is not None else dy
+        g = dy * upcast(weight).reshape(1, C, 1) if weight is not None else dy
         g = g.reshape(N, group, C // group, HxW)
         gi = _norm_input_grad(g, xhat, rstd, (2, 3)).reshape(input.shape)
     xhat = xhat.reshape(N, C, HxW)
@@ -271,8 +276,9 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 
 
 @lower(aten._fused_rms_norm.default)
+@opmath("input")
 def _fused_rms_norm(input, normalized_shape, weight, eps):
-    x = _acc(input)
+    x = input
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
     if eps is None:
@@ -282,19 +288,20 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     rstd = lax.rsqrt(jnp.mean(x * x, axis=axes, keepdims=True) + eps)
     y = x * rstd
     if weight is not None:
-        y = y * _acc(weight)
+        y = y * upcast(weight)
     return y, rstd
 
 
 @lower(aten._fused_rms_norm_backward.default)
+@opmath("grad_out", "input")
 def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
-    x = _acc(input)
-    dy = _acc(grad_out)
+    x = input
+    dy = grad_out
     k = len(normalized_shape)
     axes = tuple(range(x.ndim - k, x.ndim))
-    rstd = _acc(rstd)
+    rstd = upcast(rstd)
     xhat = x * rstd
-    g = dy * _acc(weight) if weight is not None else dy
+    g = dy * upcast(weight) if weight is not None else dy
     gi = None
     if output_mask[0]:
         gi = rstd * (g - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..opmath import upcast
 from ..registry import lower
-from ._common import _acc
 
 aten = torch.ops.aten
 
@@ -53,7 +53,7 @@ def _pad_mode(x, padding, mode):
 
 
 def _pad_backward(grad_output, self, padding, mode):
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     _, vjp = jax.vjp(lambda x_: _pad_mode(x_, padding, mode), jnp.zeros(self.shape, g.dtype))
     return vjp(g)[0]
 

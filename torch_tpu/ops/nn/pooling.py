@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _acc, _expand_param, _is_float, _meta_list, _precision
+from ._common import _expand_param, _is_float, _meta_list, _precision
 
 aten = torch.ops.aten
 
@@ -91,7 +92,7 @@ def _max_pool_backward(grad_output, x, nsp, kernel_size, stride, padding, dilati
     stride = _expand_param(stride, nsp) if stride else kernel
     padding = _expand_param(padding, nsp)
     dilation = _expand_param(dilation, nsp)
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     out_sp = g.shape[-nsp:]
     in_sp = x.shape[-nsp:]
     lead = g.ndim - nsp
@@ -177,14 +178,14 @@ def _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
 def _avg_pool_fwd(self, nsp, kernel_size, stride, padding, count_include_pad,
                   divisor_override):
     out_sp = tuple(_meta_list()[0].shape[-nsp:])
-    x = _acc(self)
+    x = upcast(self)
     return _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
                      divisor_override)
 
 
 def _avg_pool_bwd(grad_output, self, nsp, kernel_size, stride, padding, count_include_pad,
                   divisor_override):
-    g = _acc(grad_output)
+    g = upcast(grad_output)
     out_sp = g.shape[-nsp:]
     x = jnp.zeros(self.shape, g.dtype)
     _, vjp = jax.vjp(lambda x_: _avg_pool(x_, nsp, out_sp, kernel_size, stride, padding,
@@ -256,7 +257,7 @@ def _adaptive_avg(x, out_sp):
     nsp = len(out_sp)
     in_sp = x.shape[-nsp:]
     mats, counts = zip(*[_indicator(L, O) for L, O in zip(in_sp, out_sp)])
-    y = _separable(_acc(x), mats, prec=_precision(x))
+    y = _separable(upcast(x), mats, prec=_precision(x))
     div = np.ones(tuple(out_sp), np.float32)
     for j, c in enumerate(counts):
         shape = [1] * nsp
@@ -274,7 +275,7 @@ def _adaptive_avg_backward(g, x, nsp):
         shape = [1] * nsp
         shape[j] = len(c)
         div = div * c.reshape(shape)
-    ga = _acc(g)
+    ga = upcast(g)
     ga = ga / jnp.asarray(div, ga.dtype)
     return _separable(ga, mats, transpose=True, prec=lax.Precision.HIGHEST)
 
@@ -354,13 +355,15 @@ def adaptive_max_pool3d(self, output_size):
 
 
 @lower(aten.adaptive_max_pool2d_backward.default)
+@opmath("grad_output")
 def adaptive_max_pool2d_backward(grad_output, self, indices):
-    return _scatter_flat(_acc(grad_output), indices, self.shape[-2:])
+    return _scatter_flat(grad_output, indices, self.shape[-2:])
 
 
 @lower(aten.adaptive_max_pool3d_backward.default)
+@opmath("grad_output")
 def adaptive_max_pool3d_backward(grad_output, self, indices):
-    return _scatter_flat(_acc(grad_output), indices, self.shape[-3:])
+    return _scatter_flat(grad_output, indices, self.shape[-3:])
 
 
 # --------------------------------------------------------------------------
@@ -422,8 +425,9 @@ def fractional_max_pool(self, kernel_size, output_size, random_samples):
 
 
 @lower(aten.fractional_max_pool2d_backward.default)
+@opmath("grad_output")
 def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
-    return _scatter_flat(_acc(grad_output), indices, self.shape[-2:])
+    return _scatter_flat(grad_output, indices, self.shape[-2:])
 
 
 def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):

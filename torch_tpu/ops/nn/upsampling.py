@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..opmath import is_half, opmath, upcast
 from ..registry import lower
-from ._common import _acc, _is_float, _is_half
+from ._common import _is_float
 from .pooling import _separable
 
 aten = torch.ops.aten
@@ -61,7 +62,7 @@ def _onehot_mat(idx, L):
 def _upsample_nearest_backward(g, out_sp, in_sp, scales, exact):
     mats = [_onehot_mat(_nearest_index(L, O, sc, exact), L)
             for L, O, sc in zip(in_sp, out_sp, scales)]
-    return _separable(_acc(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return _separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 def _linear_weights(L, O, align_corners, scale):
@@ -84,10 +85,10 @@ def _linear_weights(L, O, align_corners, scale):
 def _upsample_linear(x, out_sp, align_corners, scales):
     nsp = len(out_sp)
     lead = x.ndim - nsp
-    xa = _acc(x)
+    xa = upcast(x)
     # CPU's generic (1-d and 3-d) kernel stores a half input's weights in its
     # dtype: lambda1 rounded, lambda0 = 1 - that, rounded (its 2-d kernel not).
-    round_w = _is_half(x) and nsp != 2
+    round_w = is_half(x.dtype) and nsp != 2
     for j, (O, sc) in enumerate(zip(out_sp, scales)):
         L = xa.shape[lead + j]
         i0, i1, l0, l1 = _linear_weights(L, O, align_corners, sc)
@@ -113,7 +114,7 @@ def _linear_mat(L, O, align_corners, scale):
 
 def _upsample_linear_backward(g, out_sp, in_sp, align_corners, scales):
     mats = [_linear_mat(L, O, align_corners, sc) for L, O, sc in zip(in_sp, out_sp, scales)]
-    return _separable(_acc(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return _separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 def _cubic_mat(L, O, align_corners, scale, A=-0.75):
@@ -147,15 +148,16 @@ def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w
     in_sp = self.shape[-2:]
     mats = [_cubic_mat(L, O, align_corners, sc)
             for L, O, sc in zip(in_sp, tuple(output_size), (scales_h, scales_w))]
-    return _separable(_acc(self), mats, prec=lax.Precision.HIGHEST)
+    return _separable(upcast(self), mats, prec=lax.Precision.HIGHEST)
 
 
 @lower(aten.upsample_bicubic2d_backward.default)
+@opmath("grad_output")
 def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners,
                                 scales_h=None, scales_w=None):
     mats = [_cubic_mat(L, O, align_corners, sc)
             for L, O, sc in zip(tuple(input_size[-2:]), tuple(output_size), (scales_h, scales_w))]
-    return _separable(_acc(grad_output), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return _separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 @lower(aten.upsample_nearest1d.default)
@@ -301,7 +303,7 @@ def _aa_mats(in_sp, out_sp, align_corners, scales):
 
 @lower(aten._upsample_bilinear2d_aa.default)
 def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
-    if _is_half(self):
+    if is_half(self.dtype):
         name = "BFloat16" if self.dtype == jnp.bfloat16 else "Half"
         raise NotImplementedError(
             f'"compute_index_ranges_weights" not implemented for \'{name}\'')
@@ -320,8 +322,9 @@ def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, sca
 
 
 @lower(aten._upsample_bilinear2d_aa_backward.default)
+@opmath("grad_output")
 def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners,
                                      scales_h=None, scales_w=None):
     mats = _aa_mats(tuple(input_size[-2:]), tuple(output_size), align_corners,
                     (scales_h, scales_w))
-    return _separable(_acc(grad_output), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return _separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)
