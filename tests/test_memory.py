@@ -13,7 +13,7 @@ import torch_tpu  # noqa: F401
 
 torch.ones(1, device="tpu")  # load the backend before importing its modules
 
-from torch_tpu.runtime import executor, oom  # noqa: E402
+from torch_tpu.runtime import executor, oom, programs  # noqa: E402
 
 
 def _run(code, **env):
@@ -148,7 +148,7 @@ def test_cache_byte_cap_evicts(monkeypatch):
         torch.ones(n + 300, device="tpu") + 1
     # A bound of about three of these executables (their measured sizes).
     cap = 3 * max(executor._ENTRY_BYTES.values())
-    monkeypatch.setattr(executor, "_byte_cap", [cap])
+    monkeypatch.setattr(programs, "_byte_cap", [cap])  # the program cache's bound
     ev0 = executor.STATS.evictions
     for n in range(3, 10):
         torch.ones(n + 300, device="tpu") + 1

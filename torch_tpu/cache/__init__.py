@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import threading
 
+from ..runtime import programs as _programs
 from .store import CacheWarning, DiskStore, configured_dir, default_dir  # noqa: F401
 
 __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
@@ -97,11 +98,11 @@ def _install(s: DiskStore) -> None:
     _installed = True
 
 
-# -- hooks used by the executor -------------------------------------------------
+# -- the disk tier's hooks (runtime.programs.DiskTier, installed below) ----------
 
 
 def begin_compile() -> object:
-    """Called by the executor before compiling: starts collecting tier events;
+    """Called before each compile: starts collecting tier events;
     the token it returns goes to `end_compile`."""
     return disk_store().begin()
 
@@ -126,6 +127,19 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
         tot[0] += 1
         tot[1] += seconds
     return source
+
+
+class _Tier:
+    """This package as runtime.programs' disk tier (programs.set_disk_tier)."""
+
+    def begin(self) -> object:
+        return begin_compile()
+
+    def end(self, token: object, name: str, seconds: float, trace_seconds: float) -> str:
+        return end_compile(token, name, seconds, trace_seconds=trace_seconds)
+
+
+_programs.set_disk_tier(_Tier())
 
 
 def last_compile_keys() -> list:
@@ -157,11 +171,9 @@ def stats() -> dict:
     - ``graph_disk``: the graph tier (see `torch_tpu.cache.graphs`): hits
       (graphs run without lowering), misses, index writes, skipped graphs.
     """
-    from ..runtime import executor
-
-    s = executor.STATS
-    mem_hits = s.hits
-    mem_misses = s.misses
+    mem = _programs.memory_stats()
+    mem_hits = mem["hits"]
+    mem_misses = mem["misses"]
     graph = _graph_stats()
     mem_hits += graph.get("hits", 0)
     with _lock:
@@ -173,16 +185,16 @@ def stats() -> dict:
         "memory": {
             "hits": mem_hits,
             "misses": mem_misses,
-            "entries": len(executor._CACHE) + graph.get("entries", 0),
-            "capacity": executor._capacity(),
-            "evictions": s.evictions + graph.get("evictions", 0),
+            "entries": mem["entries"] + graph.get("entries", 0),
+            "capacity": mem["capacity"],
+            "evictions": mem["evictions"] + graph.get("evictions", 0),
             # The eager executables' measured bytes and their bound
             # (TORCH_TPU_CACHE_BYTES).
-            "bytes": executor._BYTES[0],
-            "byte_capacity": executor._byte_capacity(),
+            "bytes": mem["bytes"],
+            "byte_capacity": mem["byte_capacity"],
         },
         "disk": disk_store().info(),
-        "compile_seconds": s.compile_seconds,
+        "compile_seconds": mem["compile_seconds"],
         "compile_seconds_by_source": by_source,
         "compiles": mem_misses,
         "per_entry": per_entry,
@@ -215,9 +227,7 @@ def _graph_stats() -> dict:
 
 def reset_stats() -> None:
     """Zero every counter (the cached programs stay)."""
-    from ..runtime import executor
-
-    executor.STATS.reset()
+    _programs.STATS.reset()
     disk_store().stats.reset()
     _graph_tier().reset_stats()
     with _lock:
@@ -241,9 +251,7 @@ def clear(memory: bool = True, disk: bool = True) -> int:
     """
     removed = 0
     if memory:
-        from ..runtime import executor
-
-        executor.clear_cache()
+        _programs.clear()
         try:
             from ..compile import backend
 

@@ -15,7 +15,7 @@ and a size cap with least-recently-used eviction under our own directory.
 `DiskStore` therefore implements JAX's small cache interface (`get(key)` /
 `put(key, bytes)`) and is installed as JAX's cache object, so every
 executable that torch_tpu compiles (eager op executables and compiled
-graphs alike, all through `executor._compile`) is looked up on disk before
+graphs alike, all through `runtime.programs.compile`) is looked up on disk before
 XLA compiles it, and written after.
 
 Entry format (one file per entry, ``<sha256>.tpx``)::

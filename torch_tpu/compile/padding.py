@@ -38,6 +38,8 @@ import torch
 import torch.fx
 from jax import lax
 
+from ..runtime import opt_level as _olevel
+from ..runtime import programs
 from ..runtime import storage as st
 
 aten = torch.ops.aten
@@ -831,60 +833,43 @@ def next_bucket(v: int, buckets=None) -> int:
     return b
 
 
-_PAD_PROGRAMS: dict = {}
-
-
 def pad_to(arr, shape):
     """`arr` edge-padded at the end of each dimension up to `shape` (one cached program)."""
     if tuple(arr.shape) == tuple(shape):
         return arr
-    from ..runtime import executor
-
-    key = (tuple(arr.shape), str(arr.dtype), tuple(shape), executor._olevel.LEVEL)
-    fn = _PAD_PROGRAMS.get(key)
-    if fn is None:
-
-        widths = [(0, t - s) for s, t in zip(arr.shape, shape)]
-        mode = "edge" if all(s > 0 for s in arr.shape) else "constant"
-        fn = _PAD_PROGRAMS[key] = executor._compile(
-            "pad_to_bucket", key, lambda a: jnp.pad(a, widths, mode=mode), (arr,))
-    return fn(arr)
-
-
-_UNPAD_PROGRAMS: dict = {}
+    key = (programs.ProgramKind.PAD, tuple(arr.shape), str(arr.dtype), tuple(shape),
+           _olevel.LEVEL)
+    widths = [(0, t - s) for s, t in zip(arr.shape, shape)]
+    mode = "edge" if all(s > 0 for s in arr.shape) else "constant"
+    return programs.get_or_compile(key, lambda a: jnp.pad(a, widths, mode=mode), (arr,))(arr)
 
 
 def unpad(arr, spec, true_sizes: dict):
     """The real part of padded array `arr` (spec: its padded dims' factors)."""
-    from ..runtime import executor
+    key = (programs.ProgramKind.UNPAD, tuple(arr.shape), str(arr.dtype), _spec_str(spec),
+           tuple(sorted((str(k), v) for k, v in true_sizes.items())), _olevel.LEVEL)
 
-    key = (tuple(arr.shape), str(arr.dtype), _spec_str(spec),
-           tuple(sorted((str(k), v) for k, v in true_sizes.items())), executor._olevel.LEVEL)
-    fn = _UNPAD_PROGRAMS.get(key)
-    if fn is None:
-        spec_full = _full(spec, arr.ndim)
+    def program(a):
+        spec_full = _full(spec, a.ndim)
+        split_shape, limits, out_shape = [], [], []
+        for size, dim in zip(a.shape, spec_full):
+            if dim is None:
+                split_shape.append(size)
+                limits.append(size)
+                out_shape.append(size)
+                continue
+            n = 1
+            for fsize, sym in dim:
+                split_shape.append(fsize)
+                keep = true_sizes[sym] if sym is not None else fsize
+                limits.append(keep)
+                n *= keep
+            out_shape.append(n)
+        x = a.reshape(split_shape)
+        x = lax.slice(x, [0] * len(split_shape), limits)
+        return x.reshape(out_shape)
 
-        def program(a):
-            split_shape, limits, out_shape = [], [], []
-            for size, dim in zip(a.shape, spec_full):
-                if dim is None:
-                    split_shape.append(size)
-                    limits.append(size)
-                    out_shape.append(size)
-                    continue
-                n = 1
-                for fsize, sym in dim:
-                    split_shape.append(fsize)
-                    keep = true_sizes[sym] if sym is not None else fsize
-                    limits.append(keep)
-                    n *= keep
-                out_shape.append(n)
-            x = a.reshape(split_shape)
-            x = lax.slice(x, [0] * len(split_shape), limits)
-            return x.reshape(out_shape)
-
-        fn = _UNPAD_PROGRAMS[key] = executor._compile("unpad_from_bucket", key, program, (arr,))
-    return fn(arr)
+    return programs.get_or_compile(key, program, (arr,))(arr)
 
 
 def _spec_str(spec):

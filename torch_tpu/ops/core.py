@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..debug import metrics
-from ..runtime import executor, platform
+from ..runtime import executor, platform, programs
+from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 
 aten = torch.ops.aten
@@ -192,8 +193,6 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
 
 # -- copies ------------------------------------------------------------------
 
-_copy_cache: dict = {}
-
 
 def assign(dst: torch.Tensor, value) -> None:
     """Write jax array `value` (broadcastable to dst) into tpu tensor `dst`."""
@@ -201,19 +200,17 @@ def assign(dst: torch.Tensor, value) -> None:
     layout = st.layout_of(dst, data)
     base = data.array
     shape = tuple(dst.shape)
-    key = (base.shape, base.dtype, layout, value.shape, value.dtype, shape, dst.dtype,
-           executor._olevel.LEVEL)
-    fn = _copy_cache.get(key)
-    if fn is None:
-        want = dst.dtype
+    key = (programs.ProgramKind.COPY, base.shape, base.dtype, layout, value.shape,
+           value.dtype, shape, dst.dtype, _olevel.LEVEL)
+    want = dst.dtype
 
-        def write(base, v):
-            v = jnp.broadcast_to(st.convert(v, want), shape)
-            if layout is None:
-                return v
-            return st.strided_write(base, layout, v)
+    def write(base, v):
+        v = jnp.broadcast_to(st.convert(v, want), shape)
+        if layout is None:
+            return v
+        return st.strided_write(base, layout, v)
 
-        fn = _copy_cache[key] = executor._compile("copy_", key, write, (base, value))
+    fn = programs.get_or_compile(key, write, (base, value))
     data.array = fn(base, value)
     if data.origin in st.ALLOCATING_OPS:
         data.origin = "aten.copy_.default"
@@ -312,16 +309,9 @@ def new_tensor_like_value(src, dtype, index):
     return st.wrap(value, index, dtype, "aten._to_copy.default")
 
 
-_cast_cache: dict = {}
-
-
 def _cast(value, want):
-    key = (value.shape, value.dtype, want, executor._olevel.LEVEL)
-    fn = _cast_cache.get(key)
-    if fn is None:
-        fn = _cast_cache[key] = executor._compile("convert", key, lambda v: st.convert(v, want),
-                                                  (value,))
-    return fn(value)
+    key = (programs.ProgramKind.CAST, value.shape, value.dtype, want, _olevel.LEVEL)
+    return programs.get_or_compile(key, lambda v: st.convert(v, want), (value,))(value)
 
 
 @kernel(aten._local_scalar_dense.default)

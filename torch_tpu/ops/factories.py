@@ -22,7 +22,8 @@ import torch
 
 from . import core
 from .registry import lower, out_dtype, out_meta
-from ..runtime import platform
+from ..runtime import opt_level as _olevel
+from ..runtime import platform, programs
 from ..runtime import storage as st
 
 aten = torch.ops.aten
@@ -153,22 +154,14 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     return _arange_values(out_meta().shape[0], start, step, out_dtype())
 
 
-_arange_cache: dict = {}
-
-
 def _arange_array(n, start, step, torch_dtype, index):
-    from ..runtime import executor
-
     jd = st.TORCH_TO_JAX[torch_dtype]
-    key = ("arange", n, torch_dtype, type(start), type(step), index, executor._olevel.LEVEL)
-    fn = _arange_cache.get(key)
-    if fn is None:
-        sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
-        fn = executor._compile(
-            "aten.arange", key,
-            jax.jit(lambda s, d: _arange_values(n, s, d, jd), out_shardings=sharding),
-            (start, step))
-        _arange_cache[key] = fn
+    key = (programs.ProgramKind.ARANGE, n, torch_dtype, type(start), type(step), index,
+           _olevel.LEVEL)
+    sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
+    fn = programs.get_or_compile(
+        key, jax.jit(lambda s, d: _arange_values(n, s, d, jd), out_shardings=sharding),
+        (start, step))
     return fn(start, step)
 
 

@@ -24,6 +24,7 @@ from . import core
 from .opmath import is_half, opmath_dtype
 from .registry import lower, out_dtype, out_meta
 from ..precision import lax_precision
+from ..runtime import programs
 
 aten = torch.ops.aten
 
@@ -719,13 +720,10 @@ def _jit_run(name, fn, tensors, static=()):
     from ..runtime import executor
 
     vals = [core._device_value(t) for t in tensors]
-    key = ("kernel", name, static, tuple((v.shape, v.dtype) for v in vals),
+    key = (programs.ProgramKind.LINALG, name, static, tuple((v.shape, v.dtype) for v in vals),
            tensors[0].device.index, executor._precision_token(), executor._olevel.LEVEL)
-    compiled = executor._cache_get(key)  # the executor's LRU (and its statistics)
-    if compiled is None:
-        compiled = executor._compile(name, key, lambda *a: fn(*a, *static), tuple(vals))
-        executor._cache_put(key, compiled)
-    executor.STATS.per_op[name] += 1
+    compiled = programs.get_or_compile(key, lambda *a: fn(*a, *static), tuple(vals), name=name)
+    programs.STATS.per_op[name] += 1
     return compiled(*vals)
 
 

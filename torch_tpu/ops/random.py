@@ -25,6 +25,8 @@ from . import core
 from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta
 from ..device.random import jax_key
+from ..runtime import opt_level as _olevel
+from ..runtime import programs
 from ..runtime.storage import torch_dtype
 
 aten = torch.ops.aten
@@ -278,7 +280,6 @@ def _standard_gamma(x, generator=None, *, rng_key):
 # and binomial have none. Their kernels run a cached jitted function of the
 # input values and a fresh key directly (outputs: the first input's shape/dtype).
 
-_direct_cache: dict = {}
 
 
 def _direct_kernel(name, fn):
@@ -299,14 +300,12 @@ def _direct_kernel(name, fn):
             torch._check(tensors[0].shape == tensors[1].shape, lambda: (
                 f"{name}: count and prob must have the same shape"))
         values = [executor.value(t) for t in tensors]
-        key = (name, tuple((v.shape, v.dtype) for v in values), executor._olevel.LEVEL)
-        compiled = _direct_cache.get(key)
+        key = (programs.ProgramKind.RANDOM_DIRECT, name, tuple((v.shape, v.dtype) for v in values),
+               _olevel.LEVEL)
         raw = tpu_random.next_key(index)
-        if compiled is None:
-            compiled = executor._compile(
-                name, key, lambda vals, raw: fn(jax_key(raw), *vals).astype(vals[0].dtype),
-                (values, raw))
-            _direct_cache[key] = compiled
+        compiled = programs.get_or_compile(
+            key, lambda vals, raw: fn(jax_key(raw), *vals).astype(vals[0].dtype),
+            (values, raw), name=name)
         return st.wrap(compiled(values, raw), index, first.dtype)
 
     kernel.__name__ = name
@@ -352,7 +351,6 @@ def _check_multinomial(ndim, dtype, k, num_samples, replacement):
 # Per row of the weights: 0 valid, 1 a NaN or negative entry first, 2 +inf first,
 # 3 all zero. One small program per shape; its result is read on the host.
 _ROW_OK, _ROW_NEG, _ROW_INF, _ROW_ZERO = range(4)
-_value_check_cache: dict = {}
 
 
 def _row_codes(p):
@@ -375,11 +373,9 @@ def _check_multinomial_values(t, num_samples, replacement):
     if t.numel() == 0:
         return
     arr = executor.value(t)
-    key = ("multinomial_check", arr.shape, arr.dtype, t.device.index, executor._olevel.LEVEL)
-    fn = _value_check_cache.get(key)
-    if fn is None:
-        fn = _value_check_cache[key] = executor._compile("multinomial_check", key,
-                                                         _row_codes, (arr,))
+    key = (programs.ProgramKind.MULTINOMIAL_CHECK, arr.shape, arr.dtype, t.device.index,
+           _olevel.LEVEL)
+    fn = programs.get_or_compile(key, _row_codes, (arr,))
     codes = np.asarray(fn(arr))
     op = "aten.multinomial"
     if not replacement or num_samples == 1:

@@ -18,11 +18,8 @@ asynchronously: nothing blocks until a value is read on the host.
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import gc_pause, oom, platform, registry, verdict
+from . import oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -46,50 +43,23 @@ _KIND_OF_TYPE = {
 
 
 # --------------------------------------------------------------------------
-# statistics
+# the program cache (runtime.programs); these names are kept for the callers
+# and tests that read them here
 
 
-class CacheStats:
-    """In-memory executable cache statistics (see torch_tpu.cache.stats)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self):
-        self.requests = 0
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        self.compile_seconds = 0.0
-        self.disk_loads = 0                       # misses served by the disk tier
-        self.per_op = collections.Counter()       # executions per op
-        self.compiles_per_op = collections.Counter()
-
-    def as_dict(self):
-        return {
-            "requests": self.requests,
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-            "entries": len(_CACHE),
-            "capacity": _capacity(),
-            "bytes": _BYTES[0],
-            "byte_capacity": _byte_capacity(),
-            "compile_seconds": self.compile_seconds,
-            "disk_loads": self.disk_loads,
-        }
-
-
-STATS = CacheStats()
-# Observers of compile events: callables (name, key, seconds, compiled).
-COMPILE_LISTENERS: list = []
-
-# Observers of lowered programs, before XLA compiles them: callables
-# (name, key, lowered) — the debug tools keep StableHLO and unoptimized HLO.
-LOWERED_LISTENERS: list = []
-
-_CACHE: "collections.OrderedDict" = collections.OrderedDict()
+STATS = programs.STATS
+COMPILE_LISTENERS = programs.COMPILE_LISTENERS
+LOWERED_LISTENERS = programs.LOWERED_LISTENERS
+CacheStats = programs.CacheStats
+_CACHE = programs._CACHE
+_BYTES = programs._BYTES
+_ENTRY_BYTES = programs._ENTRY_BYTES
+_MIN_FOOTPRINT = programs._MIN_FOOTPRINT
+_capacity = programs.capacity
+_byte_capacity = programs.byte_capacity
+_compile = programs.compile
+_cache_get = programs.lookup
+_cache_put = programs.insert
 
 # TORCH_TPU_LAUNCH_BLOCKING=1 (CUDA_LAUNCH_BLOCKING's analogue): every op waits
 # for its results before returning, so an asynchronous failure is raised by
@@ -106,157 +76,14 @@ def _precision_token():
     return cache_token()
 
 
-def _capacity() -> int:
-    return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
-
-
-# Bytes of the executables in _CACHE (one-element list: mutated in place), and
-# each entry's footprint.
-_BYTES = [0]
-_ENTRY_BYTES: dict = {}
-_byte_cap: list = []
-
-
-def _byte_capacity() -> int:
-    """TORCH_TPU_CACHE_BYTES: the in-memory tier's bound in bytes (read once).
-
-    Default: 1/16 of the host's memory, at least 256 MiB. Executables are
-    host memory on every platform (on XLA:CPU all of them; on TPU and GPU
-    their host side, plus the device code PJRT reports).
-    """
-    if not _byte_cap:
-        from . import oom
-
-        env = os.environ.get("TORCH_TPU_CACHE_BYTES", "").strip()
-        cap = oom.parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
-            oom.host_memory() // 16, 256 * 2**20)
-        _byte_cap.append(cap if cap is not None else float("inf"))
-    return _byte_cap[0]
-
-
-# An executable's footprint: the growth of the process's resident memory
-# while it was compiled (or loaded from disk), plus the device code PJRT
-# reports (0 on XLA:CPU). Growth is a measurement only until the cache first
-# evicts: from then on new executables reuse the memory evicted ones freed
-# and resident memory hardly grows (measured: estimates fell from ~1.2 MB to
-# ~140 KB an entry, and the cache, holding ever more entries, kept growing).
-# An op's first compile is no measurement either (it carries one-time work:
-# XLA's initialization, the op's first tracing). An executable counts the
-# median of its op's measurements (at most nine), or _DEFAULT_FOOTPRINT
-# where it has fewer than three; at least _MIN_FOOTPRINT, at most 16 MiB a
-# measurement. Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
-_MIN_FOOTPRINT = 64 * 2**10
-_DEFAULT_FOOTPRINT = 512 * 2**10
-_MAX_SAMPLE = 16 * 2**20
-_OP_SAMPLES: dict = {}
-_SAMPLING = [True]   # until the first eviction
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _footprint(name: str, grown: int, compiled) -> int:
-    try:
-        code = int(compiled.memory_analysis().generated_code_size_in_bytes or 0)
-    except Exception:  # noqa: BLE001  (no analysis for this executable)
-        code = 0
-    samples = _OP_SAMPLES.get(name)
-    if samples is None:
-        _OP_SAMPLES[name] = []  # the op's first compile: no measurement
-    elif _SAMPLING[0] and len(samples) < 9 and grown > 0:
-        samples.append(min(grown, _MAX_SAMPLE))
-        samples.sort()
-    known = samples[len(samples) // 2] if samples and len(samples) >= 3 else _DEFAULT_FOOTPRINT
-    return max(known, _MIN_FOOTPRINT) + code
-
-
 def clear_cache():
-    _CACHE.clear()
-    _ENTRY_BYTES.clear()
-    _BYTES[0] = 0
-    _READ_CACHE.clear()
-
-
-def _compile(name: str, key, fn, args, opt_level=None, **jit_kwargs):
-    """Trace, lower and compile `fn` for `args`: one memory-tier miss.
-
-    The persistent tier (torch_tpu.cache) sits under XLA compilation: on a
-    disk hit the executable is loaded instead of compiled. `jit_kwargs` go to
-    `jax.jit` (e.g. donate_argnums for compiled graphs). `opt_level`: the XLA
-    optimization level (torch_tpu.runtime.opt_level; None: the process-wide
-    one), which the caller's `key` must hold.
-    """
-    from .. import cache as _tiers
-
-    token = _tiers.begin_compile()
-    rss0 = _rss()
-    t0 = time.perf_counter()
-    t1 = None
-    gc_pause.begin()
-    try:
-        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
-        t1 = time.perf_counter()
-        for listener in LOWERED_LISTENERS:
-            listener(name, key, lowered)
-        compiled = lowered.compile(_olevel.compiler_options(
-            _olevel.LEVEL if opt_level is None else opt_level))
-    finally:
-        gc_pause.end()
-        seconds = time.perf_counter() - t0
-        source = _tiers.end_compile(token, name, seconds,
-                                    trace_seconds=(t1 - t0) if t1 is not None else seconds)
-    try:
-        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
-    except AttributeError:  # an executable type without a __dict__
-        pass
-    STATS.misses += 1
-    STATS.compile_seconds += seconds
-    STATS.compiles_per_op[name] += 1
-    if source == "disk":
-        STATS.disk_loads += 1
-    for listener in COMPILE_LISTENERS:
-        listener(name, key, seconds, compiled)
-    return compiled
-
-
-def _cache_get(key):
-    STATS.requests += 1
-    entry = _CACHE.get(key)
-    if entry is not None:
-        STATS.hits += 1
-        _CACHE.move_to_end(key)
-    return entry
-
-
-def _cache_put(key, entry):
-    """Insert `entry` (an _Entry or a compiled executable); evict the least
-    recently used entries beyond TORCH_TPU_CACHE_SIZE entries or
-    TORCH_TPU_CACHE_BYTES bytes (the new entry itself always stays)."""
-    compiled = getattr(entry, "compiled", entry)
-    nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
-    old = _ENTRY_BYTES.pop(key, 0)
-    _CACHE[key] = entry
-    _ENTRY_BYTES[key] = nbytes
-    _BYTES[0] += nbytes - old
-    cap, byte_cap = _capacity(), _byte_capacity()
-    while len(_CACHE) > 1 and (len(_CACHE) > cap or _BYTES[0] > byte_cap):
-        k, _ = _CACHE.popitem(last=False)
-        _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
-        STATS.evictions += 1
-        _SAMPLING[0] = False
+    """Drop the in-memory tier's programs (runtime.programs.clear)."""
+    programs.clear()
 
 
 # --------------------------------------------------------------------------
 # reading values
 
-
-_READ_CACHE: dict = {}
 
 
 def value(t: torch.Tensor):
@@ -271,11 +98,9 @@ def value(t: torch.Tensor):
 def read(data, layout):
     """The value of the view `layout` of the storage holding `data`."""
     arr = data.array
-    key = (arr.shape, arr.dtype, layout, data.index, _olevel.LEVEL)
-    fn = _READ_CACHE.get(key)
-    if fn is None:
-        fn = _READ_CACHE[key] = _compile("view_read", key,
-                                         lambda a: st.strided_read(a, layout), (arr,))
+    key = (programs.ProgramKind.VIEW_READ, arr.shape, arr.dtype, layout, data.index,
+           _olevel.LEVEL)
+    fn = programs.get_or_compile(key, lambda a: st.strided_read(a, layout), (arr,))
     return fn(arr)
 
 
@@ -390,7 +215,7 @@ class _Signature:
         if t.device.type == "cpu" and t.dim() == 0:
             i = len(self.dyn)
             self.dyn.append(_cpu_scalar(t))
-            self.key.append(("c", t.dtype))
+            self.key.append((programs.KeyTag.CPU_SCALAR, t.dtype))
             return ("c", i)
         if t.device.type == "tpu":
             raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
@@ -622,9 +447,10 @@ class _Runner:
 
             sig.dyn.append(tpu_random.next_key(
                 sig.device if sig.device is not None else _factory_device(vals, plan)))
-            sig.key.append("rng")
+            sig.key.append(programs.KeyTag.RNG)
         if sig.device is None:
             sig.device = _factory_device(vals, plan)
+        # The context parts, last and in this order (programs.EAGER_CONTEXT).
         # Executables are committed to one device: tpu:1 needs its own.
         sig.key.append(sig.device)
         # PyTorch's type promotion reads the default dtype (int / int, int +

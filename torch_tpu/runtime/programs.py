@@ -1,0 +1,404 @@
+"""The program cache: every compiled XLA executable of the process goes through here.
+
+One in-memory LRU, bounded by count (``TORCH_TPU_CACHE_SIZE``, default 8192)
+and by bytes (``TORCH_TPU_CACHE_BYTES``), holds the eager ops' executables
+(the executor's entries) and the helper programs the kernels compile (copies,
+casts, view reads, arange, padding, ...). `get_or_compile` is the one way in:
+look the key up, and on a miss trace, lower and compile the function
+(`compile`) and insert it. Statistics (`STATS`) and listeners
+(`COMPILE_LISTENERS`, `LOWERED_LISTENERS`) live here too.
+
+Keys are tuples whose first element names the program (`ProgramKind`, or the
+op overload for the executor's entries); docs/architecture.md ("cache-key
+anatomy") describes them.
+
+Plug-ins, declared here and installed by their owners, never imported by
+name from this layer except the default disk tier on first compile:
+
+- the **disk tier** (`set_disk_tier`): `begin()` before a compile returns a
+  token, `end(token, name, seconds, trace_seconds)` after it says where the
+  executable came from ("compiled", "disk" or "uncached"). torch_tpu.cache
+  installs itself when imported.
+- **listeners**: callables appended to `COMPILE_LISTENERS` (name, key,
+  seconds, compiled) and `LOWERED_LISTENERS` (name, key, lowered) — the
+  debug tools.
+- **compile hooks** (`add_compile_hook`): wrappers around `compile`, for
+  callers that pass ``hooks=True`` (the compiled-graph tier: SPMD programs).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import os
+import threading
+import time
+from typing import Any, Callable, NamedTuple, Protocol
+
+from . import gc_pause
+
+
+class ProgramKind(str, enum.Enum):
+    """What a helper program is: the first element of its cache key.
+
+    The executor's entries start with the op overload instead (one program
+    per overload and signature); compiled graphs live in the graph tier
+    (torch_tpu.compile.backend) under their own fingerprints.
+    """
+
+    VIEW_READ = "view_read"      # read a view's value (runtime.executor.read)
+    COPY = "copy_"               # write a value into a (view of a) storage (ops.core.assign)
+    CAST = "convert"             # dtype conversion of an array (ops.core._cast)
+    ARANGE = "aten.arange"       # arange's values (ops.factories)
+    RANDOM_DIRECT = "random"     # kernels without a meta kernel (ops.random)
+    MULTINOMIAL_CHECK = "multinomial_check"  # multinomial's weight checks (ops.random)
+    LINALG = "linalg"            # multi-output linalg helpers (ops.linalg)
+    PAD = "pad_to_bucket"        # dynamic-shape padding (compile.padding)
+    UNPAD = "unpad_from_bucket"
+
+
+class KeyTag(str, enum.Enum):
+    """Marker parts of the executor's keys (str-valued: they print as the old tags)."""
+
+    RNG = "rng"          # a random op: a fresh PRNG key is a runtime input
+    CPU_SCALAR = "c"     # (KeyTag.CPU_SCALAR, dtype): a 0-dim CPU tensor argument
+
+
+class EagerKey(NamedTuple):
+    """The named parts of an eager op's key (the executor builds the flat tuple).
+
+    Layout, in order: the op overload; one part per argument (`args`, see
+    docs/architecture.md "cache-key anatomy": a storage's signature the first
+    time a storage is seen, then the tensor's slot and layout; a Scalar's
+    Python type; a static value; a list's length); `KeyTag.RNG` for random
+    ops; then the `EAGER_CONTEXT` parts, always last, in this order.
+    """
+
+    op: Any
+    args: tuple
+    rng: bool
+    device: int
+    default_dtype: Any
+    precision: Any
+    opt_level: int
+
+
+# The parts every eager key ends with, in order (the executor appends them).
+EAGER_CONTEXT = ("device", "default_dtype", "precision", "opt_level")
+
+
+def eager_key(key: tuple) -> EagerKey:
+    """Name the parts of executor key `key` (debugging, docs; not the hot path)."""
+    n = len(EAGER_CONTEXT)
+    body, context = key[1:-n], key[-n:]
+    rng = bool(body) and body[-1] is KeyTag.RNG
+    if rng:
+        body = body[:-1]
+    return EagerKey(key[0], tuple(body), rng, *context)
+
+
+def key_name(key: tuple) -> str:
+    """What a cached program is: its kind's value, or the op of an eager key."""
+    head = key[0]
+    return head.value if isinstance(head, ProgramKind) else str(head)
+
+
+# --------------------------------------------------------------------------
+# statistics and listeners
+
+
+class CacheStats:
+    """In-memory executable cache statistics (see torch_tpu.cache.stats)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.compile_seconds = 0.0
+        self.disk_loads = 0                       # misses served by the disk tier
+        self.per_op: collections.Counter = collections.Counter()  # executions per op
+        self.compiles_per_op: collections.Counter = collections.Counter()
+
+    def as_dict(self) -> dict:
+        return {
+            "requests": self.requests,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "entries": len(_CACHE),
+            "capacity": capacity(),
+            "bytes": _BYTES[0],
+            "byte_capacity": byte_capacity(),
+            "compile_seconds": self.compile_seconds,
+            "disk_loads": self.disk_loads,
+        }
+
+
+STATS = CacheStats()
+# Observers of compile events: callables (name, key, seconds, compiled).
+COMPILE_LISTENERS: list = []
+
+# Observers of lowered programs, before XLA compiles them: callables
+# (name, key, lowered) — the debug tools keep StableHLO and unoptimized HLO.
+LOWERED_LISTENERS: list = []
+
+
+# --------------------------------------------------------------------------
+# the LRU, bounded by count and by bytes
+
+_CACHE: collections.OrderedDict = collections.OrderedDict()
+
+
+def capacity() -> int:
+    """TORCH_TPU_CACHE_SIZE: the most entries the in-memory tier holds."""
+    return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
+
+
+# Bytes of the executables in _CACHE (one-element list: mutated in place), and
+# each entry's footprint.
+_BYTES = [0]
+_ENTRY_BYTES: dict = {}
+_byte_cap: list = []
+
+
+def byte_capacity() -> float:
+    """TORCH_TPU_CACHE_BYTES: the in-memory tier's bound in bytes (read once).
+
+    Default: 1/16 of the host's memory, at least 256 MiB. Executables are
+    host memory on every platform (on XLA:CPU all of them; on TPU and GPU
+    their host side, plus the device code PJRT reports).
+    """
+    if not _byte_cap:
+        from . import oom  # lazy: oom imports the platform (JAX's backends)
+
+        env = os.environ.get("TORCH_TPU_CACHE_BYTES", "").strip()
+        cap = oom.parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
+            oom.host_memory() // 16, 256 * 2**20)
+        _byte_cap.append(cap if cap is not None else float("inf"))
+    return _byte_cap[0]
+
+
+# An executable's footprint: the growth of the process's resident memory
+# while it was compiled (or loaded from disk), plus the device code PJRT
+# reports (0 on XLA:CPU). Growth is a measurement only until the cache first
+# evicts: from then on new executables reuse the memory evicted ones freed
+# and resident memory hardly grows (measured: estimates fell from ~1.2 MB to
+# ~140 KB an entry, and the cache, holding ever more entries, kept growing).
+# An op's first compile is no measurement either (it carries one-time work:
+# XLA's initialization, the op's first tracing). An executable counts the
+# median of its op's measurements (at most nine), or _DEFAULT_FOOTPRINT
+# where it has fewer than three; at least _MIN_FOOTPRINT, at most 16 MiB a
+# measurement. Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
+_MIN_FOOTPRINT = 64 * 2**10
+_DEFAULT_FOOTPRINT = 512 * 2**10
+_MAX_SAMPLE = 16 * 2**20
+_OP_SAMPLES: dict = {}
+_SAMPLING = [True]   # until the first eviction
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _footprint(name: str, grown: int, compiled: Any) -> int:
+    try:
+        code = int(compiled.memory_analysis().generated_code_size_in_bytes or 0)
+    except Exception:  # noqa: BLE001  (no analysis for this executable)
+        code = 0
+    samples = _OP_SAMPLES.get(name)
+    if samples is None:
+        _OP_SAMPLES[name] = []  # the op's first compile: no measurement
+    elif _SAMPLING[0] and len(samples) < 9 and grown > 0:
+        samples.append(min(grown, _MAX_SAMPLE))
+        samples.sort()
+    known = samples[len(samples) // 2] if samples and len(samples) >= 3 else _DEFAULT_FOOTPRINT
+    return max(known, _MIN_FOOTPRINT) + code
+
+
+def lookup(key: Any) -> Any:
+    """The entry cached under `key` (now the most recently used), or None."""
+    STATS.requests += 1
+    entry = _CACHE.get(key)
+    if entry is not None:
+        STATS.hits += 1
+        _CACHE.move_to_end(key)
+    return entry
+
+
+def insert(key: Any, entry: Any) -> None:
+    """Insert `entry` (an executor entry or a compiled executable); evict the
+    least recently used entries beyond TORCH_TPU_CACHE_SIZE entries or
+    TORCH_TPU_CACHE_BYTES bytes (the new entry itself always stays)."""
+    compiled = getattr(entry, "compiled", entry)
+    nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
+    old = _ENTRY_BYTES.pop(key, 0)
+    _CACHE[key] = entry
+    _ENTRY_BYTES[key] = nbytes
+    _BYTES[0] += nbytes - old
+    cap, byte_cap = capacity(), byte_capacity()
+    while len(_CACHE) > 1 and (len(_CACHE) > cap or _BYTES[0] > byte_cap):
+        k, _ = _CACHE.popitem(last=False)
+        _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
+        STATS.evictions += 1
+        _SAMPLING[0] = False
+
+
+def clear() -> None:
+    """Drop every cached program of the in-memory tier."""
+    _CACHE.clear()
+    _ENTRY_BYTES.clear()
+    _BYTES[0] = 0
+
+
+def memory_stats() -> dict:
+    """The in-memory tier: counters, entries and bytes with their bounds."""
+    s = STATS
+    return {"hits": s.hits, "misses": s.misses, "entries": len(_CACHE),
+            "capacity": capacity(), "evictions": s.evictions, "bytes": _BYTES[0],
+            "byte_capacity": byte_capacity(), "compile_seconds": s.compile_seconds,
+            "disk_loads": s.disk_loads}
+
+
+# --------------------------------------------------------------------------
+# plug-ins
+
+
+class DiskTier(Protocol):
+    """What the persistent tier provides around each compile (torch_tpu.cache)."""
+
+    def begin(self) -> Any: ...
+
+    def end(self, token: Any, name: str, seconds: float, trace_seconds: float) -> str: ...
+
+
+_DISK_TIER: list = []
+
+
+def set_disk_tier(tier: DiskTier | None) -> None:
+    """Install the persistent tier consulted by every compile (None: none)."""
+    _DISK_TIER[:] = [tier]
+
+
+def disk_tier() -> DiskTier | None:
+    """The persistent tier; the default one (torch_tpu.cache) is loaded on the
+    first compile of the process."""
+    if not _DISK_TIER:
+        # Lazy by design: the disk tier is a plug-in above the runtime; it
+        # installs itself with set_disk_tier when imported.
+        from .. import cache  # noqa: F401
+        if not _DISK_TIER:
+            _DISK_TIER.append(None)
+    return _DISK_TIER[0]
+
+
+_COMPILE_HOOKS: list = []
+
+
+def add_compile_hook(hook: Callable[[Callable], Callable]) -> None:
+    """Wrap `compile` for the callers that ask for hooks (compiled graphs).
+
+    `hook(compile_fn)` returns a function with `compile`'s signature; hooks
+    nest in the order they were added. Adding the same hook twice is a no-op.
+    """
+    if hook not in _COMPILE_HOOKS:
+        _COMPILE_HOOKS.append(hook)
+        _hooked.clear()
+
+
+_hooked: list = []
+
+
+def hooked_compile() -> Callable:
+    """`compile` wrapped by the declared compile hooks (see add_compile_hook)."""
+    if not _hooked:
+        fn: Callable = compile
+        for hook in _COMPILE_HOOKS:
+            fn = hook(fn)
+        _hooked.append(fn)
+    return _hooked[0]
+
+
+# --------------------------------------------------------------------------
+# compiling
+
+
+def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None = None,  # noqa: A001
+            **jit_kwargs: Any) -> Any:
+    """Trace, lower and compile `fn` for `args`: one memory-tier miss (not cached).
+
+    The persistent tier sits under XLA compilation: on a disk hit the
+    executable is loaded instead of compiled. `jit_kwargs` go to `jax.jit`
+    (e.g. donate_argnums for compiled graphs). `opt_level`: the XLA
+    optimization level (torch_tpu.runtime.opt_level; None: the process-wide
+    one), which the caller's `key` must hold. Callers that keep their own
+    entries (the executor, the graph tier) call this; others call
+    `get_or_compile`.
+    """
+    # Lazy: this module loads at start-up (torch_tpu.cache imports it, under
+    # the torch.compile wrapper) and must not import JAX there.
+    import jax
+
+    from . import opt_level as _olevel
+
+    tier = disk_tier()
+    token = tier.begin() if tier is not None else None
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    t1 = None
+    source = "compiled"
+    compiled: Any
+    gc_pause.begin()
+    try:
+        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        t1 = time.perf_counter()
+        for listener in LOWERED_LISTENERS:
+            listener(name, key, lowered)
+        compiled = lowered.compile(_olevel.compiler_options(
+            _olevel.LEVEL if opt_level is None else opt_level))
+    finally:
+        gc_pause.end()
+        seconds = time.perf_counter() - t0
+        if tier is not None:
+            source = tier.end(token, name, seconds,
+                              (t1 - t0) if t1 is not None else seconds)
+    try:
+        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
+    except AttributeError:  # an executable type without a __dict__
+        pass
+    STATS.misses += 1
+    STATS.compile_seconds += seconds
+    STATS.compiles_per_op[name] += 1
+    if source == "disk":
+        STATS.disk_loads += 1
+    for listener in COMPILE_LISTENERS:
+        listener(name, key, seconds, compiled)
+    return compiled
+
+
+def get_or_compile(key: tuple, fn: Callable, args: Any, *, name: str | None = None,
+                   **jit_kwargs: Any) -> Any:
+    """The compiled executable cached under `key`, compiling `fn` for `args` on a miss.
+
+    `key` must hold everything the program depends on: `args`' shapes and
+    dtypes, the values baked into `fn`, the device where the outputs are
+    placed explicitly; it starts with a `ProgramKind` and ends with the XLA
+    optimization level (`opt_level.LEVEL`). `name` (default: the kind's
+    value) is what statistics and the debug tools show.
+    """
+    compiled = lookup(key)
+    if compiled is None:
+        if name is None:
+            name = key_name(key)
+        compiled = compile(name, key, fn, args, **jit_kwargs)
+        insert(key, compiled)
+    return compiled
