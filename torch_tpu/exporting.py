@@ -7,12 +7,14 @@
 
 The model goes through `torch.export` (a functional ATen graph with the
 parameters lifted to inputs), PyTorch's core-ATen decompositions minus the
-ops the backend lowers directly (the table torch.compile uses), and then
+ops the backend lowers directly (the table torch.compile uses; ops left
+without a lowering are decomposed further, still symbolically), and then
 `torch_tpu.compile.lowering.GraphProgram`: the same lowering table eager
 mode and `torch.compile(backend="tpu")` run. The JAX function it builds is
 exported with `jax.export`, so the result is a `jax.export.Exported`:
 StableHLO text (`.mlir_module()`), its calling convention, and bytes that any
-JAX process can load.
+JAX process can load (with ``jax_enable_x64`` on when the program has 64-bit
+inputs such as int64 token ids: torch_tpu keeps PyTorch's dtypes).
 
 Symbolic sizes: every `torch.export.Dim` of `dynamic_shapes` becomes a
 `jax.export` dimension variable with the same name and the range
@@ -103,12 +105,14 @@ def export(fn_or_module: torch.nn.Module | Callable, args: tuple,
     ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes,
                              strict=strict)
     ep = ep.run_decompositions(_decomposition_table(_decompositions()))
+    ep = _decompose_unlowered(ep)
     _drop_runtime_asserts(ep.graph_module)
     plan = _Plan(ep, module, args, kwargs, dynamic_shapes, params)
     fn = plan.jax_function()
-    in_specs = plan.input_specs()
+    arg_specs, kwarg_specs = plan.input_specs()
     try:
-        exported = jax.export.export(jax.jit(fn), platforms=platforms)(*in_specs)
+        exported = jax.export.export(jax.jit(fn), platforms=platforms)(*arg_specs,
+                                                                       **kwarg_specs)
     except Exception as e:
         if isinstance(e, (NotImplementedError, RuntimeError)) and \
                 str(e).startswith("torch_tpu.export"):
@@ -157,6 +161,29 @@ def _decomposition_table(backend_table):
         if op in registry.LOWERINGS:
             table.pop(op)
     return table
+
+
+def _decompose_unlowered(ep, rounds=4):
+    """Ops left without a lowering or graph rule, decomposed here, at export
+    level, where sizes stay symbolic (GraphProgram's own per-op fallback
+    re-traces them at concrete sizes, which a symbolic export does not have)."""
+    from torch._decomp import decomposition_table
+
+    from .compile import graph_ops
+    from .ops import registry
+
+    for _ in range(rounds):
+        extra = {}
+        for n in ep.graph.nodes:
+            op = n.target
+            if (n.op == "call_function" and isinstance(op, torch._ops.OpOverload)
+                    and op not in registry.LOWERINGS and op not in graph_ops.GRAPH_OPS
+                    and op in decomposition_table):
+                extra[op] = decomposition_table[op]
+        if not extra:
+            break
+        ep = ep.run_decompositions(extra)
+    return ep
 
 
 _ASSERT_OPS = ("_assert_tensor_metadata", "_assert_scalar", "_assert_async",
@@ -278,7 +305,6 @@ class _Plan:
         self.user_placeholders = [n for n, s in zip(placeholders, self.sources)
                                   if s[0] == "user"]
         self._dims = _SymbolicDims(ep, self.user_placeholders, args, kwargs, dynamic_shapes)
-        self.failed_node = None
 
     # -- the JAX side ----------------------------------------------------------
 
@@ -298,25 +324,27 @@ class _Plan:
                 leaves.append(sds(self.user_placeholders[i].meta["val"]))
             else:
                 leaves.append(None)
-        user = self._user_tree(leaves)
+        args, kwargs = self._user_tree(leaves)
         if self.params == "arguments":
             state = {name: sds(self._state_meta[name]) for name in self.state_names}
-            return (state,) + tuple(user)
-        return tuple(user)
+            args = (state,) + args
+        return args, kwargs
 
     def _user_tree(self, leaves):
-        """The call's positional arguments (kwargs as a trailing dict when present)."""
+        """(positional, keyword) arguments of the call, tensors replaced by `leaves`."""
         if self.builtin_in:
             args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.in_tree)
-            return tuple(args) + ((kwargs,) if kwargs else ())
-        return tuple(v for v, t in zip(leaves, self.tensor_leaf) if t)
+            return tuple(args), dict(kwargs)
+        return tuple(v for v, t in zip(leaves, self.tensor_leaf) if t), {}
 
-    def _user_leaves(self, call_args):
+    def _user_leaves(self, call_args, call_kwargs):
+        """The call's leaves in torch.export's order. JAX hands dicts back with
+        sorted keys, so the walk follows the example's containers, not the
+        received ones."""
         if self.builtin_in:
-            flat, _ = torch.utils._pytree.tree_flatten(
-                (tuple(call_args[:len(self.args)]),
-                 call_args[len(self.args)] if self.kwargs else {}))
-            return flat
+            out: list = []
+            _leaves_like((self.args, self.kwargs), (tuple(call_args), call_kwargs), out)
+            return out
         it = iter(call_args)
         return [next(it) if t else None for t in self.tensor_leaf]
 
@@ -336,12 +364,12 @@ class _Plan:
         placeholders = program.placeholders
         plan = self
 
-        def fn(*call_args):
+        def fn(*call_args, **call_kwargs):
             if plan.params == "arguments":
                 state, call_args = call_args[0], call_args[1:]
             else:
                 state = None
-            leaves = plan._user_leaves(call_args)
+            leaves = plan._user_leaves(call_args, call_kwargs)
             inputs = []
             for n, (kind, v) in zip(placeholders, plan.sources):
                 if kind == "state":
@@ -365,6 +393,19 @@ class _Plan:
         return fn
 
 
+def _leaves_like(example, received, out):
+    """Append the leaves of `received` in the order torch's pytree flattens
+    `example` (tuples, lists, dicts in insertion order; anything else a leaf)."""
+    if isinstance(example, (tuple, list)):
+        for e, r in zip(example, received):
+            _leaves_like(e, r, out)
+    elif isinstance(example, dict):
+        for k, e in example.items():
+            _leaves_like(e, received[k], out)
+    else:
+        out.append(received)
+
+
 class _NamingHook:
     """Wraps every node's lowering so a failure names the op (and never leaks a
     raw JAX exception)."""
@@ -380,7 +421,6 @@ class _NamingHook:
         try:
             return call(args, kwargs)
         except (NotImplementedError, RuntimeError) as e:
-            self.plan.failed_node = n
             name, msg = _op_name(n), str(e)
             if msg.startswith(_PREFIX):
                 if name in msg:
@@ -392,7 +432,6 @@ class _NamingHook:
                 err = RuntimeError(f"{_PREFIX}{name}: {msg}")
             raise err from e
         except Exception as e:
-            self.plan.failed_node = n
             raise RuntimeError(f"torch_tpu.export: lowering {_op_name(n)} failed "
                                f"({type(e).__name__}: {e})") from e
 
