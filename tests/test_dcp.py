@@ -11,8 +11,9 @@ wrote next to the checkpoint (`torch.save` of CPU copies):
   uneven 8/7 row split) and into replicated modules on 2 ranks;
 - 2 -> 2 and 2 -> 1: plain (replicated) modules and FSDP2 saved by 2 ranks,
   loaded by 2 ranks (FSDP2 again) and by one process without a group;
-- a one-process "tpu" group: async_save on the default group and a full
-  state dict loaded with `broadcast_from_rank0`;
+- a one-process "tpu" group: async_save on the default group, a full
+  state dict loaded with `broadcast_from_rank0`, and the 2-rank FSDP2
+  checkpoint loaded into FSDP2 on a one-device mesh;
 - slow: DDP, tensor parallel DTensor state dicts (Colwise/Rowwise; also
   1 -> 2), async_save on 2 ranks (a thread with its own gloo group, and a
   checkpoint process; training goes on while they write), each 2 -> 2 and
@@ -497,8 +498,9 @@ def test_slow_broadcast_from_rank0(slow_ckpts):
         assert res[f"broadcast_from_rank0_{r}"] == "ok", res
 
 
-def test_one_rank_group_async_save_and_broadcast_from_rank0(tmp_path):
-    """With a "tpu" group: async_save on the default group and broadcast_from_rank0.
+def test_one_rank_group_async_save_and_broadcast_from_rank0(ckpts, tmp_path):
+    """With a one-process "tpu" group: async_save on the default group,
+    broadcast_from_rank0, and the 2-rank FSDP2 checkpoint into FSDP2 on 1 rank.
 
     Both read the group's `_device_types` (empty for a Python process group
     before torch_tpu declared tpu and cpu): async_save refused the group,
@@ -530,5 +532,21 @@ def test_one_rank_group_async_save_and_broadcast_from_rank0(tmp_path):
         set_model_state_dict(m3, full[0], options=opts)
         set_optimizer_state_dict(m3, o3, full[1], options=opts)
         assert ns["diff"](ns["full_state"](m3, o3), ref) is None
+
+        # 2 -> 1 with a group: FSDP2 on a one-device mesh
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        base, _ = ckpts
+        mesh = init_device_mesh("tpu", (1,))
+
+        def fsdp(model):
+            for layer in (model[0], model[2]):
+                fully_shard(layer, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+
+        m4, o4 = ns["fresh"](fsdp)
+        ns["load_into"](m4, o4, str(base / "fsdp"))
+        assert ns["diff"](ns["full_state"](m4, o4), torch.load(base / "fsdp_ref.pt")) is None
     finally:
         dist.destroy_process_group()
