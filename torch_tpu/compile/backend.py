@@ -38,12 +38,13 @@ import torch
 import torch.fx
 
 from ..ops import registry
-from ..runtime import executor, gc_pause
+from ..runtime import executor, gc_pause, programs
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
 from . import padding
 from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
+from .outputs import wrap_outputs
 
 try:
     from ..cache import graphs as _graph_tier
@@ -347,12 +348,13 @@ class CompiledGraph:
             extra = {"keep_unused": True} if pkey is not None else {}
             try:
                 if donating:
-                    compiled = entry.donating = executor._compile(
+                    # hooked_compile: with the declared compile hooks (SPMD programs).
+                    compiled = entry.donating = programs.hooked_compile()(
                         self.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
                         opt_level=level, **extra)
                 else:
-                    compiled = entry.plain = executor._compile(self.name, gkey, fn, lower_args,
-                                                               opt_level=level, **extra)
+                    compiled = entry.plain = programs.hooked_compile()(
+                        self.name, gkey, fn, lower_args, opt_level=level, **extra)
             except LoweringError:
                 raise
             except Exception as e:  # a lowering that fails inside a graph: run it eagerly
@@ -573,29 +575,15 @@ class CompiledGraph:
         out_index = value_results.get("__out_index__")
         if out_index is not None and len(out_index) != len(outs):
             outs = [outs[j] for j in out_index]
-        for pos, arr in zip(self.program.mutated_inputs, muts):
-            _write_back(args[pos], arr)
-        results = []
         device = self.device
-        for i, spec in enumerate(self.out_specs):
-            kind = spec[0]
-            if kind == "array":
-                arr = outs[spec[1]]
-                if out_slices is not None and out_slices[i] is not None:
-                    arr = out_slices[i](arr)
-                results.append(st.wrap(arr, device, spec[2]))
-            elif kind == "input":
-                results.append(args[spec[1]])
-            elif kind == "input_view":
-                results.append(_input_view(args[spec[1]], spec[2]))
-            elif kind == "value":
-                results.append(value_results[i])
-            elif kind == "none":
-                results.append(None)
-            else:
-                results.append(spec[1])
-        args.clear()
-        return results
+
+        def array(i, spec):
+            arr = outs[spec[1]]
+            if out_slices is not None and out_slices[i] is not None:
+                arr = out_slices[i](arr)
+            return st.wrap(arr, device, spec[2])
+
+        return wrap_outputs(self, args, muts, array, value_results.__getitem__)
 
     # -- eager fallback ------------------------------------------------------
 
@@ -644,16 +632,6 @@ _VIEW_OPS = {
     aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default,
     aten.slice.Tensor, aten.select.int, aten.detach.default,
 }
-
-
-def _input_view(t, view):
-    """The view of input `t` that a graph output was (sizes, strides, offset)."""
-    size, stride, offset, in_size, in_stride = view
-    if tuple(t.shape) != in_size or tuple(t.stride()) != in_stride:
-        raise LoweringError("an input's layout changed under a compiled graph")
-    with torch.no_grad():
-        return torch.ops.aten.as_strided.default(t.detach(), list(size), list(stride),
-                                                 t.storage_offset() + offset)
 
 
 def _donation_enabled() -> bool:
@@ -753,8 +731,8 @@ class _Entry:
             GRAPH_STATS.donating_calls += 1
             return self.donating(donated, kept, consts, rng)
         if self.plain is None:
-            self.plain = executor._compile(self.name, self.key, self.fn, self.lower_args,
-                                           opt_level=self.opt_level)
+            self.plain = programs.hooked_compile()(self.name, self.key, self.fn,
+                                                   self.lower_args, opt_level=self.opt_level)
         return self.plain(donated, kept, consts, rng)
 
 
@@ -787,18 +765,6 @@ def _precision_token():
     except ImportError:  # pragma: no cover - no precision module
         return None
     return cache_token()
-
-
-def _write_back(t: torch.Tensor, arr) -> None:
-    """Store the new value of a mutated graph input."""
-    data = st.data_of(t)
-    if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
-            and t.storage_offset() == 0 and tuple(arr.shape) == data.shape):
-        data.array = arr
-    else:
-        from ..ops import core
-
-        core.assign(t, arr)
 
 
 # --------------------------------------------------------------------------

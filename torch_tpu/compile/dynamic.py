@@ -43,6 +43,7 @@ from ..runtime import executor
 from ..runtime import storage as st
 from . import padding
 from .lowering import SymEnv
+from .outputs import wrap_outputs
 from .padding import PadHook, PadUnsafe
 
 
@@ -222,39 +223,23 @@ class Policy:
 
             rng = tpu_random.next_key(graph.device)
         outs, muts = compiled(arrays, graph.consts, rng, sizes)
-        for pos, arr in zip(program.mutated_inputs, muts):
-            from .backend import _write_back
-
-            _write_back(args[pos], arr)
-        results = []
         nodes = graph.output_nodes
-        for i, spec in enumerate(graph.out_specs):
-            kind = spec[0]
-            if kind == "array":
-                arr = outs[spec[1]]
-                t = st.wrap(arr, graph.device, spec[2])
-                pspec = out_specs[spec[1]]
-                if padding._spec_masked(pspec):
-                    if _simple(pspec):
-                        t = padding.true_view(
-                            t, tuple(true_env.int(s) for s in nodes[i].meta["val"].shape))
-                    else:  # saved for the backward graph, which reads it padded
-                        padding.SPECS[st.data_of(t)] = (pspec, tuple(arr.shape), dict(true))
-                results.append(t)
-            elif kind == "input":
-                results.append(args[spec[1]])
-            elif kind == "input_view":  # (static graphs only; kept for completeness)
-                from .backend import _input_view
 
-                results.append(_input_view(args[spec[1]], spec[2]))
-            elif kind == "value":
-                results.append(true_env.int(nodes[i].meta["val"]))
-            elif kind == "none":
-                results.append(None)
-            else:
-                results.append(spec[1])
-        args.clear()
-        return results
+        def array(i, spec):
+            arr = outs[spec[1]]
+            t = st.wrap(arr, graph.device, spec[2])
+            pspec = out_specs[spec[1]]
+            if padding._spec_masked(pspec):
+                if _simple(pspec):
+                    t = padding.true_view(
+                        t, tuple(true_env.int(s) for s in nodes[i].meta["val"].shape))
+                else:  # saved for the backward graph, which reads it padded
+                    padding.SPECS[st.data_of(t)] = (pspec, tuple(arr.shape), dict(true))
+            return t
+
+        # ("input_view" outputs come from static graphs only.)
+        return wrap_outputs(graph, args, muts, array,
+                            lambda i: true_env.int(nodes[i].meta["val"]))
 
     def _build_padded(self, graph, arrays, ints, specs, buckets, exact, symbols, key):
         program = graph.program

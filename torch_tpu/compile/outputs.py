@@ -1,0 +1,72 @@
+"""A compiled graph's results as its caller gets them, from what its program
+returned: one implementation for the static path (`backend._Graph._execute`)
+and the bucketed dynamic-shape path (`dynamic.Shapes._run_padded`).
+
+A graph's `out_specs` say, per user-visible output, where its value comes
+from: `("array", i, dtype)` program output i as a new tpu tensor,
+`("input", pos)` the input itself, `("input_view", pos, view, ...)` a view of
+an input, `("value", ...)` a Python value (a SymInt), `("none", ...)` None,
+or `("const", value)` a constant of the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..ops import core
+from ..runtime import storage as st
+from .lowering import LoweringError
+
+
+def write_back(t: torch.Tensor, arr: Any) -> None:
+    """Store the new value of a mutated graph input."""
+    data = st.data_of(t)
+    if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
+            and t.storage_offset() == 0 and tuple(arr.shape) == data.shape):
+        data.array = arr
+    else:
+        core.assign(t, arr)
+
+
+def input_view(t: torch.Tensor, view: tuple) -> torch.Tensor:
+    """The view of input `t` that a graph output was (sizes, strides, offset)."""
+    size, stride, offset, in_size, in_stride = view
+    if tuple(t.shape) != in_size or tuple(t.stride()) != in_stride:
+        raise LoweringError("an input's layout changed under a compiled graph")
+    with torch.no_grad():
+        return torch.ops.aten.as_strided.default(t.detach(), list(size), list(stride),
+                                                 t.storage_offset() + offset)
+
+
+def wrap_outputs(graph: Any, args: list, muts: Sequence[Any],
+                 array: Callable[[int, tuple], torch.Tensor],
+                 value: Callable[[int], Any]) -> list:
+    """Write the mutated inputs' new values back, then build the results.
+
+    `array(i, spec)` makes output i's tensor from an "array" spec and
+    `value(i)` output i's Python value: the two things the static and the
+    padded path compute differently. `args` is cleared (the caller's
+    references to the inputs are released as soon as the results exist).
+    """
+    for pos, arr in zip(graph.program.mutated_inputs, muts):
+        write_back(args[pos], arr)
+    results: list = []
+    for i, spec in enumerate(graph.out_specs):
+        kind = spec[0]
+        if kind == "array":
+            results.append(array(i, spec))
+        elif kind == "input":
+            results.append(args[spec[1]])
+        elif kind == "input_view":
+            results.append(input_view(args[spec[1]], spec[2]))
+        elif kind == "value":
+            results.append(value(i))
+        elif kind == "none":
+            results.append(None)
+        else:
+            results.append(spec[1])
+    args.clear()
+    return results
