@@ -473,9 +473,9 @@ class _SymbolicDims:
             if vr is None:
                 continue
             lo, hi = vr.lower, vr.upper
-            if lo.is_finite and int(lo) > 1:
+            if _finite(lo) and int(lo) > 1:
                 constraints.append(f"{name} >= {int(lo)}")
-            if hi.is_finite:
+            if _finite(hi):
                 constraints.append(f"{name} <= {int(hi)}")
         dims = jax.export.symbolic_shape(", ".join(self.symbols.values()),
                                          constraints=constraints)
@@ -488,6 +488,14 @@ class _SymbolicDims:
 
     def env(self, placeholders, inputs):
         return _JaxSymEnv(self.jax)
+
+
+def _finite(bound) -> bool:
+    """A range bound that is a number (not sympy's oo nor torch's int_oo)."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    return bool(bound.is_number) and bound not in (sympy.oo, -sympy.oo, int_oo, -int_oo)
 
 
 def _dim_names(user_placeholders, args, kwargs, dynamic_shapes) -> dict:
