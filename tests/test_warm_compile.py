@@ -246,3 +246,21 @@ def test_clear_removes_the_packages(tmp_path, fresh_warnings):
     assert _store.DiskStore(root, shared=None).clear() >= 1
     assert s.get("dynamo:k") is None
     assert os.listdir(os.path.join(root, artifacts.SUBDIR)) == []
+
+
+def test_a_graph_that_cannot_be_pickled_runs_and_is_not_saved():
+    import pickle
+
+    from torch_tpu.cache._output_code import TpuOutputCode
+
+    class Graph:
+        gm = staticmethod(lambda: None)  # not picklable
+        kind, options, n_user_outputs = "forward", {}, 1
+
+        def __call__(self, inputs):
+            return ["ran", *inputs]
+
+    code = TpuOutputCode(Graph())
+    assert code([1]) == ["ran", 1]
+    with pytest.raises(pickle.PicklingError, match="not serializable"):
+        pickle.dumps(code)

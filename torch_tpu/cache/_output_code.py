@@ -12,9 +12,10 @@ without lowering it. Imported only when `torch_tpu.cache.artifacts` is on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch._inductor.output_code import OutputCode
+from torch.fx import GraphModule
 
 
 class TpuOutputCode(OutputCode):
@@ -28,8 +29,13 @@ class TpuOutputCode(OutputCode):
         # Serialized now: AOTAutograd copies and pickles the result later, in
         # places (the lazy backward, under no_dispatch) where fake tensors
         # cannot be described.
-        self._state = {"gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
-                       "options": dict(graph.options), "n_user_outputs": graph.n_user_outputs}
+        try:
+            self._state = {"gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
+                           "options": dict(graph.options),
+                           "n_user_outputs": graph.n_user_outputs}
+        except Exception as e:  # a graph GraphPickler cannot describe: runs, is not saved
+            self._state = None
+            self._unpicklable = f"{type(e).__name__}: {e}"
 
     def __call__(self, inputs: Any) -> Any:
         if self._graph is None:
@@ -44,13 +50,19 @@ class TpuOutputCode(OutputCode):
         from ..compile.backend import CompiledGraph
 
         s = self._state
-        gm = GraphPickler.loads(s["gm"], FakeTensorMode(shape_env=ShapeEnv()))
+        # loads() is typed as object; what was dumped is the graph's GraphModule.
+        gm = cast(GraphModule, GraphPickler.loads(s["gm"], FakeTensorMode(shape_env=ShapeEnv())))
         gm.recompile()
         examples = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
         self._graph = CompiledGraph(gm, examples, s["kind"], s["options"],
                                     n_user_outputs=s["n_user_outputs"])
 
     def __getstate__(self):
+        if self._state is None:
+            # AOTAutograd catches this: the function's package is not saved.
+            import pickle
+
+            raise pickle.PicklingError(f"tpu graph not serializable ({self._unpicklable})")
         return self._state
 
     def __setstate__(self, state):
@@ -67,7 +79,7 @@ class TpuOutputCode(OutputCode):
     def prepare_for_serialization(self) -> None:
         pass
 
-    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+    def post_compile(self, example_inputs: Any, constants: Any, graph_kwargs: Any) -> None:
         pass
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

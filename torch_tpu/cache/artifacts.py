@@ -46,6 +46,7 @@ import pickle
 import platform
 import struct
 import threading
+from typing import Any, NoReturn
 
 from . import store as _store
 
@@ -106,22 +107,21 @@ class ArtifactStore:
     def __init__(self, root: str | None):
         self.root = root
         self.path = os.path.join(root, SUBDIR) if root else None
-        self.problem = None if root else "no cache directory"
+        self.problem: str | None = None if root else "no cache directory"
         self.writable = False
-        self._env = None
+        self._env: dict | None = None
         if root:
-            self._check()
+            self._check(root, os.path.join(root, SUBDIR))
 
-    def _check(self) -> None:
-        problem = _store._prepare_dir(self.path)
+    def _check(self, root: str, path: str) -> None:
+        problem = _store._prepare_dir(path)
         if problem == "not writable":
             problem = None  # read-only: serves what it holds
         else:
             self.writable = problem is None
         # The same rule as the shared tier: this user or root, not writable
         # by group or others; the directory above too (it could be replaced).
-        problem = problem or _store._check_readable(self.root) or \
-            _store._check_readable(self.path)
+        problem = problem or _store._check_readable(root) or _store._check_readable(path)
         if problem is not None:
             self.problem = problem
             self.writable = False
@@ -139,6 +139,8 @@ class ArtifactStore:
         return self._env
 
     def file_for(self, key: str) -> str:
+        if self.path is None:
+            raise RuntimeError("torch_tpu: no artifact directory (no cache directory)")
         return os.path.join(self.path, hashlib.sha256(key.encode()).hexdigest() + SUFFIX)
 
     def get(self, key: str) -> bytes | None:
@@ -148,17 +150,17 @@ class ArtifactStore:
         fname = self.file_for(key)
         # shared=True: the entry file must pass the owner/mode check too.
         blob, problem = _store._read_entry(fname, shared=True)
-        if blob is None and problem is None:
+        if blob is None:
+            if problem is not None:
+                self._reject(fname, problem)
             return None
-        payload = None
-        if problem is None:
-            payload, problem = self._decode(blob, key)
+        payload, problem = self._decode(blob, key)
         if problem is not None:
             self._reject(fname, problem)
             return None
         return payload
 
-    def _decode(self, blob: bytes, key: str):
+    def _decode(self, blob: bytes, key: str) -> tuple[bytes | None, str | None]:
         start = len(MAGIC) + 4
         if len(blob) < start:
             return None, "truncated"
@@ -226,7 +228,7 @@ def artifact_store() -> ArtifactStore:
 # -- dynamo's package cache, on this store -----------------------------------------
 
 
-def _is_optimizer_step(fn) -> bool:
+def _is_optimizer_step(fn: object) -> bool:
     """Compiled optimizer steps are never packaged by PyTorch 2.13 (their graph
     holds parameters by address) and reinstalling one clashes: not loaded."""
     import torch
@@ -234,7 +236,7 @@ def _is_optimizer_step(fn) -> bool:
     return isinstance(getattr(fn, "__self__", None), torch.optim.Optimizer)
 
 
-def _package_key(source_id: str, code) -> str:
+def _package_key(source_id: str, code: Any) -> str:
     """The store key of a function's package: dynamo's id (qualified name and
     first line) plus the function's file and bytecode, so that another script
     with a function of the same name at the same line is not mistaken for it
@@ -254,7 +256,7 @@ def _make_dynamo_cache():
     class TpuDynamoCache(DiskDynamoCache):
         """dynamo's DynamoCache with entries in the trusted artifact store."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__("")
 
         def path_prefix(self) -> str:
@@ -263,11 +265,11 @@ def _make_dynamo_cache():
         def clear(self) -> None:
             pass  # torch_tpu.cache.clear() empties the directory
 
-        def write(self, cache_entry, path: str) -> None:
+        def write(self, cache_entry: Any, path: str) -> None:
             artifact_store().put(_package_key(path, cache_entry.dynamo.codes[0].python_code),
                                  pickle.dumps(cache_entry))
 
-        def read(self, path: str):
+        def read(self, path: str) -> NoReturn:
             raise RuntimeError("torch_tpu's package store is read through load(fn)")
 
         def load(self, fn):
@@ -401,8 +403,9 @@ def _patch() -> None:
             if kwargs.get("save_guards") and self.guards_state is None:
                 self.guards_state = b""
 
-        __init__._torch_tpu = True
-        guards.CheckFunctionManager.__init__ = __init__
+        # (a marker on our wrapper, and a patched method of torch's class)
+        __init__._torch_tpu = True  # type: ignore[attr-defined]
+        guards.CheckFunctionManager.__init__ = __init__  # type: ignore[method-assign]
 
     # 2. AOTAutograd's local cache: not for tpu graphs (see aot_context).
     lookup = AOTAutogradCache._lookup
@@ -412,8 +415,8 @@ def _patch() -> None:
                 return None
             return lookup(*args, **kwargs)
 
-        _lookup._torch_tpu = True
-        AOTAutogradCache._lookup = staticmethod(_lookup)
+        _lookup._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        AOTAutogradCache._lookup = staticmethod(_lookup)  # type: ignore[method-assign]
     save_entry = AOTAutogradCache.save
     if not getattr(save_entry, "_torch_tpu", False):
         def _save(key, entry, remote):
@@ -426,8 +429,8 @@ def _patch() -> None:
             finally:
                 _local.no_write = prev
 
-        _save._torch_tpu = True
-        AOTAutogradCache.save = staticmethod(_save)
+        _save._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        AOTAutogradCache.save = staticmethod(_save)  # type: ignore[method-assign]
     write = AOTAutogradCache._write_to_local_cache
     if not getattr(write, "_torch_tpu", False):
         def _write(key, content):
@@ -435,8 +438,8 @@ def _patch() -> None:
                 return None
             return write(key, content)
 
-        _write._torch_tpu = True
-        AOTAutogradCache._write_to_local_cache = staticmethod(_write)
+        _write._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        AOTAutogradCache._write_to_local_cache = staticmethod(_write)  # type: ignore[method-assign]
 
     # 3. A package that fails to install (a clash, a missing global) falls
     #    back to tracing: dynamo catches RuntimeError only.
@@ -462,8 +465,8 @@ def _patch() -> None:
                                                      "function is traced and compiled again")
                 raise RuntimeError(f"torch_tpu: cannot install a compile package: {e}") from e
 
-        _install._torch_tpu = True
-        CompilePackage.install = _install
+        _install._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        CompilePackage.install = _install  # type: ignore[method-assign]
 
     for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
         logger = logging.getLogger(name)
@@ -471,14 +474,14 @@ def _patch() -> None:
             logger.addFilter(_DropNoise())
 
 
-def _is_tpu_entry(entry) -> bool:
+def _is_tpu_entry(entry: object) -> bool:
     from ._output_code import TpuOutputCode
 
     fw = getattr(entry, "compiled_fw", None)
     return isinstance(getattr(fw, "result", None), TpuOutputCode)
 
 
-def packaged(gm) -> bool:
+def packaged(gm: object) -> bool:
     """Is dynamo packaging the frame of this graph? (It names the graph's
     backend id only then; a frame it bypassed, e.g. a compiled optimizer
     step, is compiled as without precompile, without AOTAutograd's key.)"""
