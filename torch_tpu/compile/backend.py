@@ -38,7 +38,7 @@ import torch
 import torch.fx
 
 from ..ops import registry
-from ..runtime import executor, gc_pause
+from ..runtime import executor, gc_pause, programs
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
@@ -348,12 +348,13 @@ class CompiledGraph:
             extra = {"keep_unused": True} if pkey is not None else {}
             try:
                 if donating:
-                    compiled = entry.donating = executor._compile(
+                    # hooked_compile: with the declared compile hooks (SPMD programs).
+                    compiled = entry.donating = programs.hooked_compile()(
                         self.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
                         opt_level=level, **extra)
                 else:
-                    compiled = entry.plain = executor._compile(self.name, gkey, fn, lower_args,
-                                                               opt_level=level, **extra)
+                    compiled = entry.plain = programs.hooked_compile()(
+                        self.name, gkey, fn, lower_args, opt_level=level, **extra)
             except LoweringError:
                 raise
             except Exception as e:  # a lowering that fails inside a graph: run it eagerly
@@ -730,8 +731,8 @@ class _Entry:
             GRAPH_STATS.donating_calls += 1
             return self.donating(donated, kept, consts, rng)
         if self.plain is None:
-            self.plain = executor._compile(self.name, self.key, self.fn, self.lower_args,
-                                           opt_level=self.opt_level)
+            self.plain = programs.hooked_compile()(self.name, self.key, self.fn,
+                                                   self.lower_args, opt_level=self.opt_level)
         return self.plain(donated, kept, consts, rng)
 
 

@@ -11,7 +11,9 @@ inside the XLA program. Each process runs the same program on its device.
 How it plugs in: the graph lowering rules for `_c10d_functional.*`
 (registered into `torch_tpu.compile.graph_ops.GRAPH_OPS` by `install()`)
 raise `NeedsSpmd` when they are traced outside an SPMD context. The
-compile path catches it in `compile()` (see `compile_hook`) and traces the
+compile path catches it in `compile_hook`, declared to the program cache
+(`runtime.programs.add_compile_hook`, used by the graph tier's compiles),
+and traces the
 graph again under `shard_map` with the group's mesh. Graphs whose
 collectives use several different groups, or uneven all_to_all splits,
 raise `LoweringError`, and the compile backend runs them op by op (each
@@ -37,6 +39,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import programs
+from ..runtime import programs as program_cache  # (not this package's `programs`)
 
 _fc = torch.ops._c10d_functional
 
@@ -187,8 +190,6 @@ class SpmdExecutable:
     """fn(*args) with local arrays in and out, run as one program on the mesh."""
 
     def __init__(self, plan, name, key, fn, args, jit_kwargs):
-        from ..runtime import executor
-
         self.plan = plan
         self.name = name
         n = plan.n
@@ -243,8 +244,8 @@ class SpmdExecutable:
                                         sharding=self.sharding)
         gargs = [meta_abs] + [glob(leaves[i]) for i in self.dyn]
         jit_kwargs = {k: v for k, v in jit_kwargs.items() if k != "donate_argnums"}
-        self.compiled = executor._compile(name, ("spmd", plan.ranks) + tuple(key),
-                                          lambda *a: smap(*a), gargs, **jit_kwargs)
+        self.compiled = program_cache.compile(name, ("spmd", plan.ranks) + tuple(key),
+                                              lambda *a: smap(*a), gargs, **jit_kwargs)
         self.out_tree = box["out_tree"]
         self.out_scalar = box["scalar"]
         self._seq = 0
@@ -294,7 +295,8 @@ class SpmdExecutable:
 
 
 def compile_hook(original):
-    """Wrap `executor._compile`: graphs that need an SPMD program get one."""
+    """Wrap the graph tier's compile (`programs.hooked_compile`): graphs that need
+    an SPMD program get one."""
 
     def _compile(name, key, fn, args, **jit_kwargs):
         try:
@@ -305,17 +307,6 @@ def compile_hook(original):
     _compile._torch_tpu_spmd = True
     _compile.__wrapped__ = original
     return _compile
-
-
-class _ExecutorView:
-    """The executor module as the compile backend sees it, with the SPMD hook."""
-
-    def __init__(self, module):
-        self._module = module
-        self._compile = compile_hook(module._compile)
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
 
 
 _installed = False
@@ -334,10 +325,5 @@ def install() -> None:
             continue
         for ov in packet.overloads():
             graph_ops.GRAPH_OPS.setdefault(getattr(packet, ov), rule)
-    from ..compile import backend
-
-    ex = backend.executor
-    if not isinstance(ex, _ExecutorView) and not getattr(
-            getattr(ex, "_compile", None), "_torch_tpu_spmd", False):
-        backend.executor = _ExecutorView(ex)
+    program_cache.add_compile_hook(compile_hook)  # once: the same hook is not added twice
     _installed = True
