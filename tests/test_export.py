@@ -263,11 +263,15 @@ EXAMPLES = ["llama", "qwen", "resnet", "dlrm", "mingpt", "unet"]
 SYMBOLIC = {"llama", "qwen", "resnet", "mingpt", "unet"}
 
 
-def _example(name, batch):
+LMS = ("llama", "qwen")
+
+
+def _example(name, batch, seq_len=8):
     from examples.registry import get_example
 
-    opts = {"seq_len": 8} if name in ("llama", "qwen") else {}
+    opts = {"seq_len": seq_len} if name in LMS else {}
     model, inputs, _ = get_example(name, batch_size=batch, **opts)
+    inputs = tuple(i.contiguous() for i in inputs)  # no stride guards (see the llama test)
     with torch.no_grad():  # zero-initialized layers (unet's output conv) would hide errors
         gen = torch.Generator().manual_seed(0)
         for p in model.parameters():
@@ -292,10 +296,12 @@ def test_example_exports(name, tmp_path):
         with torch.no_grad():
             want.append([model(*inputs)])
     if name in SYMBOLIC:
-        exp = torch_tpu.export(model, inputs,
-                               dynamic_shapes=tuple({0: Dim("batch", max=64)} for _ in inputs))
+        # the LMs: a symbolic sequence length too
+        batch, seq = Dim("batch", max=64), Dim("seq", min=2, max=256)
+        dims = {0: batch, 1: seq} if name in LMS else {0: batch}
+        exp = torch_tpu.export(model, inputs, dynamic_shapes=tuple(dims for _ in inputs))
         assert jax.export.is_symbolic_dim(exp.in_avals[0].shape[0])
-        _, inputs3 = _example(name, 3)
+        _, inputs3 = _example(name, 3, seq_len=5)
         jobs.append((exp.serialize(), [tuple(_np(i) for i in inputs3)]))
         with torch.no_grad():
             want.append([model(*inputs3)])

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +88,7 @@ def clear_cache():
 
 
 
-def value(t: torch.Tensor):
+def value(t: torch.Tensor) -> jax.Array:
     """The jax.Array holding tpu tensor `t`'s value in its logical shape."""
     data = st.data_of(t)
     layout = st.layout_of(t, data)
@@ -142,6 +144,8 @@ class _Plan:
 
 class _Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check")
+    # Set only for eager (data-dependent) lowerings, which run without jit.
+    eager_fn: Callable[..., Any]
 
     def __init__(self, compiled, out_tree, out_meta, writes):
         self.compiled = compiled
@@ -237,7 +241,7 @@ def _cpu_scalar(t):
 
 def _classify(plan, vals, sig):
     """Recipes to rebuild each argument inside the program."""
-    recipes = []
+    recipes: list[Any] = []
     append = recipes.append
     key = sig.key
     for kind, v in zip(plan.kinds, vals):
@@ -370,7 +374,8 @@ def check_out_overlap(op, args, kwargs):
     if base not in _NO_INTERNAL_OVERLAP and base not in _NO_INPUT_OVERLAP:
         return
     vals = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
-    outs, ins = [], []
+    outs: list[torch.Tensor] = []
+    ins: list[torch.Tensor] = []
     for a, v in zip(schema.arguments, vals):
         (outs if a.is_out else ins).extend(_tensors(v))
     if base in _NO_INTERNAL_OVERLAP:
@@ -521,7 +526,7 @@ class _Runner:
         is_derived = self.functional is not None
         # Each written tensor: (argument index, list position or None), its
         # recipe, and its meta after the op (an out= tensor may be resized).
-        targets = []
+        targets: list[tuple[int, int | None, Any, Any]] = []
         for i in self.targets:
             v = vals[i]
             m = margs[i] if i < len(margs) else mkwargs[plan.args[i].name]
@@ -588,7 +593,7 @@ class _Runner:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
         else:
-            jit_kwargs = {}
+            jit_kwargs: dict[str, Any] = {}
             if not arrays:
                 # No device inputs (a factory): place the outputs explicitly.
                 jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
@@ -621,7 +626,7 @@ class _Runner:
         except Exception:  # noqa: BLE001 - run_meta raises PyTorch's error
             return
         results = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
-        written = []
+        written: list[Any] = []
         for i in self.targets:
             v = vals[i]
             written.extend(v if isinstance(v, (list, tuple)) else [v])
