@@ -102,18 +102,24 @@ def main(argv=None) -> int:
     if missing:
         parser.error(f"not found in {directory}: {', '.join(missing)}")
 
+    header = f"{'file':<28} {'device':<6} {'pass':>6} {'fail':>6} {'skip':>6}"
     rows = []
     for filename in args.files:
         for device in devices:
             passed, failed, skipped, failures = run_file(
                 directory, filename, device, extra, args.timeout)
-            rows.append((filename, device, passed, failed, skipped))
+            row = f"{filename:<28} {device:<6} {passed:>6} {failed:>6} {skipped:>6}"
+            rows.append(row)
             if args.failures:
                 for name, message in failures:
                     print(f"FAIL [{device}] {name}: {message}")
-    print(f"{'file':<28} {'device':<6} {'pass':>6} {'fail':>6} {'skip':>6}")
-    for filename, device, passed, failed, skipped in rows:
-        print(f"{filename:<28} {device:<6} {passed:>6} {failed:>6} {skipped:>6}")
+            # Each row as soon as its run ends: a full test_indexing run on
+            # tpu takes tens of minutes on a loaded 2-core host, and what
+            # finished before an outside timeout should not be lost.
+            print(f"done: {row}", flush=True)
+    print(header)
+    for row in rows:
+        print(row)
     return 0
 
 
