@@ -30,9 +30,9 @@ class TpuOutputCode(OutputCode):
         # places (the lazy backward, under no_dispatch) where fake tensors
         # cannot be described.
         try:
-            self._state = {"gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
-                           "options": dict(graph.options),
-                           "n_user_outputs": graph.n_user_outputs}
+            self._state: dict[str, Any] | None = {
+                "gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
+                "options": dict(graph.options), "n_user_outputs": graph.n_user_outputs}
         except Exception as e:  # a graph GraphPickler cannot describe: runs, is not saved
             self._state = None
             self._unpicklable = f"{type(e).__name__}: {e}"
@@ -50,6 +50,8 @@ class TpuOutputCode(OutputCode):
         from ..compile.backend import CompiledGraph
 
         s = self._state
+        if s is None:  # only an unpickled graph is rebuilt, and pickling needs the state
+            raise RuntimeError("torch_tpu: a tpu graph without its saved state cannot be rebuilt")
         # loads() is typed as object; what was dumped is the graph's GraphModule.
         gm = cast(GraphModule, GraphPickler.loads(s["gm"], FakeTensorMode(shape_env=ShapeEnv())))
         gm.recompile()
