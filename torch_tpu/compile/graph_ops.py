@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..ops.opmath import opmath_dtype
 from ..runtime import storage as st
 
 aten = torch.ops.aten
@@ -118,7 +119,7 @@ def _key(g):
 
 def _uniform(g, shape, dtype):
     dt = st.TORCH_TO_JAX[dtype]
-    compute = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+    compute = opmath_dtype(dt)
     return jax.random.uniform(_key(g), shape, compute).astype(dt)
 
 
@@ -130,7 +131,7 @@ def _rand(g, a):
 @graph_op(aten.randn.default, aten.randn_like.default)
 def _randn(g, a):
     dt = st.TORCH_TO_JAX[g.out.dtype]
-    compute = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+    compute = opmath_dtype(dt)
     return jax.random.normal(_key(g), g.out.shape, compute).astype(dt)
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.fx
 from jax import lax
 
+from ..ops.opmath import opmath_dtype
 from ..runtime import opt_level as _olevel
 from ..runtime import programs
 from ..runtime import storage as st
@@ -539,7 +540,7 @@ def _mean_rule(hook, n, op, args, kwargs, call):
     if not any(_masked(full[d]) for d in dims):
         return call(args, kwargs), out_spec
     out_dtype = st.TORCH_TO_JAX[n.meta["val"].dtype]
-    acc = jnp.float32 if out_dtype in (jnp.bfloat16, jnp.float16) else out_dtype
+    acc = opmath_dtype(out_dtype)
     total = jnp.sum(hook.sanitize(x, spec, 0).astype(acc), axis=tuple(dims), keepdims=keepdim)
     count = hook.count(spec, x.shape, dims, keepdim)
     return (total / count.astype(acc)).astype(out_dtype), out_spec
@@ -560,7 +561,7 @@ def _var_rule(hook, n, op, args, kwargs, call):
     correction = 1 if correction is None else correction
     val = n.meta["val"]
     out_dtype = st.TORCH_TO_JAX[(val[0] if multi else val).dtype]
-    acc = jnp.float32 if out_dtype in (jnp.bfloat16, jnp.float16) else out_dtype
+    acc = opmath_dtype(out_dtype)
     m = hook.mask(spec, x.shape)
     xs = jnp.where(m, x, 0).astype(acc)
     count = hook.count(spec, x.shape, dims, True).astype(acc)

@@ -14,6 +14,7 @@ import math
 import jax.numpy as jnp
 import torch
 
+from .opmath import opmath
 from .registry import lower
 
 aten = torch.ops.aten
@@ -45,11 +46,10 @@ def fft_c2c(x, dim, normalization, forward):
 
 
 @lower(aten._fft_r2c.default)
+@opmath("x")
 def fft_r2c(x, dim, normalization, onesided):
     dim = tuple(dim)
     n = math.prod(x.shape[d] for d in dim)
-    if x.dtype in (jnp.bfloat16, jnp.float16):
-        x = x.astype(jnp.float32)
     y = jnp.fft.rfftn(x, axes=dim) if onesided else jnp.fft.fftn(_complex(x), axes=dim)
     return _scale(y, normalization, n)
 
