@@ -56,12 +56,19 @@ class ProgramKind(str, enum.Enum):
     PAD = "pad_to_bucket"        # dynamic-shape padding (compile.padding)
     UNPAD = "unpad_from_bucket"
 
+    # Enum's own __hash__ is Python code (hash of the name), run on every
+    # lookup of a key holding a kind: the str's C hash is equal-consistent
+    # and costs nothing.
+    __hash__ = str.__hash__
+
 
 class KeyTag(str, enum.Enum):
     """Marker parts of the executor's keys (str-valued: they print as the old tags)."""
 
     RNG = "rng"          # a random op: a fresh PRNG key is a runtime input
     CPU_SCALAR = "c"     # (KeyTag.CPU_SCALAR, dtype): a 0-dim CPU tensor argument
+
+    __hash__ = str.__hash__  # (see ProgramKind)
 
 
 class EagerKey(NamedTuple):
@@ -385,20 +392,25 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     return compiled
 
 
-def get_or_compile(key: tuple, fn: Callable, args: Any, *, name: str | None = None,
-                   **jit_kwargs: Any) -> Any:
+def get_or_compile(key: tuple, fn: Callable, args: Any, name: str | None = None) -> Any:
     """The compiled executable cached under `key`, compiling `fn` for `args` on a miss.
 
     `key` must hold everything the program depends on: `args`' shapes and
     dtypes, the values baked into `fn`, the device where the outputs are
     placed explicitly; it starts with a `ProgramKind` and ends with the XLA
     optimization level (`opt_level.LEVEL`). `name` (default: the kind's
-    value) is what statistics and the debug tools show.
+    value) is what statistics and the debug tools show. (No jit options:
+    pass a `jax.jit`-wrapped `fn` for out_shardings, as ops/factories does.)
     """
-    compiled = lookup(key)
-    if compiled is None:
-        if name is None:
-            name = key_name(key)
-        compiled = compile(name, key, fn, args, **jit_kwargs)
-        insert(key, compiled)
+    # lookup(), inlined: this is on the path of every copy, cast and view read.
+    STATS.requests += 1
+    compiled = _CACHE.get(key)
+    if compiled is not None:
+        STATS.hits += 1
+        _CACHE.move_to_end(key)
+        return compiled
+    if name is None:
+        name = key_name(key)
+    compiled = compile(name, key, fn, args)
+    insert(key, compiled)
     return compiled
