@@ -24,7 +24,8 @@ from . import core
 from .opmath import is_half, opmath_dtype
 from .registry import lower, out_dtype, out_meta
 from ..precision import lax_precision
-from ..runtime import programs
+from ..runtime import executor, platform, programs
+from ..runtime import storage as st
 
 aten = torch.ops.aten
 
@@ -350,7 +351,6 @@ def _det_kernel(op):
     def kernel(A):
         # PyTorch factors A^T when A is contiguous and real (det(A^T) == det(A));
         # the backward solves with the LU under that convention.
-        from ..runtime import executor
 
         use_A_T = A.is_contiguous() and not A.is_complex()
         return executor.runner_for(op)(A.mT if use_A_T else A)
@@ -537,7 +537,6 @@ def linalg_matrix_exp(a):
     # platform has float64, compute in it (TPUs do not: float32 there).
     dt = a.dtype
     wide = {jnp.dtype(jnp.float32): jnp.float64, jnp.dtype(jnp.complex64): jnp.complex128}
-    from ..runtime import platform
 
     if dt in (jnp.bfloat16, jnp.float16):
         work = jnp.float64 if platform.supports_float64() else jnp.float32
@@ -561,7 +560,6 @@ def _cpu_error_kernel(op):
     from torch.utils import _pytree as pytree
 
     def kernel(*args, **kwargs):
-        from ..runtime import executor
 
         try:
             return executor.runner_for(op)(*args, **kwargs)
@@ -717,7 +715,6 @@ def _pdist_backward(grad, x, p, pdist):
 
 def _jit_run(name, fn, tensors, static=()):
     """Run jax function fn(*arrays) (static args bound) on the tpu tensors' values."""
-    from ..runtime import executor
 
     vals = [core._device_value(t) for t in tensors]
     key = (programs.ProgramKind.LINALG, name, static, tuple((v.shape, v.dtype) for v in vals),
@@ -728,7 +725,6 @@ def _jit_run(name, fn, tensors, static=()):
 
 
 def _wrap_out(arr, like, dtype=None):
-    from ..runtime import storage as st
 
     return st.wrap(arr, like.device.index, dtype)
 
@@ -865,7 +861,6 @@ def _lstsq_kernel(A, B, rcond=None, *, driver=None):
     rc = eps * max(m, n) if rcond is None else float(rcond)
     if rc < 0:
         rc = eps
-    from ..runtime import platform
 
     # Where the platform has float64, solve in it (closer to LAPACK's float32
     # results than a float32 solve by a different algorithm); TPUs: float32.
@@ -994,7 +989,6 @@ def _cpu_platform_only_kernel(op):
     there) the CPU fallback runs it, or it raises NotImplementedError naming
     the op when the fallback is off."""
     def kernel(*args, **kwargs):
-        from ..runtime import executor, platform
         from . import fallback
 
         if platform.platform() != "cpu":
@@ -1097,7 +1091,6 @@ def _sytf2_lower(a):
 def _ldl_real_only(op, name):
     """Complex inputs (hetrf/sytrf with complex pivot magnitudes) run on the CPU."""
     def kernel(*args, **kwargs):
-        from ..runtime import executor
         from . import fallback
 
         if any(isinstance(t, torch.Tensor) and t.is_complex() for t in args):

@@ -24,9 +24,11 @@ from jax import lax
 from . import core
 from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta
+from ..device import random as tpu_random
 from ..device.random import jax_key
 from ..runtime import opt_level as _olevel
-from ..runtime import programs
+from ..runtime import executor, programs
+from ..runtime import storage as st
 from ..runtime.storage import torch_dtype
 
 aten = torch.ops.aten
@@ -67,9 +69,7 @@ def _normal(key, shape, dtype):
 
 
 def _dtype_name(dtype):
-    from ..runtime.executor import _dtype_name as name
-
-    return name(dtype)
+    return executor._dtype_name(dtype)
 
 
 def _check_uniform(dtype, lo, hi):
@@ -284,10 +284,6 @@ def _standard_gamma(x, generator=None, *, rng_key):
 
 def _direct_kernel(name, fn):
     def kernel(*tensors, generator=None):
-        from ..device import random as tpu_random
-        from ..runtime import executor
-        from ..runtime import storage as st
-
         tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
         first = tensors[0]
         index = first.device.index
@@ -368,8 +364,6 @@ def _check_multinomial_values(t, num_samples, replacement):
     path reads `max() < inf & min() >= 0` and the row sums with `.item()`,
     and its CPU sampler checks each entry. The tpu reads one code per row.
     """
-    from ..runtime import executor
-
     if t.numel() == 0:
         return
     arr = executor.value(t)
@@ -443,8 +437,6 @@ for _op in (aten.multinomial.default, aten.multinomial.out):
 
 
 def _inplace_runner(inplace, functional):
-    from ..runtime import executor
-
     runner = executor._Runner(inplace, LOWERINGS[functional], functional)
     return runner.__call__
 
@@ -505,8 +497,6 @@ def _lazy_runner(op):
     def run(*args, **kwargs):
         nonlocal runner
         if runner is None:
-            from ..runtime import executor
-
             runner = executor.runner_for(op)
         return runner(*args, **kwargs)
 
