@@ -138,6 +138,9 @@ class _Tier:
     def end(self, token: object, name: str, seconds: float, trace_seconds: float) -> str:
         return end_compile(token, name, seconds, trace_seconds=trace_seconds)
 
+    def abort(self, token: object) -> None:
+        disk_store().end(token)
+
 
 _programs.set_disk_tier(_Tier())
 

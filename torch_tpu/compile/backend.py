@@ -403,12 +403,13 @@ class CompiledGraph:
 
     def _load_persistent(self, pkey, entry, donating, lower_args, value_results) -> bool:
         """Fill `entry` from the graph tier without lowering; False on a miss."""
-        from .. import cache as _tiers
         from ..runtime import platform
 
         t0 = time.perf_counter()
         device = platform.jax_device(self.device)
-        token = _tiers.begin_compile()
+        tier = programs.disk_tier()  # the disk tier's hooks, as programs.compile uses them
+        token = tier.begin() if tier is not None else None
+        source = "compiled"
         prog = None
         try:
             got = _graph_tier.load(pkey, device)
@@ -427,10 +428,10 @@ class CompiledGraph:
             prog = None
         finally:
             seconds = time.perf_counter() - t0
-            if prog is not None:
-                source = _tiers.end_compile(token, self.name, seconds, trace_seconds=0.0)
-            else:
-                _tiers.disk_store().end(token)
+            if tier is not None and prog is not None:
+                source = tier.end(token, self.name, seconds, 0.0)
+            elif tier is not None:
+                tier.abort(token)
         if prog is None:
             return False
         value_results.update(values)
@@ -438,12 +439,6 @@ class CompiledGraph:
             entry.donating = prog
         else:
             entry.plain = prog
-        stats = executor.STATS
-        stats.misses += 1
-        stats.compile_seconds += seconds
-        stats.compiles_per_op[self.name] += 1
-        if source == "disk":
-            stats.disk_loads += 1
         with _lock:
             GRAPH_STATS.disk_loads += 1
             GRAPH_STATS.load_seconds += seconds
@@ -454,8 +449,7 @@ class CompiledGraph:
             monitoring.record_event("/jax/compilation_cache/cache_hits")
         except Exception:  # pragma: no cover
             pass
-        for listener in executor.COMPILE_LISTENERS:
-            listener(self.name, entry.key, seconds, prog)
+        programs.record_compile(self.name, entry.key, seconds, prog, source)
         return True
 
     def _store_persistent(self, pkey, compiled, lower_args, value_results):

@@ -287,6 +287,8 @@ class DiskTier(Protocol):
 
     def end(self, token: Any, name: str, seconds: float, trace_seconds: float) -> str: ...
 
+    def abort(self, token: Any) -> None: ...  # stop collecting; nothing is recorded
+
 
 _DISK_TIER: list = []
 
@@ -382,6 +384,14 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
         compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
     except AttributeError:  # an executable type without a __dict__
         pass
+    record_compile(name, key, seconds, compiled, source)
+    return compiled
+
+
+def record_compile(name: str, key: Any, seconds: float, compiled: Any, source: str) -> None:
+    """Count one memory-tier miss and tell the listeners: what `compile` does after
+    compiling, for tiers that produce executables another way (the graph tier
+    loading a graph from disk without lowering it)."""
     STATS.misses += 1
     STATS.compile_seconds += seconds
     STATS.compiles_per_op[name] += 1
@@ -389,7 +399,6 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
         STATS.disk_loads += 1
     for listener in COMPILE_LISTENERS:
         listener(name, key, seconds, compiled)
-    return compiled
 
 
 def get_or_compile(key: tuple, fn: Callable, args: Any, name: str | None = None) -> Any:
