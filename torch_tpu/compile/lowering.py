@@ -38,6 +38,7 @@ import torch
 import torch.fx
 
 from ..ops import registry
+from ..runtime import calling
 from ..runtime import storage as st
 from . import graph_ops
 
@@ -197,43 +198,6 @@ def derive_key(raw, i):
 # --------------------------------------------------------------------------
 
 
-_SCHEMA_CACHE: dict = {}
-
-
-def _schema_args(op):
-    args = _SCHEMA_CACHE.get(op)
-    if args is None:
-        args = _SCHEMA_CACHE[op] = op._schema.arguments
-    return args
-
-
-def _bind(op, args, kwargs):
-    """{schema argument name: value}, defaults filled in."""
-    named = {}
-    schema_args = _schema_args(op)
-    for i, a in enumerate(schema_args):
-        if i < len(args) and not a.kwarg_only:
-            named[a.name] = args[i]
-        elif a.name in kwargs:
-            named[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            named[a.name] = a.default_value
-        else:
-            named[a.name] = None
-    return named
-
-
-def _split(op, named):
-    args, kwargs = [], {}
-    for a in _schema_args(op):
-        v = named.get(a.name)
-        if a.kwarg_only:
-            kwargs[a.name] = v
-        else:
-            args.append(v)
-    return args, kwargs
-
-
 def _python_value(v):
     """Non-tensor arguments as the lowerings expect them (int lists as tuples)."""
     if isinstance(v, list) and not any(isinstance(x, jax.Array) or hasattr(x, "aval")
@@ -246,19 +210,12 @@ def _is_array(x):
     return isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval")
 
 
+def _shape_error(name, got, want):
+    return LoweringError(f"the lowering of {name} produced shape {got}, PyTorch expects {want}")
+
+
 def _conform(x, m: Meta, name):
-    x = jnp.asarray(x)
-    want = st.TORCH_TO_JAX[m.dtype]
-    if x.dtype != want:
-        x = st.convert(x, m.dtype)
-    if x.shape != m.shape:
-        try:
-            x = jnp.broadcast_to(x, m.shape)
-        except ValueError:
-            raise LoweringError(
-                f"the lowering of {name} produced shape {x.shape}, PyTorch expects "
-                f"{m.shape}") from None
-    return x
+    return calling.conform(x, m.shape, m.dtype, name, _shape_error)
 
 
 def _spread_tensor_results(result, metas):
@@ -427,27 +384,25 @@ class GraphProgram:
             return tr.syms.int(val)
         if op is aten.sym_numel.default:
             return int(np.prod(args[0].shape))
-        named = _bind(op, args, kwargs)
+        named = calling.bind(op, args, kwargs)
         low = registry.LOWERINGS.get(op)
         if low is not None:
             return self._apply_lowering(low, op, named, out, tr, name)
         rule = graph_ops.GRAPH_OPS.get(op)
         if rule is not None:
-            node_named = _bind(op, n.args, n.kwargs)
+            node_named = calling.bind(op, n.args, n.kwargs)
             ctx = _NodeCtx(self, n, out, node_named, tr)
             return _conform_tree(rule(ctx, named), out, name) if out is not None else rule(
                 ctx, named)
         base = _mutating_base(op)
         if base is not None and base in registry.LOWERINGS and registry.LOWERINGS[base].mutates:
             return self._apply_functional(registry.LOWERINGS[base], base, named, out, tr, name)
-        from ..runtime.executor import functional_of
-
-        functional = functional_of(op)
+        functional = calling.functional_of(op)
         if functional is not None and (functional in registry.LOWERINGS
                                        or functional in graph_ops.GRAPH_OPS):
             return self._apply_inplace(n, op, functional, named, out, tr)
         if op.is_view and val is not None:
-            node_named = _bind(op, n.args, n.kwargs)
+            node_named = calling.bind(op, n.args, n.kwargs)
             return graph_ops._generic_view(_NodeCtx(self, n, out, node_named, tr), named)
         decomposed = _decompose(op, n, args, kwargs, tr)
         if decomposed is not _NO_DECOMP:
@@ -455,7 +410,7 @@ class GraphProgram:
         return _cpu_callback(op, args, kwargs, out, name)
 
     def _apply_lowering(self, low, op, named, out, tr, name):
-        fargs, fkw = _split(op, {k: _python_value(v) for k, v in named.items()})
+        fargs, fkw = calling.split(op, {k: _python_value(v) for k, v in named.items()})
         if low.random:
             fkw["rng_key"] = tr.next_rng()
         if low.eager:
@@ -473,7 +428,7 @@ class GraphProgram:
 
     def _apply_functional(self, low, base, named, out, tr, name):
         """`foo_functional` through the lowering of mutating `foo`."""
-        fargs, fkw = _split(base, {k: _python_value(v) for k, v in named.items()})
+        fargs, fkw = calling.split(base, {k: _python_value(v) for k, v in named.items()})
         if low.random:
             fkw["rng_key"] = tr.next_rng()
         n_main = len(out) - len(low.mutates)
@@ -500,7 +455,7 @@ class GraphProgram:
         if low is not None:
             value = self._apply_lowering(low, functional, fnamed, fout, tr, str(functional))
         else:
-            ctx = _NodeCtx(self, n, out, _bind(op, n.args, n.kwargs), tr)
+            ctx = _NodeCtx(self, n, out, calling.bind(op, n.args, n.kwargs), tr)
             value = graph_ops.GRAPH_OPS[functional](ctx, fnamed)
         return value
 

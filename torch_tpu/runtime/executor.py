@@ -29,9 +29,10 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import oom, platform, programs, registry, verdict
+from . import calling, oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
+from .calling import functional_of  # also executor.functional_of, as ops/ use it
 
 _T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS = range(9)
 _KIND_OF_TYPE = {
@@ -515,7 +516,7 @@ class _Runner:
         if self.functional is not None:
             # The functional overload's output metadata (the values to write).
             meta_named = {a.name: _meta_value(v, None) for a, v in zip(plan.args, vals)}
-            fa, fk = _split_named(fplan, meta_named)
+            fa, fk = calling.split(fplan.args, meta_named)
             fmeta = self.functional(*fa, **fk)
         else:
             fmeta = meta_out
@@ -554,7 +555,7 @@ class _Runner:
 
         def program(arrays, dyn):
             args_v = [_rebuild(r, arrays, dyn) for r in recipes]
-            fargs, fkw = _split_named(fplan, {a.name: v for a, v in zip(plan.args, args_v)})
+            fargs, fkw = calling.split(fplan.args, {a.name: v for a, v in zip(plan.args, args_v)})
             if rng:
                 fkw["rng_key"] = dyn[-1]
             registry.CONTEXT.meta_out = fmeta
@@ -580,7 +581,7 @@ class _Runner:
                     raise RuntimeError(
                         f"internal error in the lowering of {name}: it returned "
                         f"{len(leaves)} arrays, PyTorch's op returns {n_tensor_out}")
-                outs = [_conform(x, m, name) for x, m in
+                outs = [calling.conform(x, m.shape, m.dtype, name) for x, m in
                         zip(leaves, [m for m in meta_leaves if isinstance(m, torch.Tensor)])]
             bases = list(arrays)
             for (_, _, r, m), val in zip(targets, values):
@@ -620,7 +621,7 @@ class _Runner:
         a host copy of small arguments once per executable (runtime.verdict)."""
         plan = self.plan
         meta_named = {a.name: _meta_value(v, None) for a, v in zip(plan.args, vals)}
-        fa, fk = _split_named(self.fplan, meta_named)
+        fa, fk = calling.split(self.fplan.args, meta_named)
         try:
             fmeta = self.functional(*fa, **fk)
         except Exception:  # noqa: BLE001 - run_meta raises PyTorch's error
@@ -699,34 +700,8 @@ def _dtype_name(dtype):
         return str(dtype)
 
 
-def _split_named(plan, named):
-    """Positional and keyword-only arguments of `plan`'s op from a name map."""
-    args, kwargs = [], {}
-    for a in plan.args:
-        v = named[a.name] if a.name in named else (
-            a.default_value if a.has_default_value() else None)
-        if a.kwarg_only:
-            kwargs[a.name] = v
-        else:
-            args.append(v)
-    return args, kwargs
-
-
-def _conform(x, meta, name):
-    x = st.convert(jnp.asarray(x), meta.dtype)
-    shape = tuple(meta.shape)
-    if x.shape != shape:
-        try:
-            x = jnp.broadcast_to(x, shape)
-        except ValueError:
-            raise RuntimeError(
-                f"internal error in the lowering of {name}: produced shape "
-                f"{x.shape}, PyTorch expects {shape}") from None
-    return x
-
-
 def _write(base, layout, val, meta, name):
-    val = _conform(val, meta, name) if meta is not None else val
+    val = calling.conform(val, meta.shape, meta.dtype, name) if meta is not None else val
     if layout is None:
         return val.reshape(base.shape).astype(base.dtype)
     return st.strided_write(base, layout, val)
@@ -780,41 +755,3 @@ def _make_runner(op):
     if functional is not None and functional in registry.LOWERINGS:
         return _Runner(op, registry.LOWERINGS[functional], functional)
     return None
-
-
-def functional_of(op):
-    """The functional overload computing what in-place/out= overload `op` writes."""
-    schema = op._schema
-    if not any(a.alias_info and a.alias_info.is_write for a in schema.arguments):
-        return None
-    base = schema.name.split("::")[1]
-    ns = getattr(torch.ops, schema.name.split("::")[0])
-    out_names = {a.name for a in schema.arguments if a.is_out}
-    if out_names:
-        packet = getattr(ns, base, None)
-        if packet is None:
-            return None
-        want = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
-        for ov in packet.overloads():
-            cand = getattr(packet, ov)
-            if cand is op:
-                continue
-            cs = cand._schema
-            if any(a.alias_info and a.alias_info.is_write for a in cs.arguments):
-                continue
-            if [(a.name, str(a.type)) for a in cs.arguments] == want:
-                return cand
-        return None
-    if base.endswith("_") and not base.startswith("_foreach") or base.startswith("_foreach") and base.endswith("_"):
-        packet = getattr(ns, base[:-1], None)
-        if packet is None:
-            return None
-        ov = schema.overload_name or "default"
-        cand = getattr(packet, ov, None)
-        if cand is None:
-            return None
-        if [str(a.type) for a in cand._schema.arguments] == [
-                str(a.type).replace("(a!)", "") for a in schema.arguments]:
-            return cand
-    return None
-
