@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime import calling
 from . import registry  # noqa: F401  (the table, filled by the imports below)
 from . import core, fallback, quantized, sparse
 from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
@@ -71,9 +72,7 @@ def _variants(op):
             if cand is op:
                 continue
             try:
-                from ..runtime.executor import functional_of
-
-                if functional_of(cand) is op:
+                if calling.functional_of(cand) is op:
                     found.append(cand)
             except Exception:
                 continue
