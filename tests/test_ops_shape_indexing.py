@@ -652,3 +652,25 @@ def test_setitem_shapes_as_cpu():
         t = make((2, 3)).to(dev)
         with pytest.raises(RuntimeError, match="number of sizes provided"):
             t[True] = t.expand(5, 1, 2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8])
+def test_index_fill_value_checks_are_cpus(dtype):
+    """index_fill checks its value on the host as CPU does: a complex value
+    into a real tensor and a number the dtype cannot hold raise CPU's
+    RuntimeError (the fill used to write a converted value); values that fit
+    fill as CPU fills."""
+    x = make((3, 4)).to(dtype)
+    idx = torch.tensor([2, 0])
+    _raises_like_cpu(lambda t, i: t.index_fill_(1, i, 2 - 3j), x.clone(), idx)
+    _raises_like_cpu(lambda t, i: t.index_fill(0, i, torch.tensor(0.5j)), x.clone(), idx)
+    if dtype != torch.float32:  # 1e39 overflows every dtype but float32's neighbours
+        _raises_like_cpu(lambda t, i: t.index_fill_(1, i, 1e39), x.clone(), idx)
+    if not dtype.is_floating_point:
+        _raises_like_cpu(lambda t, i: t.index_fill_(1, i, float("nan")), x.clone(), idx)
+    compare(x.to("tpu").index_fill(1, idx.to("tpu"), 7), x.index_fill(1, idx, 7))
+    compare(x.to("tpu").index_fill_(0, idx.to("tpu"), torch.tensor(5)),
+            x.clone().index_fill_(0, idx, torch.tensor(5)))
+    c = make((2, 3)).to(torch.complex64)
+    compare(c.to("tpu").index_fill(1, torch.tensor([1], device="tpu"), 2 - 3j),
+            c.index_fill(1, torch.tensor([1]), 2 - 3j))

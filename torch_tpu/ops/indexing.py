@@ -713,11 +713,51 @@ def _cpu_value_kernel(op, scalar_op, pos):
     return kernel
 
 
+def _index_fill_kernel(op, inner):
+    """index_fill's value checks, as CPU makes them on the host before filling:
+    a complex value into a real tensor (RuntimeError "Converting complex Scalar
+    to non-complex type is not supported"), a number that does not fit the
+    dtype (c10's checked conversion). A tpu 0-dim value is checked by dtype
+    only: its value stays on the device (no read per call)."""
+    def kernel(self, dim, index, value):
+        complex_value = (value.is_complex() if isinstance(value, torch.Tensor)
+                         else isinstance(value, complex))
+        if complex_value and not self.is_complex():
+            raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type "
+                               "is not supported")
+        host = value
+        if isinstance(value, torch.Tensor):
+            host = value.item() if value.device.type == "cpu" and value.dim() == 0 else None
+        try:
+            core.check_scalar_fits("", host, self.dtype)
+        except RuntimeError as e:  # CPU's text (no op prefix), the op named after it
+            raise RuntimeError(f"{str(e).removeprefix(': ')} ({op})") from None
+        return inner(self, dim, index, value)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
 for _op, _sop, _pos in ((aten.masked_fill.Tensor, aten.masked_fill.Scalar, 2),
                         (aten.masked_fill_.Tensor, aten.masked_fill_.Scalar, 2),
                         (aten.index_fill.int_Tensor, aten.index_fill.int_Scalar, 3),
                         (aten.index_fill_.int_Tensor, aten.index_fill_.int_Scalar, 3)):
     core.KERNELS[_op] = _cpu_value_kernel(_op, _sop, _pos)
+
+
+def _runner(op):
+    def run(*args, **kwargs):
+        from ..runtime import executor
+
+        return executor.runner_for(op)(*args, **kwargs)
+
+    return run
+
+
+for _op in (aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar):
+    core.KERNELS[_op] = _index_fill_kernel(_op, _runner(_op))
+for _op in (aten.index_fill.int_Tensor, aten.index_fill_.int_Tensor):
+    core.KERNELS[_op] = _index_fill_kernel(_op, core.KERNELS[_op])
 
 
 @lower(aten.masked_scatter.default)
