@@ -39,12 +39,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import pickle
 import platform
-import struct
 import threading
 from typing import Any, NoReturn
 
@@ -161,29 +159,8 @@ class ArtifactStore:
         return payload
 
     def _decode(self, blob: bytes, key: str) -> tuple[bytes | None, str | None]:
-        start = len(MAGIC) + 4
-        if len(blob) < start:
-            return None, "truncated"
-        if blob[:len(MAGIC)] != MAGIC:
-            return None, "not a torch_tpu artifact"
-        (hlen,) = struct.unpack(">I", blob[len(MAGIC):start])
-        if hlen > 1 << 20 or start + hlen > len(blob):
-            return None, "truncated header"
-        try:
-            header = json.loads(blob[start:start + hlen].decode())
-        except (UnicodeDecodeError, ValueError):
-            return None, "unreadable header"
-        if not isinstance(header, dict) or header.get("key") != key:
-            return None, "entry of another function"
-        for name, want in self.environment().items():
-            if header.get(name) != want:
-                return None, f"stale: written by another {name} ({header.get(name)!r})"
-        payload = blob[start + hlen:]
-        if header.get("size") != len(payload):
-            return None, "truncated payload"
-        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
-            return None, "checksum mismatch"
-        return payload, None
+        return _store.decode_entry(blob, key, self.environment(), magic=MAGIC,
+                                   what="artifact", of="function", stale="stale: ")
 
     def _reject(self, fname: str, problem: str) -> None:
         with _lock:
@@ -197,12 +174,10 @@ class ArtifactStore:
     def put(self, key: str, payload: bytes) -> bool:
         if not (self.usable and self.writable):
             return False
-        header = dict(self.environment())
-        header.update(key=key, size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
-        hbytes = json.dumps(header, sort_keys=True).encode()
         try:
             _store._write_atomic(self.file_for(key),
-                                 MAGIC + struct.pack(">I", len(hbytes)) + hbytes + payload)
+                                 _store.encode_entry(key, self.environment(), payload,
+                                                     magic=MAGIC))
         except OSError as e:
             _store.warn_once("artifact-write", f"cannot write PyTorch compile artifacts in "
                                                f"{self.root!r} ({e.strerror or e})")

@@ -414,11 +414,7 @@ class DiskStore:
             return
         value = bytes(value)
         self._environment_blob()  # the versions go in the header (a put may come first)
-        header: dict[str, Any] = dict(self._env or {})
-        header.update(key=key, size=len(value), sha256=hashlib.sha256(value).hexdigest(),
-                      created=time.time())
-        hbytes = json.dumps(header, sort_keys=True).encode()
-        blob = MAGIC + struct.pack(">I", len(hbytes)) + hbytes + value
+        blob = encode_entry(key, self._env or {}, value, created=time.time())
         fname = self.file_for(key)
         for attempt in (0, 1):
             try:
@@ -467,32 +463,7 @@ class DiskStore:
 
     def _decode(self, blob: bytes, key: str) -> tuple[bytes | None, str | None]:
         """(payload, None) for a sound entry of `key`, else (None, what is wrong)."""
-        if len(blob) < len(MAGIC) + 4:
-            return None, "truncated"
-        if blob[:len(MAGIC)] != MAGIC:
-            return None, "not a torch_tpu cache entry"
-        (hlen,) = struct.unpack(">I", blob[len(MAGIC):len(MAGIC) + 4])
-        start = len(MAGIC) + 4
-        if hlen > 1 << 20 or start + hlen > len(blob):
-            return None, "truncated header"
-        try:
-            header = json.loads(blob[start:start + hlen].decode())
-        except (UnicodeDecodeError, ValueError):
-            return None, "unreadable header"
-        if not isinstance(header, dict):
-            return None, "unreadable header"
-        if header.get("key") != key:
-            return None, "entry of another program"
-        env = self._env or {}
-        for name, want in env.items():
-            if header.get(name) != want:
-                return None, f"written by another {name} ({header.get(name)!r})"
-        payload = blob[start + hlen:]
-        if header.get("size") != len(payload):
-            return None, "truncated payload"
-        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
-            return None, "checksum mismatch"
-        return payload, None
+        return decode_entry(blob, key, self._env or {})
 
     # -- size, eviction, clearing ---------------------------------------------
 
@@ -640,6 +611,52 @@ def _owner_ok(st: os.stat_result) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return "writable by other users"
     return None
+
+
+def encode_entry(key: str, env: dict, payload: bytes, *, magic: bytes = MAGIC,
+                 **extra: Any) -> bytes:
+    """An entry file's bytes: the magic, the header's length, a JSON header (the
+    key, the versions in `env`, the payload's size and SHA-256, `extra`), then
+    the payload. One format for the program tiers and the compile artifacts."""
+    header: dict[str, Any] = dict(env)
+    header.update(extra, key=key, size=len(payload),
+                  sha256=hashlib.sha256(payload).hexdigest())
+    hbytes = json.dumps(header, sort_keys=True).encode()
+    return magic + struct.pack(">I", len(hbytes)) + hbytes + payload
+
+
+def decode_entry(blob: bytes, key: str, env: dict, *, magic: bytes = MAGIC,
+                 what: str = "cache entry", of: str = "program",
+                 stale: str = "") -> tuple[bytes | None, str | None]:
+    """(payload, None) for a sound entry of `key` written under `env`, else
+    (None, what is wrong): truncation, foreign bytes, another key, another
+    version, a size or checksum mismatch. `what`/`of`/`stale` word the problem
+    for the tier that reads it."""
+    start = len(magic) + 4
+    if len(blob) < start:
+        return None, "truncated"
+    if blob[:len(magic)] != magic:
+        return None, f"not a torch_tpu {what}"
+    (hlen,) = struct.unpack(">I", blob[len(magic):start])
+    if hlen > 1 << 20 or start + hlen > len(blob):
+        return None, "truncated header"
+    try:
+        header = json.loads(blob[start:start + hlen].decode())
+    except (UnicodeDecodeError, ValueError):
+        return None, "unreadable header"
+    if not isinstance(header, dict):
+        return None, "unreadable header"
+    if header.get("key") != key:
+        return None, f"entry of another {of}"
+    for name, want in env.items():
+        if header.get(name) != want:
+            return None, f"{stale}written by another {name} ({header.get(name)!r})"
+    payload = blob[start + hlen:]
+    if header.get("size") != len(payload):
+        return None, "truncated payload"
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        return None, "checksum mismatch"
+    return payload, None
 
 
 def _check_readable(path: str) -> str | None:
