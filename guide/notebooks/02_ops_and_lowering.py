@@ -113,8 +113,12 @@ def _(mo):
 
 @app.cell
 def _(LOWERINGS, collections, mo):
-    families = collections.Counter(low.fn.__module__.rsplit(".", 1)[-1]
-                                   for low in LOWERINGS.values())
+    def _family(module):
+        # torch_tpu.ops.<family>[.<part>]: ops/nn/ is a package of parts
+        parts = module.split(".")
+        return parts[2] if parts[:2] == ["torch_tpu", "ops"] and len(parts) > 2 else parts[-1]
+
+    families = collections.Counter(_family(low.fn.__module__) for low in LOWERINGS.values())
     mo.md("\n".join([
         f"**{len(LOWERINGS)} ATen overloads** have a direct lowering in this build:",
         "",
