@@ -310,19 +310,18 @@ if __name__ == "__main__":
     main()
 """
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    """The single-process checkpoint, then the default 2-rank run; (base dir, results)."""
-    base = tmp_path_factory.mktemp("dcp")
+def _checkpoint_runs(base, model, single, script, timeout, label):
+    """A one-process save of `model` (and its full state, the reference) under
+    base/`single`, then `script` on 2 ranks; (base dir, merged rank results)."""
     ns = _ns()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
-        m = ns["mlp"]().to("tpu")
+        m = ns[model]().to("tpu")
         o = ns["train"](m)
-        ns["save_from"](m, o, str(base / "single"))
-    torch.save(ns["full_state"](m, o), base / "single_ref.pt")
+        ns["save_from"](m, o, str(base / single))
+    torch.save(ns["full_state"](m, o), base / f"{single}_ref.pt")
     t0 = time.monotonic()
-    runs = run_ranks(base, TWO_RANKS, env=_env(DCP_BASE=str(base)), timeout=240)
+    runs = run_ranks(base, script, env=_env(DCP_BASE=str(base)), timeout=timeout)
     elapsed = time.monotonic() - t0
     for rc, _, log in runs:
         assert rc == 0, log[-4000:]
@@ -330,8 +329,15 @@ def ckpts(tmp_path_factory):
     for _, r, _ in runs:
         res.update(r)
     res["wall"] = elapsed
-    print(f"2-rank run: {elapsed:.1f} s wall, {res.get('seconds_0', 0):.1f} s after init")
+    print(f"{label}: {elapsed:.1f} s wall, {res.get('seconds_0', 0):.1f} s after init")
     return base, res
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """The single-process checkpoint, then the default 2-rank run; (base dir, results)."""
+    return _checkpoint_runs(tmp_path_factory.mktemp("dcp"), "mlp", "single", TWO_RANKS,
+                            240, "2-rank run")
 
 
 def _load_single(ns, path, device="tpu"):
@@ -444,24 +450,8 @@ def test_damaged_shard_raises_like_cpu(ckpts, tmp_path, how):
 
 @pytest.fixture(scope="module")
 def slow_ckpts(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dcp_slow")
-    ns = _ns()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        m = ns["tp_mlp"]().to("tpu")
-        o = ns["train"](m)
-        ns["save_from"](m, o, str(base / "single_tp"))
-    torch.save(ns["full_state"](m, o), base / "single_tp_ref.pt")
-    t0 = time.monotonic()
-    runs = run_ranks(base, SLOW_TWO_RANKS, env=_env(DCP_BASE=str(base)), timeout=300)
-    elapsed = time.monotonic() - t0
-    for rc, _, log in runs:
-        assert rc == 0, log[-4000:]
-    res = {}
-    for _, r, _ in runs:
-        res.update(r)
-    print(f"slow 2-rank run: {elapsed:.1f} s wall, {res.get('seconds_0', 0):.1f} s after init")
-    return base, res
+    return _checkpoint_runs(tmp_path_factory.mktemp("dcp_slow"), "tp_mlp", "single_tp",
+                            SLOW_TWO_RANKS, 300, "slow 2-rank run")
 
 
 @pytest.mark.slow
