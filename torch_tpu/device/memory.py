@@ -136,7 +136,7 @@ def snapshot(index: int | None = None) -> list:
     owners = {}
     for o in gc.get_objects():
         if type(o) is st.DeviceData:
-            owners[id(o.array)] = o
+            owners[id(o.raw)] = o
     indices = range(platform.device_count()) if index is None else (index,)
     out = []
     for i in indices:

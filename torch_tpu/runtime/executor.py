@@ -548,7 +548,7 @@ class _Runner:
         # and the new arrays of the storages it writes.
         nbytes = sum(m.numel() * m.element_size() for m in meta_leaves
                      if isinstance(m, torch.Tensor))
-        nbytes += sum(sig.slot_data[s].array.nbytes for s in out_slots)
+        nbytes += sum(sig.slot_data[s].nbytes for s in out_slots)
         large = nbytes >= oom.check_threshold(sig.device)
         if large:
             oom.check(name, nbytes, sig.device)

@@ -109,26 +109,64 @@ def convert(x: jax.Array, dtype: torch.dtype) -> jax.Array:
 # device data and tensor creation
 
 
+class Deferred:
+    """A storage value that is not computed yet.
+
+    Modes that let the host run ahead of the device put one of these where
+    a jax.Array would be: fused eager mode records ops and runs them later
+    as one program, asynchronous compilation runs an op once its executable
+    is built. Reading `DeviceData.array` resolves it (that read is the
+    synchronisation point); code that only needs shape and dtype uses
+    `DeviceData.shape`/`dtype`, and code that must not force a value (memory
+    accounting, recorders) reads `DeviceData.raw`. Subclasses must give
+    `shape` and `dtype` (the jax dtype) without resolving.
+    """
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    dtype: Any
+
+    def resolve(self) -> jax.Array:
+        raise NotImplementedError
+
+
 class DeviceData:
     """The value of one storage: a jax.Array in the storage's natural shape.
 
     `shape` and `dtype` (a torch dtype) describe `array` and never change:
     in-place ops replace `array` with one of the same shape and dtype. They
     are kept as Python values because the executor's hot path compares them
-    on every op.
+    on every op. `raw` is the stored value as it is, a jax.Array or a
+    `Deferred`; `array` is the jax.Array, resolving a deferred value first.
     """
 
-    __slots__ = ("array", "index", "shape", "dtype", "sig", "origin", "__weakref__")
+    __slots__ = ("raw", "index", "shape", "dtype", "sig", "origin", "__weakref__")
 
-    def __init__(self, array: jax.Array, index: int, dtype: torch.dtype | None = None,
-                 origin: str | None = None):
-        self.array = array
+    def __init__(self, array: jax.Array | Deferred, index: int,
+                 dtype: torch.dtype | None = None, origin: str | None = None):
+        self.raw = array
         self.index = index
         self.shape = tuple(array.shape)
         self.dtype = dtype if dtype is not None else JAX_TO_TORCH[np.dtype(array.dtype)]
         self.sig = (self.shape, self.dtype)
         # The op that created the storage (torch.tpu.memory_snapshot() shows it).
         self.origin = origin
+
+    @property
+    def array(self) -> jax.Array:
+        v = self.raw
+        if isinstance(v, Deferred):
+            v = self.raw = v.resolve()
+        return v
+
+    @array.setter
+    def array(self, value: jax.Array | Deferred) -> None:
+        self.raw = value
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the value, known without resolving it."""
+        return math.prod(self.shape) * np.dtype(self.raw.dtype).itemsize
 
 
 # Origins of storages created empty: the first op that writes one is recorded
