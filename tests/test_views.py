@@ -280,3 +280,40 @@ def test_strided_read_and_write_match_cpu(layout):
         return r, x
 
     _check(fn, shape=(96,))
+
+
+# Views taken at many offsets of one storage (a loop over rows or columns):
+# each case reads and writes through views that differ only in their offset.
+_OFFSET_LOOPS = {
+    "rows": lambda x, s, i: x[i].copy_(s[i]),
+    "setitem": lambda x, s, i: x.__setitem__((i, slice(None)), s[i] * 2),
+    "columns": lambda x, s, i: x[:, i % 8].add_(s[:, i % 8]),
+    "strided": lambda x, s, i: x[i, ::2].mul_(s[i, 1::2]),
+    "reshaped": lambda x, s, i: x.view(-1)[i * 3:i * 3 + 4].sub_(s[i, :4]),
+    "dtype_view": lambda x, s, i: x[i].view(torch.int32).bitwise_xor_(
+        s[i].view(torch.int32)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OFFSET_LOOPS))
+def test_view_offset_is_a_runtime_input(case):
+    """A view's storage offset is an input of the program, not part of it:
+    a loop over 20 offsets compiles what 2 offsets compile, and every write
+    lands where CPU's does."""
+    from torch_tpu.runtime import programs
+
+    body = _OFFSET_LOOPS[case]
+
+    def run(device, n):
+        x = torch.arange(20 * 8, dtype=torch.float32).reshape(20, 8).to(device)
+        s = torch.linspace(-3, 3, 20 * 8).reshape(20, 8).to(device)
+        for i in range(n):
+            body(x, s, i)
+        return x
+
+    run("tpu", 2)  # compile what the loop needs
+    before = programs.STATS.misses
+    out = run("tpu", 20)
+    assert programs.STATS.misses == before, "a new offset compiled a new program"
+    # Bitwise: the dtype view's xor makes NaNs.
+    assert torch.equal(out.cpu().view(torch.int32), run("cpu", 20).view(torch.int32))

@@ -200,18 +200,27 @@ def assign(dst: torch.Tensor, value) -> None:
     layout = st.layout_of(dst, data)
     base = data.array
     shape = tuple(dst.shape)
-    key = (programs.ProgramKind.COPY, base.shape, base.dtype, layout, value.shape,
-           value.dtype, shape, dst.dtype, _olevel.LEVEL)
     want = dst.dtype
+    if layout is None:
+        key = (programs.ProgramKind.COPY, base.shape, base.dtype, None, value.shape,
+               value.dtype, shape, want, _olevel.LEVEL)
 
-    def write(base, v):
-        v = jnp.broadcast_to(st.convert(v, want), shape)
-        if layout is None:
-            return v
-        return st.strided_write(base, layout, v)
+        def write(base, v):
+            return jnp.broadcast_to(st.convert(v, want), shape)
 
-    fn = programs.get_or_compile(key, write, (base, value))
-    data.array = fn(base, value)
+        data.array = programs.get_or_compile(key, write, (base, value))(base, value)
+    else:
+        # The view's offset is a runtime input: `x[i] = row` for every i
+        # shares one program.
+        layout, offset = st.dynamic_layout(layout)
+        key = (programs.ProgramKind.COPY, base.shape, base.dtype, layout, value.shape,
+               value.dtype, shape, want, _olevel.LEVEL)
+
+        def write_view(base, v, o):
+            return st.strided_write(base, layout, jnp.broadcast_to(st.convert(v, want), shape), o)
+
+        fn = programs.get_or_compile(key, write_view, (base, value, offset))
+        data.array = fn(base, value, offset)
     if data.origin in st.ALLOCATING_OPS:
         data.origin = "aten.copy_.default"
 

@@ -101,10 +101,13 @@ def value(t: torch.Tensor) -> jax.Array:
 def read(data, layout):
     """The value of the view `layout` of the storage holding `data`."""
     arr = data.array
+    # The offset is a runtime input: one program reads every row of a loop.
+    layout, offset = st.dynamic_layout(layout)
     key = (programs.ProgramKind.VIEW_READ, arr.shape, arr.dtype, layout, data.index,
            _olevel.LEVEL)
-    fn = programs.get_or_compile(key, lambda a: st.strided_read(a, layout), (arr,))
-    return fn(arr)
+    fn = programs.get_or_compile(
+        key, lambda a, o: st.strided_read(a, layout, o), (arr, offset))
+    return fn(arr, offset)
 
 
 # --------------------------------------------------------------------------
@@ -211,9 +214,13 @@ class _Signature:
                 and t.storage_offset() == 0):
             key.append(slot)
             return ("t", slot, None)
-        layout = st.view_layout(t, data)
+        # A view: its layout is static, its storage offset a runtime input
+        # (st.dynamic_layout), so x[i] for every i shares one program.
+        layout, offset = st.dynamic_layout(st.view_layout(t, data))
         key.append((slot, layout))
-        return ("t", slot, layout)
+        i = len(self.dyn)
+        self.dyn.append(offset)
+        return ("t", slot, layout, i)
 
     def _foreign(self, t):
         """A tensor argument that is not a tpu tensor: 0-dim CPU ones are scalars."""
@@ -278,7 +285,7 @@ def _rebuild(recipe, arrays, dyn):
     tag = recipe[0]
     if tag == "t":
         base = arrays[recipe[1]]
-        return base if recipe[2] is None else st.strided_read(base, recipe[2])
+        return base if recipe[2] is None else st.strided_read(base, recipe[2], dyn[recipe[3]])
     if tag == "s" or tag == "c":
         return dyn[recipe[1]]
     if tag == "b":
@@ -585,7 +592,8 @@ class _Runner:
                         zip(leaves, [m for m in meta_leaves if isinstance(m, torch.Tensor)])]
             bases = list(arrays)
             for (_, _, r, m), val in zip(targets, values):
-                bases[r[1]] = _write(bases[r[1]], r[2], val, m, name)
+                offset = None if r[2] is None else dyn[r[3]]
+                bases[r[1]] = _write(bases[r[1]], r[2], val, m, name, offset)
             return outs, [bases[s] for s in out_slots]
 
         program.__name__ = name.replace(".", "_")
@@ -700,11 +708,11 @@ def _dtype_name(dtype):
         return str(dtype)
 
 
-def _write(base, layout, val, meta, name):
+def _write(base, layout, val, meta, name, offset=None):
     val = calling.conform(val, meta.shape, meta.dtype, name) if meta is not None else val
     if layout is None:
         return val.reshape(base.shape).astype(base.dtype)
-    return st.strided_write(base, layout, val)
+    return st.strided_write(base, layout, val, offset)
 
 
 def _factory_device(vals, plan):

@@ -294,6 +294,18 @@ def view_layout(t: torch.Tensor, data: DeviceData) -> tuple:
     return layout
 
 
+def dynamic_layout(layout: tuple) -> tuple[tuple, int]:
+    """`layout` with its offset made a runtime input: (layout', offset).
+
+    layout' holds None where the offset was; strided_read/strided_write take
+    the offset as an argument instead (a traced value inside a program). Keys
+    built from layout' are the same for every offset of one shape and
+    strides, so a loop over rows (`x[i] = src[i]`) compiles one program, not
+    one per row.
+    """
+    return layout[:3] + (None,) + layout[4:], layout[3]
+
+
 # --------------------------------------------------------------------------
 # strided access inside programs
 
@@ -358,26 +370,45 @@ def _structured_plan(sizes, strides):
     return order
 
 
-def strided_read(base, layout):
-    """The value of a view with `layout` of the storage whose array is `base`."""
-    dtype, sizes, strides, offset = layout[:4]
+def _extent(sizes: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a (non-empty) view's first element to its last, inclusive."""
+    return 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+
+
+def _slice(flat: jax.Array, offset: Any, n: int) -> jax.Array:
+    """flat[offset:offset + n]; `offset` an int or a traced scalar."""
+    if isinstance(offset, (int, np.integer)):
+        return lax.slice(flat, (int(offset),), (int(offset) + n,))
+    return lax.dynamic_slice(flat, (offset,), (n,))
+
+
+def strided_read(base, layout, offset=None):
+    """The value of a view with `layout` of the storage whose array is `base`.
+
+    `offset` is the view's storage offset where the layout's own is None
+    (`dynamic_layout`): an int or a traced scalar. Every read slices the
+    view's extent at the offset first, so the program's shapes do not depend
+    on the offset's value.
+    """
+    dtype, sizes, strides, own = layout[:4]
+    if own is not None:
+        offset = own
     flat = _reinterpret(base.reshape(-1), dtype, layout[4] if len(layout) > 4 else None)
     n = math.prod(sizes)
     if n == 0:
         return jnp.zeros(sizes, flat.dtype)
     if strides == contiguous_strides(sizes):
-        return lax.slice(flat, (offset,), (offset + n,)).reshape(sizes)
+        return _slice(flat, offset, n).reshape(sizes)
+    x = _slice(flat, offset, _extent(sizes, strides))
     order = _structured_plan(sizes, strides)
     if order is None:
-        return flat[_flat_index(sizes, strides, offset)]
+        return x[_flat_index(sizes, strides, 0)]
     if not order:  # every dim has size 1 or stride 0: one element, broadcast
-        return jnp.broadcast_to(flat[offset], sizes)
+        return jnp.broadcast_to(x.reshape(()), sizes)
     first = order[0]
     span = strides[first] * sizes[first]
-    stop = min(offset + span, flat.shape[0])
-    x = lax.slice(flat, (offset,), (stop,))
-    if stop - offset < span:
-        x = jnp.pad(x, (0, span - (stop - offset)))
+    if x.shape[0] < span:  # the last row's stride reaches past the view's end
+        x = jnp.pad(x, (0, span - x.shape[0]))
     x = x.reshape(sizes[first], strides[first])
     for b in order[1:]:
         x = x[..., : sizes[b] * strides[b]]
@@ -391,9 +422,15 @@ def strided_read(base, layout):
     return jnp.broadcast_to(x, sizes)
 
 
-def strided_write(base, layout, value):
-    """`base` with the view described by `layout` replaced by `value`."""
-    dtype, sizes, strides, offset = layout[:4]
+def strided_write(base, layout, value, offset=None):
+    """`base` with the view described by `layout` replaced by `value`.
+
+    `offset` as for strided_read. A non-contiguous view is written into its
+    extent, sliced at the offset, which is then put back in place.
+    """
+    dtype, sizes, strides, own = layout[:4]
+    if own is not None:
+        offset = own
     storage_dtype = layout[4] if len(layout) > 4 else None
     n = math.prod(sizes)
     if n == 0:
@@ -405,7 +442,9 @@ def strided_write(base, layout, value):
     if strides == contiguous_strides(sizes):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
-        work = work.at[_flat_index(sizes, strides, offset)].set(value)
+        region = _slice(work, offset, _extent(sizes, strides))
+        region = region.at[_flat_index(sizes, strides, 0)].set(value)
+        work = lax.dynamic_update_slice(work, region, (offset,))
     if not same:
         work = _reinterpret(work, storage_dtype or JAX_TO_TORCH[np.dtype(flat.dtype)], dtype)
     return work.reshape(base.shape)
