@@ -674,3 +674,35 @@ def test_index_fill_value_checks_are_cpus(dtype):
     c = make((2, 3)).to(torch.complex64)
     compare(c.to("tpu").index_fill(1, torch.tensor([1], device="tpu"), 2 - 3j),
             c.index_fill(1, torch.tensor([1]), 2 - 3j))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8, torch.uint8, torch.int64])
+def test_fill_value_must_fit_masked_fill_and_scatter(dtype):
+    """masked_fill and scatter with a number value convert it to the tensor's
+    dtype with CPU's checked conversion: a value the dtype cannot hold (or a
+    complex one into a real tensor, or NaN into an integer tensor) raises
+    CPU's RuntimeError instead of writing a wrapped or saturated value; a
+    negative value that wraps into an unsigned type, as c10 allows, fills."""
+    x = make((2, 5)).mul(3).to(dtype)
+    mask = torch.tensor([[True, False, True, False, False]] * 2)
+    idx = torch.tensor([[4, 0], [1, 3]])
+    too_big = {torch.float16: 7e4, torch.int8: 200, torch.uint8: 256,
+               torch.int64: 2.0 ** 64}[dtype]
+    fills = [
+        lambda t, m, i, v: t.masked_fill(m, v),
+        lambda t, m, i, v: t.masked_fill_(m, v),
+        lambda t, m, i, v: t.masked_fill(m, torch.tensor(v)),  # a CPU 0-dim value
+        lambda t, m, i, v: t.scatter(1, i, v),
+        lambda t, m, i, v: t.scatter_(1, i, v),
+        lambda t, m, i, v: t.scatter(1, i, v, reduce="add"),
+        lambda t, m, i, v: torch.scatter(t, 1, i, v, out=torch.empty_like(t)),
+    ]
+    for fill in fills:
+        for bad in (too_big, -too_big, 1 + 2j) + ((float("nan"),) if not dtype.is_floating_point
+                                                    else ()):
+            if isinstance(bad, complex) and fill is fills[2]:
+                continue  # a complex 0-dim tensor: masked_fill's promotion check comes first
+            _raises_like_cpu(lambda t, m, i: fill(t, m, i, bad), x.clone(), mask, idx)
+        for good in (-1, 5):
+            want = fill(x.clone(), mask, idx, good)
+            compare(fill(x.to("tpu"), mask.to("tpu"), idx.to("tpu"), good), want)

@@ -713,26 +713,30 @@ def _cpu_value_kernel(op, scalar_op, pos):
     return kernel
 
 
-def _index_fill_kernel(op, inner):
-    """index_fill's value checks, as CPU makes them on the host before filling:
-    a complex value into a real tensor (RuntimeError "Converting complex Scalar
-    to non-complex type is not supported"), a number that does not fit the
-    dtype (c10's checked conversion). A tpu 0-dim value is checked by dtype
-    only: its value stays on the device (no read per call)."""
-    def kernel(self, dim, index, value):
-        complex_value = (value.is_complex() if isinstance(value, torch.Tensor)
-                         else isinstance(value, complex))
-        if complex_value and not self.is_complex():
-            raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type "
-                               "is not supported")
+def _value_check_kernel(op, inner, pos, complex_error=None):
+    """A kernel for `op` whose fill value (argument `pos`, or `value`) CPU
+    converts to self's dtype on the host before the op runs (index_fill,
+    masked_fill, scatter with a value): a number the dtype cannot hold raises
+    c10's "value cannot be converted to type T without overflow" (op named
+    after CPU's text). `complex_error`: the message of ops that refuse any
+    complex value for a real tensor (index_fill). A CPU 0-dim value is read
+    (it is on the host); a tpu 0-dim value is checked by dtype only, so no
+    call reads the device. Then `inner` runs the op."""
+    def kernel(*args, **kwargs):
+        self = args[0] if args else kwargs["self"]
+        value = args[pos] if len(args) > pos else kwargs.get("value")
+        is_tensor = isinstance(value, torch.Tensor)
+        if complex_error is not None and not self.is_complex() and (
+                value.is_complex() if is_tensor else isinstance(value, complex)):
+            raise RuntimeError(complex_error)
         host = value
-        if isinstance(value, torch.Tensor):
+        if is_tensor:
             host = value.item() if value.device.type == "cpu" and value.dim() == 0 else None
         try:
             core.check_scalar_fits("", host, self.dtype)
         except RuntimeError as e:  # CPU's text (no op prefix), the op named after it
             raise RuntimeError(f"{str(e).removeprefix(': ')} ({op})") from None
-        return inner(self, dim, index, value)
+        return inner(*args, **kwargs)
 
     kernel.__name__ = str(op)
     return kernel
@@ -754,10 +758,21 @@ def _runner(op):
     return run
 
 
-for _op in (aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar):
-    core.KERNELS[_op] = _index_fill_kernel(_op, _runner(_op))
-for _op in (aten.index_fill.int_Tensor, aten.index_fill_.int_Tensor):
-    core.KERNELS[_op] = _index_fill_kernel(_op, core.KERNELS[_op])
+_INDEX_FILL_COMPLEX = ("index_fill_(): Converting complex Scalar to non-complex type is "
+                       "not supported")
+for _op, _pos, _complex in (
+        (aten.index_fill.int_Scalar, 3, _INDEX_FILL_COMPLEX),
+        (aten.index_fill_.int_Scalar, 3, _INDEX_FILL_COMPLEX),
+        (aten.masked_fill.Scalar, 2, None), (aten.masked_fill_.Scalar, 2, None),
+        (aten.scatter.value, 3, None), (aten.scatter_.value, 3, None),
+        (aten.scatter.value_out, 3, None), (aten.scatter.value_reduce, 3, None),
+        (aten.scatter_.value_reduce, 3, None), (aten.scatter.value_reduce_out, 3, None)):
+    core.KERNELS[_op] = _value_check_kernel(_op, _runner(_op), _pos, _complex)
+for _op, _pos, _complex in (
+        (aten.index_fill.int_Tensor, 3, _INDEX_FILL_COMPLEX),
+        (aten.index_fill_.int_Tensor, 3, _INDEX_FILL_COMPLEX),
+        (aten.masked_fill.Tensor, 2, None), (aten.masked_fill_.Tensor, 2, None)):
+    core.KERNELS[_op] = _value_check_kernel(_op, core.KERNELS[_op], _pos, _complex)
 
 
 @lower(aten.masked_scatter.default)
