@@ -62,6 +62,20 @@ def _load() -> None:
             _loading = False
 
 
+def fused(enabled: bool = True):
+    """Fused eager mode for a region: `with torch_tpu.fused(): ...`.
+
+    Eager ops inside are recorded and run as one cached XLA program at the
+    next host read, `torch.tpu.synchronize()`, optimizer step, or the end of
+    the region (torch_tpu.runtime.fused; TORCH_TPU_EAGER=fused for a whole
+    process). `fused(False)` runs strict eager inside a fused region.
+    """
+    _load()
+    from .runtime import fused as _fused
+
+    return _fused.mode(enabled)
+
+
 def __getattr__(name):
     # Any other attribute (torch_tpu.debug, .cache, .jax_op, .ops, ...) is a
     # use of the backend: load it, then the submodule if that is what it names.

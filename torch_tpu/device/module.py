@@ -143,6 +143,9 @@ def synchronize(device=None) -> None:
     from ..debug import metrics
 
     metrics.count("synchronize")
+    from ..runtime import fused
+
+    fused.flush()  # ops recorded in fused eager mode run now
     jax.effects_barrier()
     devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
     # Raises the error of failed asynchronous work, as torch.cuda.synchronize().

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import calling, oom, platform, programs, registry, verdict
+from . import calling, fused, oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
@@ -147,7 +147,8 @@ class _Plan:
 
 
 class _Entry:
-    __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check")
+    __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
+                 "program", "fused_specs")
     # Set only for eager (data-dependent) lowerings, which run without jit.
     eager_fn: Callable[..., Any]
 
@@ -161,6 +162,10 @@ class _Entry:
         # every call (torch_tpu.runtime.oom).
         self.nbytes = 0
         self.check = False
+        # The un-jitted program, which fused eager mode inlines into a
+        # bigger trace (runtime.fused), and its output specs there.
+        self.program = None
+        self.fused_specs = None
 
 
 def _device_mismatch(op_name, a, b):
@@ -486,17 +491,20 @@ class _Runner:
             if entry.check:
                 oom.check(plan.name, entry.nbytes, sig.device)
         STATS.per_op[plan.name] += 1
-        arrays = [d.array for d in sig.slot_data]
-        try:
-            if entry.compiled is None:  # eager (data-dependent) lowering
-                outs, new_bases = entry.eager_fn(arrays, sig.dyn)
-            else:
-                outs, new_bases = entry.compiled(arrays, sig.dyn)
-            if LAUNCH_BLOCKING:
-                oom.ready(outs, plan.name, sig.device)
-                oom.ready(new_bases, plan.name, sig.device)
-        except jax.errors.JaxRuntimeError as e:
-            raise oom.translate(e, plan.name, sig.device, entry.nbytes) from None
+        if fused.ACTIVE and entry.program is not None:  # recorded, run later (runtime.fused)
+            outs, new_bases = fused.record(entry, sig, plan.name)
+        else:
+            arrays = [d.array for d in sig.slot_data]
+            try:
+                if entry.compiled is None:  # eager (data-dependent) lowering
+                    outs, new_bases = entry.eager_fn(arrays, sig.dyn)
+                else:
+                    outs, new_bases = entry.compiled(arrays, sig.dyn)
+                if LAUNCH_BLOCKING:
+                    oom.ready(outs, plan.name, sig.device)
+                    oom.ready(new_bases, plan.name, sig.device)
+            except jax.errors.JaxRuntimeError as e:
+                raise oom.translate(e, plan.name, sig.device, entry.nbytes) from None
         for slot, arr in zip(entry.writes, new_bases):
             data = sig.slot_data[slot]
             data.array = arr
@@ -597,7 +605,9 @@ class _Runner:
             return outs, [bases[s] for s in out_slots]
 
         program.__name__ = name.replace(".", "_")
-        arrays = [d.array for d in sig.slot_data]
+        # Compiling needs only shapes: a value fused mode has not computed yet
+        # stays pending (runtime.fused.abstract).
+        arrays = [fused.abstract(d) for d in sig.slot_data]
         if lowering.eager:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
@@ -617,6 +627,7 @@ class _Runner:
                     raise verdict.as_op_error(cpu, op) from None
                 raise
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
+            entry.program = program
         entry.nbytes = nbytes
         entry.check = large
         _cache_put(key, entry)

@@ -55,6 +55,7 @@ class ProgramKind(str, enum.Enum):
     LINALG = "linalg"            # multi-output linalg helpers (ops.linalg)
     PAD = "pad_to_bucket"        # dynamic-shape padding (compile.padding)
     UNPAD = "unpad_from_bucket"
+    FUSED = "fused_eager"        # a fused eager mode trace (runtime.fused)
 
     # Enum's own __hash__ is Python code (hash of the name), run on every
     # lookup of a key holding a kind: the str's C hash is equal-consistent

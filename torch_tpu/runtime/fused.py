@@ -1,0 +1,417 @@
+"""Fused eager mode: record eager ops, run them later as one cached XLA program.
+
+    with torch_tpu.fused():          # or TORCH_TPU_EAGER=fused for the process
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()                   # the step's ops run here, as one program
+
+In strict eager mode (the default) every op runs at once as its own cached
+executable. In fused mode the executor (`_Runner.__call__`) still does
+everything an op does up to running it: PyTorch's meta kernels check the
+arguments and give shapes and dtypes (so a bad call raises at once, as in
+strict mode), the op's program is traced and compiled once per signature, a
+random op draws its key from the same stream. Then, instead of running, the
+op is *recorded* (`record`): its results and the storages it writes get
+`_Node` values (a `storage.Deferred`) that stand for arrays not computed yet.
+
+The recorded ops run, as one jitted program inlining each op's un-jitted
+program, at the first of (`flush`):
+
+- a read of a pending value: `.item()`, `.cpu()`, printing, `.numpy()`, a
+  kernel outside the executor (a copy, a view read, a collective, a compiled
+  graph, an eager data-dependent op such as `nonzero`) — any read of
+  `DeviceData.array` resolves the node, which flushes;
+- `torch.tpu.synchronize()`;
+- the end of `optimizer.step()` (a global optimizer hook), so a training
+  loop's trace is one step and repeats;
+- `TORCH_TPU_FUSED_MAX_OPS` recorded ops (default 2000);
+- leaving the mode.
+
+Semantics are strict mode's: each recorded op is the same traced program,
+fed the same values, so results are the same (bitwise for elementwise
+chains: XLA may fuse across op boundaries, which changes nothing for
+elementwise ops and may reorder reductions within the OpInfo tolerances).
+Views and in-place ops work as in strict mode because the storages are the
+unit: an in-place op's new storage value is a node, and every alias reads it.
+
+The fused program's inputs are the arrays the trace read from outside it
+and every op's dynamic inputs (scalars, view offsets, random keys); its
+outputs are the nodes still referenced at the flush (weak references: a
+temporary that died is not an output). It is cached in the one program
+cache (`programs.get_or_compile`) under the trace's signature: the sequence
+of the ops' executor entries and how each op's inputs connect. A loop whose
+trace repeats hits the cache every step; the number of distinct fused
+programs is bounded by the cache's size like every other program.
+
+Errors, like CUDA's asynchronous errors: a failure while the fused program
+runs is raised at the flush (the read, synchronize or step that triggered
+it), naming the recorded op that caused it — the trace is replayed op by op
+to find it — and every value that trace would have produced raises it again
+when read. `TORCH_TPU_LAUNCH_BLOCKING=1` turns fused mode off (each op runs
+and is checked at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from . import oom, platform, programs
+from . import opt_level as _olevel
+from . import storage as st
+
+ENV = "TORCH_TPU_EAGER"
+# Recorded ops after which the trace is flushed (bounds the program size).
+MAX_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "2000"))
+
+# Read by the executor on every op: whether ops are recorded.
+ACTIVE = False
+_modes: list[bool] = []          # the stack of `fused(enabled)` contexts
+_default = False                 # TORCH_TPU_EAGER=fused
+_lock = threading.RLock()
+_trace: _Trace | None = None     # the ops recorded and not run yet
+
+
+class Stats:
+    """What fused mode did (tests and benchmarks read it)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.recorded = 0        # ops recorded
+        self.flushes = 0         # non-empty traces run
+        self.programs = 0        # distinct fused programs compiled
+
+
+STATS = Stats()
+
+
+class _Trace:
+    """The ops recorded since the last flush."""
+
+    __slots__ = ("ops", "ext", "ext_ids", "nodes", "error")
+
+    def __init__(self) -> None:
+        # (entry, refs, dyn, name, device) per op. refs: one per storage slot
+        # of the op, >= 0 a node's position in `nodes`, < 0 an external
+        # array (-1 - index into `ext`).
+        self.ops: list[tuple] = []
+        self.ext: list[jax.Array] = []
+        self.ext_ids: dict[int, int] = {}
+        self.nodes: list[weakref.ref] = []
+        self.error: BaseException | None = None
+
+
+class _Node(st.Deferred):
+    """One value a recorded op produces: a result or a written storage's new array."""
+
+    __slots__ = ("shape", "dtype", "trace", "pos", "value", "__weakref__")
+
+    def __init__(self, shape, dtype, trace, pos):
+        self.shape = shape
+        self.dtype = dtype
+        self.trace = trace
+        self.pos = pos
+        self.value = None
+
+    def resolve(self) -> jax.Array:
+        v = self.value
+        if v is None:
+            tr = self.trace
+            if tr is not None and tr.error is None:
+                flush()
+            v = self.value
+            if v is None:
+                err = self.trace.error if self.trace is not None else None
+                if err is None:  # not reachable: a flush sets every live node
+                    raise RuntimeError("fused eager mode: a recorded value was never computed")
+                raise _again(err)
+        return v
+
+
+def _again(err: BaseException) -> BaseException:
+    """A fresh exception like `err` (re-raising one object grows its traceback)."""
+    try:
+        return type(err)(*err.args)
+    except Exception:  # noqa: BLE001
+        return RuntimeError(str(err))
+
+
+# --------------------------------------------------------------------------
+# the mode
+
+
+def _set_active() -> None:
+    global ACTIVE
+    on = _modes[-1] if _modes else _default
+    if on and _launch_blocking():
+        on = False
+    ACTIVE = on
+    if on:
+        _install_hooks()
+
+
+def _launch_blocking() -> bool:
+    ex = sys.modules.get(__package__ + ".executor")
+    if ex is not None and hasattr(ex, "LAUNCH_BLOCKING"):
+        return bool(ex.LAUNCH_BLOCKING)
+    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
+        "1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def mode(enabled: bool = True) -> Iterator[None]:
+    """`torch_tpu.fused()`: record eager ops inside, run them as fused programs.
+
+    `fused(False)` runs strict eager inside an outer fused region. Leaving
+    either flushes what was recorded.
+    """
+    with _lock:
+        if _modes and _modes[-1] and not enabled:
+            flush()
+        _modes.append(bool(enabled))
+        _set_active()
+    try:
+        yield
+    finally:
+        with _lock:
+            _modes.pop()
+            _set_active()
+            if not ACTIVE:
+                flush()
+
+
+def enabled() -> bool:
+    """Whether eager ops are being recorded now."""
+    return ACTIVE
+
+
+def set_default(on: bool) -> None:
+    """The mode outside any `fused()` context (TORCH_TPU_EAGER=fused sets it)."""
+    global _default
+    with _lock:
+        _default = bool(on)
+        _set_active()
+        if not ACTIVE:
+            flush()
+
+
+_hooks_installed = False
+
+
+def _install_hooks() -> None:
+    """Flush at the end of every optimizer step (once per process)."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_after_step)
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _trace is not None:
+        flush()
+
+
+# --------------------------------------------------------------------------
+# recording
+
+
+def _specs(entry: Any, sig: Any) -> tuple:
+    """(shape, jax dtype) of each value the op's program returns: its results,
+    then its written storages' new arrays. Once per entry, from the program
+    itself (jax.eval_shape), so they match what the fused program computes."""
+    specs = entry.fused_specs
+    if specs is None:
+        ins = [jax.ShapeDtypeStruct(d.shape, st.TORCH_TO_JAX[d.dtype]) for d in sig.slot_data]
+        outs, bases = jax.eval_shape(entry.program, ins, list(sig.dyn))
+        specs = entry.fused_specs = (tuple((tuple(o.shape), o.dtype) for o in outs),
+                                     tuple((tuple(b.shape), b.dtype) for b in bases))
+    return specs
+
+
+def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
+    """Record one op instead of running it: (results, new storage values) as nodes.
+
+    Called by the executor where strict mode calls `entry.compiled`.
+    """
+    global _trace
+    with _lock:
+        tr = _trace
+        if tr is not None and tr.ops and tr.ops[0][4] != sig.device:
+            flush()  # one program runs on one device
+            tr = None
+        if tr is None:
+            tr = _trace = _Trace()
+        ext, ids = tr.ext, tr.ext_ids
+        refs = []
+        for d in sig.slot_data:
+            raw = d.raw
+            if type(raw) is _Node and raw.trace is tr and raw.value is None:
+                refs.append(raw.pos)
+                continue
+            if isinstance(raw, st.Deferred):
+                raw = d.array
+            i = ids.get(id(raw))
+            if i is None:
+                i = ids[id(raw)] = len(ext)
+                ext.append(raw)
+            refs.append(-1 - i)
+        out_specs, base_specs = _specs(entry, sig)
+        nodes = tr.nodes
+        outs = []
+        for shape, dtype in out_specs:
+            n = _Node(shape, dtype, tr, len(nodes))
+            nodes.append(weakref.ref(n))
+            outs.append(n)
+        bases = []
+        for shape, dtype in base_specs:
+            n = _Node(shape, dtype, tr, len(nodes))
+            nodes.append(weakref.ref(n))
+            bases.append(n)
+        tr.ops.append((entry, tuple(refs), sig.dyn, name, sig.device))
+        STATS.recorded += 1
+        if len(tr.ops) >= MAX_OPS:
+            flush()
+        return outs, bases
+
+
+def abstract(data: st.DeviceData) -> Any:
+    """`data`'s array, or for a value not computed yet its shape, dtype and
+    device (enough to compile a program for it) without computing it."""
+    raw = data.raw
+    if isinstance(raw, st.Deferred) and not (type(raw) is _Node and raw.value is not None):
+        return jax.ShapeDtypeStruct(data.shape, raw.dtype, sharding=jax.sharding.SingleDeviceSharding(
+            platform.jax_device(data.index)))
+    return data.array
+
+
+# --------------------------------------------------------------------------
+# running
+
+
+def pending() -> int:
+    """Ops recorded and not run yet."""
+    tr = _trace
+    return 0 if tr is None else len(tr.ops)
+
+
+def flush() -> None:
+    """Run the recorded ops now, as one cached program; give every live node its value."""
+    global _trace
+    with _lock:
+        tr = _trace
+        if tr is None:
+            return
+        _trace = None
+        if not tr.ops:
+            return
+        live = []
+        live_nodes = []
+        for pos, ref in enumerate(tr.nodes):
+            n = ref()
+            if n is not None:
+                live.append(pos)
+                live_nodes.append(n)
+        plan = tuple((entry, refs) for entry, refs, _, _, _ in tr.ops)
+        key = (programs.ProgramKind.FUSED, plan, tuple(live), _olevel.LEVEL)
+        dyns = [dyn for _, _, dyn, _, _ in tr.ops]
+        device = tr.ops[0][4]
+        STATS.flushes += 1
+        try:
+            misses = programs.STATS.misses
+            fn = programs.get_or_compile(key, _program(tr, live, device), (tr.ext, dyns),
+                                         name="fused eager program")
+            if programs.STATS.misses != misses:
+                STATS.programs += 1
+            try:
+                values = fn(tr.ext, dyns)
+            except jax.errors.JaxRuntimeError as e:
+                raise _attribute(tr, e) from None
+        except BaseException as e:
+            tr.error = e
+            tr.ops.clear()
+            tr.ext.clear()
+            tr.ext_ids.clear()
+            raise
+        for n, v in zip(live_nodes, values):
+            n.value = v
+            n.trace = None
+
+
+def _program(tr: _Trace, live: list[int], device: int) -> Any:
+    """The fused program: each recorded op's program, inlined in order."""
+    steps = [(entry.program, refs, name) for entry, refs, _, name, _ in tr.ops]
+    live = list(live)
+
+    def fused(ext, dyns):
+        vals: list[Any] = []
+        for (program, refs, name), dyn in zip(steps, dyns):
+            arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
+            try:
+                outs, bases = program(arrays, dyn)
+            except Exception as e:  # noqa: BLE001 - named after the op, as strict mode raises it
+                raise _named(e, name) from None
+            vals.extend(outs)
+            vals.extend(bases)
+        return [vals[p] for p in live]
+
+    if not tr.ext:
+        # No device inputs (factories only): place the outputs explicitly.
+        return jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(
+            platform.jax_device(device)))
+    return fused
+
+
+def _named(e: BaseException, name: str) -> BaseException:
+    msg = str(e)
+    note = " (recorded in fused eager mode; raised when the recorded ops ran)"
+    text = msg if name in msg else f"{name}: {msg}"
+    try:
+        return type(e)(text + note)
+    except Exception:  # noqa: BLE001
+        return RuntimeError(text + note)
+
+
+def _attribute(tr: _Trace, err: BaseException) -> BaseException:
+    """The error of the fused program's run, attributed to the recorded op that
+    causes it: the ops run again one by one (their own executables, the same
+    inputs) until one fails."""
+    vals: list[Any] = []
+    for entry, refs, dyn, name, device in tr.ops:
+        arrays = [vals[r] if r >= 0 else tr.ext[-1 - r] for r in refs]
+        try:
+            outs, bases = entry.compiled(arrays, dyn)
+            oom.ready(list(outs) + list(bases), name, device)
+        except Exception as e:  # noqa: BLE001
+            return _named(oom.translate(e, name, device, entry.nbytes), name)
+        vals.extend(outs)
+        vals.extend(bases)
+    names = ", ".join(dict.fromkeys(op[3] for op in tr.ops))
+    return _named(oom.translate(err, "fused eager program", tr.ops[0][4]),
+                  f"fused eager program of {names}")
+
+
+def _from_env() -> None:
+    v = os.environ.get(ENV, "").strip().lower()
+    if v in ("", "strict"):
+        return
+    if v != "fused":
+        warnings.warn(f"{ENV}={v!r} is not a mode (strict or fused); using strict eager",
+                      stacklevel=2)
+        return
+    set_default(True)
+
+
+_from_env()
