@@ -76,6 +76,23 @@ def test_roundtrip_dtypes(dtype):
     torch.testing.assert_close(x.cpu(), src, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_float8_fnuz_dtypes_match_cpu_bitwise(dtype):
+    """The fnuz float8 formats (no infinity, one NaN, no negative zero) are
+    tpu dtypes: transfers keep every byte, conversions from float32 round,
+    overflow to NaN and flush -0 as CPU's, and indexing moves their values."""
+    vals = torch.tensor([0.0, -0.0, 1.0, -2.5, 0.3, 1e-3, 1e-6, 100.0, 240.0, 250.0, 300.0,
+                         57344.0, 7e4, float("inf"), float("-inf"), float("nan")])
+    want = vals.to(dtype)
+    assert torch.equal(vals.to("tpu").to(dtype).cpu().view(torch.uint8), want.view(torch.uint8))
+    moved = want.to("tpu")
+    assert moved.dtype == dtype
+    assert torch.equal(moved.cpu().view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(moved.float().cpu().nan_to_num(7.0), want.float().nan_to_num(7.0))
+    idx = torch.tensor([3, 0, 3, 15])
+    assert torch.equal(moved[idx.to("tpu")].cpu().view(torch.uint8), want[idx].view(torch.uint8))
+
+
 def test_factories():
     d = "tpu"
     assert torch.empty(2, 3, device=d).shape == (2, 3)

@@ -66,10 +66,11 @@ _C10_NAMES = {
     torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
     torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
     torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2",
+    torch.float8_e4m3fnuz: "c10::Float8_e4m3fnuz", torch.float8_e5m2fnuz: "c10::Float8_e5m2fnuz",
     # CPU fills a multi-element complex32 tensor through complex<float>.
     torch.complex32: "c10::complex<float>",
 }
-_NO_INFINITY = (torch.float8_e4m3fn,)
+_NO_INFINITY = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
 
 def _real_overflows(v, dtype) -> bool:

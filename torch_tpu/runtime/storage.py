@@ -59,6 +59,8 @@ TORCH_TO_JAX = {
     torch.complex128: jnp.complex128,
     torch.float8_e4m3fn: jnp.float8_e4m3fn,
     torch.float8_e5m2: jnp.float8_e5m2,
+    torch.float8_e4m3fnuz: jnp.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz: jnp.float8_e5m2fnuz,
 }
 JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
 
@@ -495,7 +497,8 @@ def from_host(src: torch.Tensor, index: int) -> jax.Array:
     jd = jax_dtype(src.dtype)
     if src.dtype == torch.bfloat16:
         host = src.contiguous().view(torch.int16).numpy().view(jnp.bfloat16)
-    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16,
+    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                       torch.float8_e5m2fnuz, torch.uint16,
                        torch.uint32, torch.uint64):
         host = src.contiguous().view(torch.uint8 if src.dtype.itemsize == 1 else
                                      {2: torch.int16, 4: torch.int32, 8: torch.int64}[src.dtype.itemsize]
@@ -525,6 +528,7 @@ def host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if dtype is torch.complex32:
         return torch.from_numpy(array.copy()).to(torch.complex32)
     if dtype == torch.bfloat16 or dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
+                                           torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
                                            torch.uint16, torch.uint32, torch.uint64):
         carrier = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
         return torch.from_numpy(array.view(carrier).copy()).view(dtype)
