@@ -292,6 +292,7 @@ _OFFSET_LOOPS = {
     "reshaped": lambda x, s, i: x.view(-1)[i * 3:i * 3 + 4].sub_(s[i, :4]),
     "dtype_view": lambda x, s, i: x[i].view(torch.int32).bitwise_xor_(
         s[i].view(torch.int32)),
+    "neg_view": lambda x, s, i: x[i].add_(torch._neg_view(s[i])),  # a lazy negative view
 }
 
 

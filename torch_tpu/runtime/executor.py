@@ -211,10 +211,12 @@ class _Signature:
         if t.is_conj() or t.is_neg():
             # Lazy conjugate/negative views reaching a kernel: read the value
             # they stand for.
-            layout = st.view_layout(t, data)
+            layout, offset = st.dynamic_layout(st.view_layout(t, data))
             bits = (t.is_conj(), t.is_neg())
             key.append((slot, layout, bits))
-            return ("b", slot, layout, bits)
+            i = len(self.dyn)
+            self.dyn.append(offset)
+            return ("b", slot, layout, bits, i)
         if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
                 and t.storage_offset() == 0):
             key.append(slot)
@@ -294,7 +296,7 @@ def _rebuild(recipe, arrays, dyn):
     if tag == "s" or tag == "c":
         return dyn[recipe[1]]
     if tag == "b":
-        v = st.strided_read(arrays[recipe[1]], recipe[2])
+        v = st.strided_read(arrays[recipe[1]], recipe[2], dyn[recipe[4]])
         conj, neg = recipe[3]
         if conj:
             v = jnp.conj(v)
