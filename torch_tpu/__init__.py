@@ -76,6 +76,19 @@ def fused(enabled: bool = True):
     return _fused.mode(enabled)
 
 
+def compile_step(fn=None, **kwargs):
+    """A training step (forward, backward, optimizer.step) as one XLA program.
+
+    Parameters and optimizer state are donated and updated in place (see
+    torch_tpu.compile.step); ``@torch_tpu.compile_step`` or
+    ``compile_step(fn, modules=..., optimizers=..., options=...)``.
+    """
+    _load()
+    from .compile import step as _step
+
+    return _step.compile_step(fn, **kwargs)
+
+
 def __getattr__(name):
     # Any other attribute (torch_tpu.debug, .cache, .jax_op, .ops, ...) is a
     # use of the backend: load it, then the submodule if that is what it names.

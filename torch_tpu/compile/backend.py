@@ -73,6 +73,7 @@ class _GraphCacheStats:
         self.graphs = 0          # CompiledGraph objects created
         self.eager_fallbacks = 0  # graphs that run op by op
         self.donating_calls = 0   # calls that gave their overwritten inputs' buffers to XLA
+        self.runs = 0             # graph programs executed (one per compiled-graph call)
         self.lowered = 0          # graph specializations traced, lowered and compiled/loaded by XLA
         self.disk_loads = 0       # ... loaded from the graph tier instead (nothing traced)
         self.backend_seconds = 0.0        # in tpu_backend: AOTAutograd + graph setup
@@ -94,6 +95,7 @@ def cache_stats() -> dict:
     return {"requests": s.requests, "hits": s.hits, "misses": s.misses,
             "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
             "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls,
+            "runs": s.runs,
             "lowered": s.lowered, "disk_loads": s.disk_loads,
             "backend_seconds": s.backend_seconds,
             "lower_compile_seconds": s.lower_compile_seconds, "load_seconds": s.load_seconds}
@@ -566,6 +568,7 @@ class CompiledGraph:
 
             rng = tpu_random.next_key(self.device)
         outs, muts = entry.run(self, args, arrays, self.consts, rng)
+        GRAPH_STATS.runs += 1
         out_index = value_results.get("__out_index__")
         if out_index is not None and len(out_index) != len(outs):
             outs = [outs[j] for j in out_index]

@@ -14,7 +14,8 @@ The metrics dict::
      "compiles": {"count", "seconds", "per_op", "by_tier"},
      "cache": {"requests", "hits", "misses", "evictions", "entries",
                "tiers": {"memory": {"hits", "misses"}, "disk": {"hits", "misses"}},
-               "graphs": {"requests", "hits", "misses", "eager_fallbacks"}},
+               "graphs": {"requests", "hits", "misses", "eager_fallbacks",
+                          "runs"}},                # runs: graph programs executed
                                            # memory-tier hits include compiled-graph
                                            # hits; every miss compiled or loaded a
                                            # program; the disk tier served `disk.hits`

@@ -90,7 +90,7 @@ def snapshot() -> dict:
             flat["cache:disk_loads"] = stats.disk_loads
     graph = _graph_stats()
     if graph is not None:
-        for k in ("requests", "hits", "misses", "eager_fallbacks"):
+        for k in ("requests", "hits", "misses", "eager_fallbacks", "runs"):
             flat["graph:" + k] = getattr(graph, k, 0)
     from . import _events
 
@@ -182,7 +182,8 @@ def structure(flat: dict, timing_mode: str | None = None) -> dict:
             },
             "graphs": {"requests": graphs.get("requests", 0), "hits": graphs.get("hits", 0),
                        "misses": graphs.get("misses", 0),
-                       "eager_fallbacks": graphs.get("eager_fallbacks", 0)},
+                       "eager_fallbacks": graphs.get("eager_fallbacks", 0),
+                       "runs": graphs.get("runs", 0)},
         },
         "fallbacks": section("fb:"),
         "fallbacks_total": sum(section("fb:").values()),
