@@ -63,6 +63,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from . import oom, platform, programs
 from . import opt_level as _olevel
@@ -331,12 +334,13 @@ def flush() -> None:
         STATS.flushes += 1
         try:
             misses = programs.STATS.misses
-            fn = programs.get_or_compile(key, _program(tr, live, device), (tr.ext, dyns),
+            args = (tr.ext, dyns, _ZERO)
+            fn = programs.get_or_compile(key, _program(tr, live, device), args,
                                          name="fused eager program")
             if programs.STATS.misses != misses:
                 STATS.programs += 1
             try:
-                values = fn(tr.ext, dyns)
+                values = fn(*args)
             except jax.errors.JaxRuntimeError as e:
                 raise _attribute(tr, e) from None
         except BaseException as e:
@@ -355,7 +359,7 @@ def _program(tr: _Trace, live: list[int], device: int) -> Any:
     steps = [(entry.program, refs, name) for entry, refs, _, name, _ in tr.ops]
     live = list(live)
 
-    def fused(ext, dyns):
+    def fused(ext, dyns, zero):
         vals: list[Any] = []
         for (program, refs, name), dyn in zip(steps, dyns):
             arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
@@ -363,8 +367,8 @@ def _program(tr: _Trace, live: list[int], device: int) -> Any:
                 outs, bases = program(arrays, dyn)
             except Exception as e:  # noqa: BLE001 - named after the op, as strict mode raises it
                 raise _named(e, name) from None
-            vals.extend(outs)
-            vals.extend(bases)
+            vals.extend(_rounded(v, zero) for v in outs)
+            vals.extend(_rounded(v, zero) for v in bases)
         return [vals[p] for p in live]
 
     if not tr.ext:
@@ -372,6 +376,28 @@ def _program(tr: _Trace, live: list[int], device: int) -> Any:
         return jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(
             platform.jax_device(device)))
     return fused
+
+
+# The fused program's last input: an integer 0, xor-ed into the bits of every
+# floating value an op produces. XLA:CPU contracts a multiply and an add into
+# one FMA inside a program, also across what were two ops (x * 1.5 then
+# + y), which rounds differently from strict mode, where each op's result is
+# rounded to its dtype before the next op reads it. Going through the
+# integer bits with a runtime (unfoldable) xor leaves every bit as it is
+# (NaN payloads and denormals included, which an arithmetic no-op such as
+# `+ -0.0` would not: XLA:CPU flushes denormals) and stops the contraction,
+# so every op boundary rounds as in strict mode and elementwise chains are
+# bitwise equal. One integer op per element, fused into the op's loop.
+_ZERO = np.int32(0)
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def _rounded(v: Any, zero: Any) -> Any:
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+        return v
+    it = _BITS[np.dtype(v.dtype).itemsize]
+    bits = lax.bitcast_convert_type(v, it) ^ zero.astype(it)
+    return lax.bitcast_convert_type(bits, v.dtype)
 
 
 def _named(e: BaseException, name: str) -> BaseException:

@@ -1,0 +1,300 @@
+"""Fused eager mode (torch_tpu.fused(), TORCH_TPU_EAGER=fused; runtime/fused.py).
+
+Recorded ops must give strict mode's values (bitwise for elementwise chains,
+the same training trajectories), run as few cached programs as the trace
+allows, raise a recorded op's error at the flush naming the op, and keep
+random streams. The views/in-place suite runs under fused mode in
+tests/test_views_fused.py.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu.runtime import fused, programs
+
+from test_ops_nn import _CNN, _Block, _batch, _lm_loss, _tokens
+
+
+def _fused_programs():
+    return programs.STATS.compiles_per_op["fused eager program"]
+
+
+def test_elementwise_chain_is_one_program_and_bitwise():
+    x = torch.randn(64, 33).to("tpu")
+    y = torch.randn(64, 33).to("tpu")
+
+    def chain(a, b):
+        c = (a * 1.5 + b).sin()
+        c = torch.where(c > 0, c, c * 0.1)
+        return (c.exp() - b).tanh().mul_(3).add_(a)
+
+    want = chain(x, y).cpu()
+    with torch_tpu.fused():
+        out = chain(x, y)
+        assert fused.pending() >= 8, "the chain was not recorded"
+        flushes = fused.STATS.flushes
+        got = out.cpu()  # the read runs the recorded ops
+        assert fused.pending() == 0
+        assert fused.STATS.flushes == flushes + 1
+    assert torch.equal(got, want)
+
+
+def test_flush_points():
+    x = torch.randn(8).to("tpu")
+    with torch_tpu.fused():
+        y = x + 1
+        assert fused.pending() == 1
+        torch.tpu.synchronize()
+        assert fused.pending() == 0
+        z = y * 2
+        assert fused.pending() == 1
+        nz = torch.nonzero(z > 0)  # data-dependent (eager) lowering: runs the trace first
+        assert fused.pending() == 0
+        w = z - 1
+    assert fused.pending() == 0  # leaving the mode
+    ref = x.cpu()
+    torch.testing.assert_close(w.cpu(), (ref + 1) * 2 - 1, rtol=0, atol=0)
+    assert torch.equal(nz.cpu(), torch.nonzero((ref + 1) * 2 > 0))
+    assert not fused.enabled()
+
+
+def test_size_limit_flushes(monkeypatch):
+    monkeypatch.setattr(fused, "MAX_OPS", 5)
+    x = torch.zeros(4).to("tpu")
+    with torch_tpu.fused():
+        for _ in range(12):
+            x = x + 1
+            assert fused.pending() < 5
+    assert torch.equal(x.cpu(), torch.full((4,), 12.0))
+
+
+def test_strict_region_inside_fused():
+    x = torch.ones(3).to("tpu")
+    with torch_tpu.fused():
+        y = x * 2
+        assert fused.pending() == 1
+        with torch_tpu.fused(False):
+            assert fused.pending() == 0 and not fused.enabled()
+            z = y + 1
+            assert fused.pending() == 0
+        assert fused.enabled()
+    assert torch.equal(z.cpu(), torch.full((3,), 3.0))
+
+
+def test_views_and_inplace_alias():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    x = base.to("tpu")
+    with torch_tpu.fused():
+        v = x[1:3, ::2]
+        v.mul_(10)
+        x.t()[0].add_(1)
+        row = x[2]
+        s = row.sum()
+        assert fused.pending() >= 3
+    ref = base.clone()
+    ref[1:3, ::2].mul_(10)
+    ref.t()[0].add_(1)
+    assert torch.equal(x.cpu(), ref)
+    assert torch.equal(v.cpu(), ref[1:3, ::2])
+    assert s.item() == ref[2].sum().item()
+
+
+def test_random_streams_match_strict():
+    def draw():
+        torch.tpu.manual_seed(1234)
+        a = torch.randn(16, device="tpu")
+        b = F.dropout(torch.ones(32, device="tpu"), 0.5)
+        c = torch.rand(5, device="tpu") + a[:5]
+        return [t.cpu() for t in (a, b, c)]
+
+    strict = draw()
+    with torch_tpu.fused():
+        got = draw()
+    for s, g in zip(strict, got):
+        assert torch.equal(s, g)
+
+
+# --------------------------------------------------------------------------
+# training: fused vs strict, 20 steps
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(),
+                         nn.Linear(32, 5))
+
+
+_MODELS = {
+    "mlp": (_mlp, _batch((8, 16), 5), F.cross_entropy),
+    "cnn": (_CNN, _batch((4, 3, 8, 8), 4), F.cross_entropy),
+    "block": (lambda: _Block(explicit=True), _tokens, _lm_loss),
+}
+
+
+def _run(make_model, make_batch, loss_fn, opt_name, mode, steps=20):
+    torch.manual_seed(0)
+    model = make_model().to("tpu")
+    if opt_name == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    losses = []
+    with torch_tpu.fused(mode == "fused"):
+        for step in range(steps):
+            x, y = make_batch(step % 2)
+            opt.zero_grad()
+            loss = loss_fn(model(x.to("tpu")), y.to("tpu"))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return torch.stack([t.cpu() for t in losses]), [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+@pytest.mark.parametrize("model", sorted(_MODELS))
+def test_training_matches_strict(model, opt):
+    recorded = fused.STATS.recorded
+    ls, ps = _run(*_MODELS[model], opt, "strict")
+    assert fused.STATS.recorded == recorded
+    lf, pf = _run(*_MODELS[model], opt, "fused")
+    assert fused.STATS.recorded > recorded + 20 * 10, "the steps were not recorded"
+    # One program per step instead of one per op; XLA may fuse across ops
+    # (reductions reassociate), hence OpInfo's float32 tolerance, not equality.
+    torch.testing.assert_close(lf, ls, rtol=1.3e-6, atol=1e-5)
+    if opt == "sgd":
+        # (Not for AdamW: parameters whose gradient is zero up to rounding, a
+        # bias before BatchNorm, take +-lr steps on the sign of the rounding
+        # noise; tests/test_ops_nn.py's CPU parity skips them likewise.)
+        for f, s in zip(pf, ps):
+            torch.testing.assert_close(f, s, rtol=1e-5, atol=1e-5)
+    assert ls[-1] < ls[0]
+
+
+def test_program_count_is_bounded_over_100_steps():
+    model = _mlp().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    make = _batch((8, 16), 5)
+    batches = [tuple(t.to("tpu") for t in make(i)) for i in range(2)]
+    counts = []
+    with torch_tpu.fused():
+        for step in range(100):
+            x, y = batches[step % 2]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                loss.item()  # a host read in some steps: a second trace shape
+            counts.append(_fused_programs())
+    # Warm after a few steps: every later step hits the cache.
+    assert counts[-1] == counts[20], f"fused programs kept compiling: {counts[::10]}"
+    assert counts[-1] - counts[0] <= 6
+
+
+# --------------------------------------------------------------------------
+# errors
+
+
+def _checked_op():
+    def host(x):
+        if (x < 0).any():
+            raise ValueError("negative input reached the checked op")
+        return x
+
+    @torch_tpu.jax_op(name="fused_checked")
+    def checked(x):
+        return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    return checked
+
+
+def test_error_is_raised_at_flush_naming_the_op():
+    checked = _checked_op()
+    good = torch.ones(4).to("tpu")
+    bad = torch.tensor([1.0, -1.0, 2.0, 3.0]).to("tpu")
+    (checked(good) * 2 + 1).cpu()  # every op's executable exists: no compile below
+    with torch_tpu.fused():
+        a = good + 1
+        y = checked(bad) * 2 + 1  # recorded: nothing fails yet
+        assert fused.pending() == 4
+        with pytest.raises(RuntimeError, match=r"(?s)torch_tpu_jax\.fused_checked.*negative input"):
+            y.cpu()
+        # Every value of the failed trace raises the same error when read.
+        with pytest.raises(RuntimeError, match=r"fused_checked"):
+            a.cpu()
+        # The mode goes on with a fresh trace.
+        z = good * 3
+        assert torch.equal(z.cpu(), torch.full((4,), 3.0))
+
+
+# --------------------------------------------------------------------------
+# the environment variable, and the fused program through the disk cache
+
+
+_SCRIPT = textwrap.dedent("""
+    import torch, torch_tpu
+    from torch_tpu.runtime import fused, programs
+    assert fused.enabled()
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(16, 8).to("tpu")
+    for _ in range(3):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+    print("LOSS", repr(loss.item()))
+    print("RECORDED", fused.STATS.recorded)
+    print("DISK", programs.STATS.disk_loads)
+""")
+
+
+def _env_run(cache):
+    env = dict(os.environ, TORCH_TPU_EAGER="fused", TORCH_TPU_CACHE_DIR=str(cache))
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def test_env_var_turns_fused_on_cold_and_warm_cache(tmp_path):
+    cold = _env_run(tmp_path)
+    warm = _env_run(tmp_path)
+    assert int(cold["RECORDED"]) > 0
+    assert cold["LOSS"] == warm["LOSS"]
+    assert int(warm["DISK"]) > 0  # the second process loaded, not compiled
+    want = _strict_loss()
+    assert float(cold["LOSS"]) == want
+
+
+def _strict_loss():
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(16, 8).to("tpu")
+    for _ in range(3):
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def test_env_var_rejects_unknown_mode():
+    env = dict(os.environ, TORCH_TPU_EAGER="lazy")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch, torch_tpu; from torch_tpu.runtime import fused;"
+         " torch.ones(1, device='tpu'); print(fused.enabled())"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+    assert "TORCH_TPU_EAGER='lazy' is not a mode" in out.stderr
