@@ -33,6 +33,7 @@ from . import calling, fused, oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
+from .fastpath import NATIVE as _NATIVE
 
 _T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS = range(9)
 _KIND_OF_TYPE = {
@@ -254,6 +255,11 @@ def _cpu_scalar(t):
     return np.asarray(t.item(), dtype=st.TORCH_TO_JAX[t.dtype])
 
 
+# _classify's hit path in C++ (runtime/fastpath.py): fills the signature, or
+# returns False for the Python classifier to run. None: pure-Python path.
+_fast_classify = _NATIVE.classify if _NATIVE is not None else None
+
+
 def _classify(plan, vals, sig):
     """Recipes to rebuild each argument inside the program."""
     recipes: list[Any] = []
@@ -461,7 +467,11 @@ class _Runner:
         plan = self.plan
         vals = plan.bind(args, kwargs)
         sig = _Signature(plan)
-        recipes = _classify(plan, vals, sig)
+        if _fast_classify is not None and _fast_classify(sig, plan.kinds, vals):
+            recipes = None  # only a miss needs them (below)
+        else:
+            sig = _Signature(plan)  # the native part handed the call back
+            recipes = _classify(plan, vals, sig)
         if self.rng:
             from ..device import random as tpu_random
 
@@ -484,6 +494,8 @@ class _Runner:
         STATS.requests += 1
         entry = _CACHE.get(key)
         if entry is None:
+            if recipes is None:  # the same slots and dyn indices as `sig`'s
+                recipes = _classify(plan, vals, _Signature(plan))
             entry = self._build(key, vals, args, kwargs, sig, recipes)
             if entry is None:  # out= tensors were resized: the signature changed
                 return self(*args, **kwargs)

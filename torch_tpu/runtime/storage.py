@@ -30,6 +30,7 @@ import torch
 from jax import lax
 
 from . import platform
+from .fastpath import NATIVE as _NATIVE
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle
@@ -171,6 +172,9 @@ class DeviceData:
         return math.prod(self.shape) * np.dtype(self.raw.dtype).itemsize
 
 
+if _NATIVE is not None:
+    _NATIVE.setup(DeviceData)  # the class the native wrap() instantiates
+
 # Origins of storages created empty: the first op that writes one is recorded
 # as its origin instead (torch.tpu.memory_snapshot()).
 ALLOCATING_OPS = frozenset((None, "aten.empty.memory_format", "aten.empty_strided.default"))
@@ -210,6 +214,8 @@ def torch_device(index: int) -> torch.device:
 
 def _address_for(nbytes: int) -> int:
     # Reserve a block of the virtual address space as large as the storage.
+    if _NATIVE is not None:  # one counter for both ways of making storages
+        return _NATIVE.next_address(nbytes)
     global _next_address
     start = next(_next_address)
     if nbytes > 64:
@@ -220,6 +226,8 @@ def _address_for(nbytes: int) -> int:
 def empty_tensor(shape: Sequence[int], dtype: torch.dtype, index: int,
                  nbytes: int | None = None, stride: Sequence[int] | None = None) -> torch.Tensor:
     """A new tpu tensor with its own storage (no DeviceData attached yet)."""
+    if _NATIVE is not None:  # the same tensor in one C++ step (csrc/fastpath.cpp)
+        return _NATIVE.new_tensor(shape, dtype, index, nbytes, stride)
     shape = tuple(shape)
     if stride is None:
         stride = contiguous_strides(shape)
@@ -240,6 +248,8 @@ def wrap(array: jax.Array, index: int, dtype: torch.dtype | None = None,
     `origin` names the op that produced it."""
     if dtype is None:
         dtype = JAX_TO_TORCH[array.dtype]
+    if _NATIVE is not None:  # empty_tensor + the DeviceData below, in one C++ call
+        return _NATIVE.wrap(array, index, dtype, origin)
     t = empty_tensor(array.shape, dtype, index)
     # The device data rides on torch's storage object as an attribute of ours.
     t.untyped_storage()._tpu = DeviceData(  # type: ignore[attr-defined]

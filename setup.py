@@ -1,0 +1,24 @@
+"""Builds torch_tpu's native fast path (csrc/fastpath.cpp -> torch_tpu.runtime._native).
+
+Everything else is in pyproject.toml. The extension compiles against the
+torch that pip's build isolation installs ([build-system] requires pins the
+version the package is tested with). TORCH_TPU_NATIVE=0 at install time skips
+it (a platform without a C++ compiler); torch_tpu then runs its pure-Python
+path, and `torch_tpu.runtime.fastpath.ACTIVE` says which one is in use.
+"""
+
+import os
+
+from setuptools import setup
+
+ext_modules = []
+cmdclass = {}
+if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() not in ("0", "false", "no", "off"):
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    ext_modules.append(CppExtension(
+        "torch_tpu.runtime._native", ["csrc/fastpath.cpp"],
+        extra_compile_args=["-O2", "-g0"]))
+    cmdclass["build_ext"] = BuildExtension.with_options(no_python_abi_suffix=False)
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

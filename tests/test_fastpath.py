@@ -1,0 +1,154 @@
+"""The native fast path (csrc/fastpath.cpp, runtime/fastpath.py).
+
+The extension must be built and used by default: a build that silently falls
+back to the pure-Python path fails here. Where it runs, it must give exactly
+what the Python code it replaces gives (keys, runtime inputs, slots, tensors),
+and the pure-Python path (TORCH_TPU_NATIVE=0) must keep working on its own.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_tpu.runtime import executor, fastpath, storage
+
+aten = torch.ops.aten
+FORCED_PURE = os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
+native = pytest.mark.skipif(FORCED_PURE, reason="TORCH_TPU_NATIVE=0 forces the pure-Python path")
+
+
+@native
+def test_native_extension_is_loaded_and_on_the_hot_path():
+    assert fastpath.ACTIVE, f"native fast path not loaded: {fastpath.REASON}"
+    assert executor._fast_classify is fastpath.NATIVE.classify
+    assert storage._NATIVE is fastpath.NATIVE
+    a = torch.ones(3, 3, device="tpu")
+    b = torch.ones(3, 3, device="tpu")
+    a + b  # compiled (a miss) before counting
+    before = fastpath.NATIVE.calls()
+    for _ in range(5):
+        c = a + b
+    after = fastpath.NATIVE.calls()
+    # Every call's key came from C++ and every result tensor was made there.
+    assert after["classify"] - before["classify"] == 5
+    assert after["classify_fallback"] == before["classify_fallback"]
+    assert after["wrap"] - before["wrap"] == 5
+    assert torch.equal(c.cpu(), torch.full((3, 3), 2.0))
+
+
+def _python_signature(plan, vals):
+    sig = executor._Signature(plan)
+    executor._classify(plan, vals, sig)
+    return sig
+
+
+def _native_signature(plan, vals):
+    sig = executor._Signature(plan)
+    return sig if fastpath.NATIVE.classify(sig, plan.kinds, vals) else None
+
+
+@native
+@pytest.mark.parametrize("case", ["binary", "alpha", "same_storage", "wrapped_number", "static",
+                                  "device_arg", "optional_none", "int_list", "bool_dtype"])
+def test_native_signature_is_the_python_one(case):
+    x = torch.randn(4, 5).to("tpu")
+    y = torch.randn(4, 5).to("tpu")
+    op, args = {
+        "binary": (aten.mul.Tensor, (x, y)),
+        "alpha": (aten.add.Tensor, (x, y, 2.5)),
+        "same_storage": (aten.add.Tensor, (x, x)),
+        "wrapped_number": (aten.add.Tensor, (x, 3)),
+        "static": (aten.sum.dim_IntList, (x, [1], True)),
+        "device_arg": (aten._to_copy.default, (x,)),
+        "optional_none": (aten.clamp.default, (x, None, 0.5)),
+        "int_list": (aten.permute.default, (x, [1, 0])),
+        "bool_dtype": (aten.eq.Tensor, (x > 0, y > 0)),
+    }[case]
+    plan = executor._Plan(op)
+    kwargs = {"device": torch.device("tpu", 0)} if case == "device_arg" else {}
+    vals = plan.bind(args, kwargs)
+    n = _native_signature(plan, vals)
+    assert n is not None, "the native classifier handed a simple call back"
+    p = _python_signature(plan, vals)
+    assert n.key == p.key
+    assert n.dyn == p.dyn and [type(v) for v in n.dyn] == [type(v) for v in p.dyn]
+    assert [id(d) for d in n.slot_data] == [id(d) for d in p.slot_data]
+    assert n.device == p.device
+
+
+@native
+@pytest.mark.parametrize("case", ["view", "cpu_scalar", "tensor_list", "conj", "cpu_tensor"])
+def test_native_signature_hands_other_calls_back(case):
+    x = torch.randn(4, 5).to("tpu")
+    z = torch.randn(3, dtype=torch.complex64).to("tpu")
+    op, args = {
+        "view": (aten.add.Tensor, (x[1:], x[:3])),
+        "cpu_scalar": (aten.add.Tensor, (x, torch.tensor(2.0))),
+        "tensor_list": (aten.cat.default, ([x, x],)),
+        "conj": (aten.add.Tensor, (z, z.conj())),
+        "cpu_tensor": (aten.add.Tensor, (x, torch.ones(4, 5))),
+    }[case]
+    plan = executor._Plan(op)
+    assert _native_signature(plan, plan.bind(args, {})) is None
+    if case != "cpu_tensor":  # the ops still run, through the Python classifier
+        torch.testing.assert_close(op(*args).cpu(), op(*[
+            [t.cpu() for t in a] if isinstance(a, list) else
+            a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+    else:
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            op(*args)
+
+
+@native
+def test_native_tensors_are_the_python_ones():
+    t = storage.empty_tensor((2, 3), torch.float16, 0)
+    assert t.device == torch.device("tpu", 0) and t.dtype == torch.float16
+    assert t.shape == (2, 3) and t.stride() == (3, 1) and t.storage_offset() == 0
+    s = t.untyped_storage()
+    assert s.nbytes() == 12 and not s.resizable() and s.device == t.device
+    assert str(torch._C._dispatch_keys(t)) == (
+        "DispatchKeySet(PrivateUse1, ADInplaceOrView, AutogradPrivateUse1, AutocastPrivateUse1)")
+    u = storage.empty_tensor((4,), torch.float32, 0, nbytes=64, stride=(2,))
+    assert u.stride() == (2,) and u.untyped_storage().nbytes() == 64
+    # One address counter: storages never overlap, whoever made them.
+    a = storage._address_for(1000)
+    assert storage.empty_tensor((1,), torch.float32, 0).data_ptr() >= a + 1000
+    # wrap: the value rides on the storage, as storage.wrap documents.
+    w = storage.wrap(executor.value(torch.arange(6.0).to("tpu")), 0, torch.float32, "aten.test")
+    data = storage.data_of(w)
+    assert isinstance(data, storage.DeviceData) and data.origin == "aten.test"
+    assert data.sig == ((6,), torch.float32) and w.shape == (6,)
+    assert torch.equal(w.cpu(), torch.arange(6.0))
+    # Views and autograd see the same storage as on any tpu tensor.
+    v = w[2:]
+    assert v._base is w and storage.data_of(v) is data
+    g = torch.ones(3, device="tpu", requires_grad=True)
+    (g * 2).sum().backward()
+    assert torch.equal(g.grad.cpu(), torch.full((3,), 2.0))
+
+
+@native  # (not again inside its own child process)
+def test_pure_python_path_runs_eager_ops():
+    """TORCH_TPU_NATIVE=0: the pure-Python path, on a smoke subset of the eager tests."""
+    env = dict(os.environ, TORCH_TPU_NATIVE="0")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+           "-n", "0", os.path.join(here, "test_fastpath.py"),
+           os.path.join(here, "test_views.py"), os.path.join(here, "test_calling.py"),
+           "-k", "fastpath or calling or inplace_through_view or setitem or out_ or resize_ "
+                 "or set_data or autograd or version_counter"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.skipif(not FORCED_PURE, reason="checks the forced pure-Python path")
+def test_forced_pure_python_path_is_pure():
+    assert not fastpath.ACTIVE and fastpath.REASON == "TORCH_TPU_NATIVE=0"
+    assert executor._fast_classify is None and storage._NATIVE is None
+    x = torch.ones(2, 2, device="tpu")
+    assert torch.equal((x + x).cpu(), torch.full((2, 2), 2.0))

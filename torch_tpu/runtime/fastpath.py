@@ -1,0 +1,32 @@
+"""The native fast path of eager ops (csrc/fastpath.cpp), or None.
+
+The eager hot path spends most of its host time on bookkeeping: building the
+cache key, creating each result tensor (a TensorImpl, a sized storage at a
+virtual address, the DeviceData on it). `torch_tpu.runtime._native`, built
+by `pip install` from csrc/fastpath.cpp, does those steps in C++; the
+behaviour stays defined by the Python code it replaces (executor._classify,
+storage.empty_tensor/wrap), which still runs whenever the native part hands a
+call back and when the extension is absent.
+
+`NATIVE` is the loaded module, or None when TORCH_TPU_NATIVE=0 (forces the
+pure-Python path) or the extension was not built (`REASON` says why).
+tests/test_fastpath.py fails when an installed build silently goes unused.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+NATIVE: ModuleType | None = None
+REASON = ""
+
+if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+    REASON = "TORCH_TPU_NATIVE=0"
+else:
+    try:
+        from . import _native as NATIVE
+    except ImportError as e:
+        REASON = f"the extension is not built ({e}); reinstall with `pip install -e .`"
+
+ACTIVE = NATIVE is not None
