@@ -45,6 +45,12 @@ tiers) and "eager" (eager op executables compiled or loaded during the
 step). Timings on a shared machine vary by tens of percent; compare runs
 made back to back.
 
+Whole step as one program (unless --no-whole-step): the same step through
+`torch_tpu.compile_step` (zero_grad, forward, backward and the SGD update
+traced into one program, parameters donated): its steady-state step time
+and first call (a private empty cache) in the table, and its warm start
+(new processes) after the others.
+
 4. with --opt-levels: per XLA optimization level (TORCH_TPU_XLA_OPT_LEVEL,
    torch_tpu.runtime.opt_level), a new process with an empty cache: the
    first compiled step (its graph programs' lowering + XLA compile, and its
@@ -121,8 +127,12 @@ def gc_clock():
     return _GC
 
 
-def torch_step(device, backend=None, compile_optimizer=True):
-    """(first-step seconds, step function, sync function)."""
+def torch_step(device, backend=None, compile_optimizer=True, whole_step=False):
+    """(first-step seconds, step function, sync function).
+
+    whole_step: the whole step (zero_grad, forward, backward, optimizer
+    step) through `torch_tpu.compile_step`, one program.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -135,18 +145,33 @@ def torch_step(device, backend=None, compile_optimizer=True):
         return F.mse_loss(model(x), y)
 
     t0 = time.perf_counter()
-    loss_fn = torch.compile(forward_loss, backend=backend) if backend else forward_loss
-    opt_step = (torch.compile(opt.step, backend=backend)
-                if backend == "tpu" and compile_optimizer else opt.step)
+    if whole_step:
+        import torch_tpu
+
+        def train_step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = forward_loss(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        compiled = torch_tpu.compile_step(train_step, modules=model, optimizers=opt)
+
+        def step():
+            return compiled(x, y)
+    else:
+        loss_fn = torch.compile(forward_loss, backend=backend) if backend else forward_loss
+        opt_step = (torch.compile(opt.step, backend=backend)
+                    if backend == "tpu" and compile_optimizer else opt.step)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(x, y)
+            loss.backward()
+            opt_step()
+            return loss
     # With TORCH_TPU_PRECOMPILE=1 a warm process loads its packages here.
     compile_calls = time.perf_counter() - t0
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(x, y)
-        loss.backward()
-        opt_step()
-        return loss
 
     if device == "tpu":
         sync = torch.tpu.synchronize
@@ -264,7 +289,8 @@ if profile:
     prof = cProfile.Profile()
     bench.torch_step.profiler = prof
 first, step, sync = bench.torch_step("tpu", backend="tpu",
-                                     compile_optimizer=sys.argv[4] == "1")
+                                     compile_optimizer=sys.argv[4] != "0",
+                                     whole_step=sys.argv[4] == "step")
 out = bench.phases(first, step.before)
 out["import"] = t_import
 out["cpu"] = step.first_cpu
@@ -311,8 +337,10 @@ def opt_level_runs(levels, precision, n):
 
 
 def _child(precision, env, profile=False, compile_optimizer=True):
+    mode = compile_optimizer if isinstance(compile_optimizer, str) else (
+        "1" if compile_optimizer else "0")
     argv = [sys.executable, "-c", _CHILD, os.path.abspath(__file__), precision,
-            "profile" if profile else "-", "1" if compile_optimizer else "0"]
+            "profile" if profile else "-", mode]
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -394,6 +422,12 @@ def _warm_runs(args):
         if args.eager_optimizer:
             label += ", optimizer step eager (not compiled)"
         out.append(_warm_lines(cold, warm, label))
+    if not args.no_whole_step:
+        # torch_tpu.compile_step: nothing of dynamo or AOTAutograd runs; a
+        # warm process traces the step (make_fx) and loads its program.
+        cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm, False,
+                                "step")
+        out.append(_warm_lines(cold, warm, "torch_tpu.compile_step (whole step, one program)"))
     return out
 
 
@@ -416,6 +450,8 @@ def main(argv=None):
     p.add_argument("--precompile", default="both", choices=["off", "on", "both"],
                    help="warm start without and/or with TORCH_TPU_PRECOMPILE=1 (dynamo "
                         "packages in the cache dir)")
+    p.add_argument("--no-whole-step", action="store_true",
+                   help="skip the torch_tpu.compile_step rows (the whole step as one program)")
     p.add_argument("--eager-optimizer", action="store_true",
                    help="warm start: run optimizer.step eagerly (PyTorch never packages a "
                         "compiled one, so with --precompile it is traced in every process)")
@@ -449,6 +485,15 @@ def main(argv=None):
     t_jax = _timeit(jstep, jsync, n)
     _, cstep, csync = torch_step("cpu")
     rows.append(("torch_tpu compiled (backend='tpu')", t_tpu, first_tpu))
+    if not args.no_whole_step:
+        # A private empty cache again: this first call compiles too.
+        tmp_step = tempfile.TemporaryDirectory()
+        cache.set_dir(tmp_step.name)
+        first_ws, wstep, wsync = torch_step("tpu", whole_step=True)
+        ws_cpu = wstep.first_cpu
+        t_ws = _timeit(wstep, wsync, n)
+        cache.set_dir(tmp_cache.name)
+        rows.append(("torch_tpu.compile_step (one program)", t_ws, first_ws))
     rows.append(("pure JAX (jax.jit)", t_jax, first_jax))
     # torchax: a child process (it and torch_tpu both claim PrivateUse1).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -475,7 +520,7 @@ def main(argv=None):
 
     print(f"4-layer MLP, width {WIDTH}, batch {BATCH}, fwd+bwd+SGD; platform "
           f"{torch_tpu.runtime.platform.platform()}, matmul precision {args.precision}, "
-          f"XLA opt level {opt_level.level()}")
+          f"XLA opt level {opt_level.level()}; load average {os.getloadavg()[0]:.1f}")
     print(f"{'':40s} {'step ms (median/min)':>22s} {'first call s':>13s}")
     for name, (med, best), first in rows:
         f = f"{first:13.2f}" if first is not None else f"{'-':>13s}"
@@ -486,6 +531,11 @@ def main(argv=None):
           f"{main_phases['cpu'] / jstep.first_cpu:.2f} (target <= 2); "
           f"torch_tpu first step {first_tpu:.2f} s (CPU {main_phases['cpu']:.2f} s) = "
           f"{_phase_line(main_phases)}")
+    if not args.no_whole_step:
+        print(f"compile_step: step time / JAX {t_ws[0] / t_jax[0]:.2f} median, "
+              f"{t_ws[1] / t_jax[1]:.2f} min (target <= 1.1); first call / jax.jit "
+              f"{first_ws / first_jax:.2f}, in CPU seconds {ws_cpu / jstep.first_cpu:.2f} "
+              f"(target <= 2)")
     for lines in warm_lines:
         print("\n".join(lines))
     if "error" not in tx:
@@ -502,6 +552,8 @@ def main(argv=None):
             print(f"{level:>6d} {r['first']:13.2f} {r['cpu']:7.2f} {r['graphs']:9.2f} "
                   f"{r['eager']:8.2f} {med * 1e3:11.2f} /{best * 1e3:8.2f}")
     tmp_cache.cleanup()
+    if not args.no_whole_step:
+        tmp_step.cleanup()
 
 
 if __name__ == "__main__":

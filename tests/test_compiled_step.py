@@ -220,3 +220,29 @@ def test_cold_and_warm_processes_share_the_cache(tmp_path):
         losses.append(loss.item())
     assert cold["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
     assert cold["w"] == pytest.approx(model[0].weight.flatten()[:8].tolist(), rel=1e-5, abs=1e-6)
+
+
+def test_torch_compile_whole_step_option():
+    """torch.compile(step, backend="tpu", options={"whole_step": True})."""
+    batches = _data(3)
+    ref = _model()
+    ref_opt = _make_opt("sgd", ref.parameters())
+    ref_losses = _train(ref, ref_opt, batches, "cpu", compiled=False)
+    model = _model().to("tpu")
+    opt = _make_opt("sgd", model.parameters())
+
+    @torch.compile(backend="tpu", options={"whole_step": True})
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = [step(x.to("tpu"), y.to("tpu")) for x, y in batches]
+    for got, want in zip(losses, ref_losses):
+        _close(got, want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        _close(p, q)
+    with pytest.raises(TypeError, match="whole_step"):
+        torch.compile(model, backend="tpu", options={"whole_step": True})

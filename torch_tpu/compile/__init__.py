@@ -8,6 +8,12 @@ code generator) at "tpu" for graphs whose inputs are on the tpu device.
 `register()` does the dynamo registration directly (e.g. before
 `torch._dynamo.optimize("tpu")`).
 
+A training step (forward, ``backward()``, ``optimizer.step()``) given to
+``torch.compile`` becomes several dynamo frames and programs; with
+``options={"whole_step": True}`` (or `torch_tpu.compile_step`) it is traced
+into one program whose parameters and optimizer state are donated: see
+`torch_tpu.compile.step`.
+
 See `torch_tpu.compile.backend` for how graphs run, and
 `torch_tpu.compile.dynamic` for the dynamic-shape policy.
 """
@@ -57,6 +63,18 @@ def clear_cache() -> None:
 _installed = False
 
 
+def _whole_step(fn, options):
+    import torch_tpu
+
+    if fn is None:  # @torch.compile(backend="tpu", options={"whole_step": True})
+        return lambda f: torch_tpu.compile_step(f, options=options)
+    if isinstance(fn, torch.nn.Module):
+        raise TypeError('torch.compile(backend="tpu", options={"whole_step": True}) takes a '
+                        "training-step function (forward, backward and optimizer.step), "
+                        f"not a module ({type(fn).__name__})")
+    return torch_tpu.compile_step(fn, options=options)
+
+
 def install() -> None:
     """Make torch.compile know "tpu" (lazily) and prefer it for tpu inputs."""
     global _installed
@@ -67,6 +85,12 @@ def install() -> None:
 
         @functools.wraps(original)
         def compile(*args, **kwargs):
+            opts = kwargs.get("options") or {}
+            if kwargs.get("backend") == "tpu" and opts.get("whole_step"):
+                # options={"whole_step": True}: the training step as one
+                # program (torch_tpu.compile_step) instead of dynamo's frames.
+                return _whole_step(args[0] if args else kwargs.get("model"),
+                                   {k: v for k, v in opts.items() if k != "whole_step"})
             register()
             return original(*args, **kwargs)
 
