@@ -15,7 +15,8 @@ run and on the same device:
 Dispatch is asynchronous in torch_tpu, JAX and torchax, so each timed loop
 ends with a wait for the last result, and the loops are long enough that the
 wait is amortized. Prints the median per-op time of several repeats and the
-ratio torch_tpu / jax.jit (target: <= 1.3).
+ratio torch_tpu / jax.jit (target: <= 1.3). Then the per-op cost of a chain of 10
+small ops in strict and fused eager mode (torch_tpu.fused()) against jax.jit.
 
 `--opt-levels 0,1,2,3` adds the effect of the XLA optimization level
 (torch_tpu.runtime.opt_level) on eager executables: per level, the time to
@@ -78,6 +79,63 @@ _SWEEP_OPS = {
     "gelu": lambda a, b: torch.nn.functional.gelu(a),
     "softmax": lambda a, b: torch.softmax(a, -1),
 }
+
+
+def _chain(x, y):
+    """Ten small elementwise ops (fused mode's unit of measure)."""
+    z = x + y
+    z = z * 0.5
+    z = torch.relu(z)
+    z = z - y
+    z = torch.tanh(z)
+    z = z * x
+    z = z + 1.0
+    z = torch.sigmoid(z)
+    z = z.abs()
+    return z.neg()
+
+
+def fused_chain(iters, repeats):
+    """Per-op cost of a chain of 10 small ops: strict eager, fused eager (the
+    chain recorded, then run as one cached program per chain), and jax.jit
+    (one dispatch per op, and the whole chain as one function)."""
+    from torch_tpu.runtime import fused
+
+    a = torch.randn(64, 64, device="tpu")
+    b = torch.randn(64, 64, device="tpu")
+    ja, jb = executor.value(a), executor.value(b)
+    n = 10
+    jit_ops = [jax.jit(f) for f in (
+        lambda x, y: x + y, lambda z: z * 0.5, lambda z: jnp.maximum(z, 0),
+        lambda z, y: z - y, jnp.tanh, lambda z, x: z * x, lambda z: z + 1.0,
+        jax.nn.sigmoid, jnp.abs, jnp.negative)]
+
+    def jax_ops():
+        add, half, relu, sub, tanh, mul, inc, sig, ab, neg = jit_ops
+        z = add(ja, jb)
+        z = tanh(sub(relu(half(z)), jb))
+        return neg(ab(sig(inc(mul(z, ja)))))
+
+    whole = jax.jit(lambda x, y: -jnp.abs(jax.nn.sigmoid(
+        jnp.tanh(jnp.maximum((x + y) * 0.5, 0) - y) * x + 1.0)))
+
+    def fused_step():
+        with fused.mode():
+            z = _chain(a, b)
+        return z  # leaving the mode ran the chain as one program
+
+    strict = _time(lambda: _chain(a, b), _wait_tpu, iters // n, repeats) / n
+    fz = _time(fused_step, _wait_tpu, iters // n, repeats) / n
+    per_op = _time(jax_ops, _wait_jax, iters // n, repeats) / n
+    one = _time(lambda: whole(ja, jb), _wait_jax, iters // n, repeats) / n
+    ok = torch.equal(fused_step().cpu(), _chain(a, b).cpu())
+    print(f"\nchain of {n} small ops (64x64 float32), per op:")
+    print(f"{'strict eager us':>18}{'fused eager us':>16}{'jax.jit/op us':>15}"
+          f"{'jit(chain) us':>15}{'strict/fused':>14}")
+    print(f"{strict * 1e6:>18.1f}{fz * 1e6:>16.1f}{per_op * 1e6:>15.1f}{one * 1e6:>15.1f}"
+          f"{strict / fz:>14.2f}")
+    print(f"fused == strict bitwise: {ok}")
+    return {"strict": strict, "fused": fz, "jit_per_op": per_op, "jit_chain": one}
 
 
 def opt_level_sweep(levels, iters, repeats, rounds=3):
@@ -183,6 +241,7 @@ def main(argv=None):
         print(f"torchax {tx['version']} on {tx['device']} (child process; "
               f"{len(set(tx['shimmed']))} named-tensor overloads missing in torch "
               f"{torch.__version__.split('+')[0]} stood in at its import, see benchmarks/_torchax.py)")
+    fused_chain(args.iters, args.repeats)
     if args.opt_levels:
         levels = [opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
         opt_level_sweep(levels, args.iters, args.repeats)
