@@ -48,6 +48,20 @@ def test_elementwise_chain_is_one_program_and_bitwise():
     assert torch.equal(got, want)
 
 
+def test_scalar_inputs_keep_their_values():
+    """Scalars reach the fused program as cached device values: 0.0 and -0.0,
+    1 and True and 1.0 must stay apart."""
+    x = torch.ones(3, device="tpu")
+    with torch_tpu.fused():
+        a, b = x * 0.0, x * -0.0
+        c, d = x + 1, x.to(torch.int32) * True
+        e = torch.full((2,), 1.0, device="tpu") / 3
+    assert not torch.signbit(a.cpu()).any() and torch.signbit(b.cpu()).all()
+    assert torch.equal(c.cpu(), torch.full((3,), 2.0))
+    assert d.dtype == torch.int32 and torch.equal(d.cpu(), torch.ones(3, dtype=torch.int32))
+    assert torch.equal(e.cpu(), torch.full((2,), 1.0) / 3)
+
+
 def test_flush_points():
     x = torch.randn(8).to("tpu")
     with torch_tpu.fused():

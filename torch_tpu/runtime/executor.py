@@ -260,6 +260,16 @@ def _cpu_scalar(t):
 _fast_classify = _NATIVE.classify if _NATIVE is not None else None
 
 
+def _call_python(compiled, arrays, dyn, device):
+    return compiled(arrays, dyn)
+
+
+# An entry's executable called through JAX's C++ path with cached device
+# scalars (runtime/fastpath.py), and results made in one C++ step; else Python.
+_call = _NATIVE.call if _NATIVE is not None else _call_python
+_wrap_array = _NATIVE.wrap if _NATIVE is not None else st.wrap
+
+
 def _classify(plan, vals, sig):
     """Recipes to rebuild each argument inside the program."""
     recipes: list[Any] = []
@@ -513,7 +523,7 @@ class _Runner:
                 if entry.compiled is None:  # eager (data-dependent) lowering
                     outs, new_bases = entry.eager_fn(arrays, sig.dyn)
                 else:
-                    outs, new_bases = entry.compiled(arrays, sig.dyn)
+                    outs, new_bases = _call(entry.compiled, arrays, sig.dyn, sig.device)
                 if LAUNCH_BLOCKING:
                     oom.ready(outs, plan.name, sig.device)
                     oom.ready(new_bases, plan.name, sig.device)
@@ -703,12 +713,12 @@ class _Runner:
         if self.lowering.mutates and not entry.out_meta:
             return None
         if len(entry.out_meta) == 1 and entry.out_tree.is_leaf():
-            return st.wrap(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
+            return _wrap_array(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
         it = iter(outs)
         leaves = []
         for m in entry.out_meta:
             if isinstance(m, torch.Tensor):
-                leaves.append(st.wrap(next(it), device, m.dtype, self.plan.name))
+                leaves.append(_wrap_array(next(it), device, m.dtype, self.plan.name))
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)

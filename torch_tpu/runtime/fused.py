@@ -329,12 +329,12 @@ def flush() -> None:
                 live_nodes.append(n)
         plan = tuple((entry, refs) for entry, refs, _, _, _ in tr.ops)
         key = (programs.ProgramKind.FUSED, plan, tuple(live), _olevel.LEVEL)
-        dyns = [dyn for _, _, dyn, _, _ in tr.ops]
         device = tr.ops[0][4]
+        dyns = _device_scalars([dyn for _, _, dyn, _, _ in tr.ops], device)
         STATS.flushes += 1
         try:
             misses = programs.STATS.misses
-            args = (tr.ext, dyns, _ZERO)
+            args = (tr.ext, dyns, _zero(device))
             fn = programs.get_or_compile(key, _program(tr, live, device), args,
                                          name="fused eager program")
             if programs.STATS.misses != misses:
@@ -352,6 +352,52 @@ def flush() -> None:
         for n, v in zip(live_nodes, values):
             n.value = v
             n.trace = None
+
+
+_SCALARS: dict = {}
+_SCALARS_MAX = 4096
+_SCALAR_TYPES = (float, int, bool)
+
+
+def _zero(device: int) -> jax.Array:
+    """_ZERO on `device` (cached)."""
+    k = (np.int32, 0, device)
+    a = _SCALARS.get(k)
+    if a is None:
+        a = _SCALARS[k] = jax.device_put(_ZERO, platform.jax_device(device))
+    return a
+
+
+def _device_scalars(dyns: list, device: int) -> list:
+    """The ops' dynamic inputs with Python scalars as (cached) device arrays.
+
+    A Python scalar argument sends a compiled call down JAX's slow Python
+    path, which converts each one on every call; a fused program has one
+    per Scalar argument and view offset of every recorded op. `device_put`
+    of a Python scalar keeps its weak type, so the program (traced with
+    these) is the one the Python values would give.
+    """
+    out = []
+    cache = _SCALARS
+    for dyn in dyns:
+        conv = []
+        for v in dyn:
+            t = type(v)
+            if t in _SCALAR_TYPES:
+                # -0.0 == 0.0: the sign of a zero must not share an entry.
+                k = (t, v, device) if v or t is not float else (t, str(v), device)
+                a = cache.get(k)
+                if a is None:
+                    if len(cache) >= _SCALARS_MAX:
+                        cache.clear()
+                    try:
+                        a = cache[k] = jax.device_put(v, platform.jax_device(device))
+                    except OverflowError:  # an int beyond int64: as it is
+                        a = v
+                v = a
+            conv.append(v)
+        out.append(conv)
+    return out
 
 
 def _program(tr: _Trace, live: list[int], device: int) -> Any:
