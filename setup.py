@@ -14,10 +14,13 @@ from setuptools import setup
 ext_modules = []
 cmdclass = {}
 if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() not in ("0", "false", "no", "off"):
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     ext_modules.append(CppExtension(
         "torch_tpu.runtime._native", ["csrc/fastpath.cpp"],
+        # runtime/fastpath.py loads it only into this torch (the C++ ABI).
+        define_macros=[("TORCH_TPU_TORCH_VERSION", f'"{torch.__version__}"')],
         extra_compile_args=["-O2", "-g0"]))
     cmdclass["build_ext"] = BuildExtension.with_options(no_python_abi_suffix=False)
 

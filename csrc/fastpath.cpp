@@ -17,6 +17,9 @@
 //       at a fresh virtual address, in one step.
 //   wrap(array, index, dtype, origin) -> Tensor
 //       storage.wrap: new_tensor plus the DeviceData on its storage.
+//   call(compiled, arrays, dyn, device) -> outputs
+//       an entry's executable called through JAX's C++ path, its Python
+//       scalar inputs as cached device arrays (no conversion per call).
 //   next_address(nbytes) -> int
 //       the virtual address counter (storage._address_for) both share.
 //   setup(DeviceData) / calls() -> dict of call counters (tests read them).
@@ -34,6 +37,10 @@
 #include <cstdint>
 #include <vector>
 
+#ifndef TORCH_TPU_TORCH_VERSION
+#define TORCH_TPU_TORCH_VERSION "unknown"
+#endif
+
 namespace {
 
 // Argument kinds: executor._KIND_OF_TYPE's values (_T, _OT, ... in order).
@@ -49,9 +56,14 @@ PyObject* s_sig;
 PyObject* s_dtype;
 PyObject* s_shape;
 PyObject* g_device_data = nullptr;  // storage.DeviceData, given by setup()
+PyObject* g_compiled_type = nullptr;  // jax.stages.Compiled, given by setup_call()
+PyObject* g_scalar_array = nullptr;   // fastpath._scalar_array, given by setup_call()
+PyObject* g_scalars = nullptr;        // {(type, value, device): jax.Array or value}
+PyObject* s_call;
+constexpr Py_ssize_t kMaxScalars = 4096;
 
 uint64_t g_next_address = uint64_t(1) << 44;
-uint64_t n_classify = 0, n_classify_fallback = 0, n_wrap = 0, n_new_tensor = 0;
+uint64_t n_classify = 0, n_classify_fallback = 0, n_wrap = 0, n_new_tensor = 0, n_call = 0;
 
 uint64_t take_address(uint64_t nbytes) {
   // As storage._address_for: blocks of 64 bytes, at least one per storage.
@@ -392,16 +404,113 @@ PyObject* next_address(PyObject*, PyObject* arg) {
   return PyLong_FromUnsignedLongLong(take_address(nbytes));
 }
 
+
+// ------------------------------------------------------------ calling
+
+// The device array a jitted call would make of Python scalar `v` on
+// `device` (same aval: weak type and all), or a new reference to `v` itself
+// when it is not cached (zeros, whose sign equality cannot tell, NaNs,
+// complex numbers, anything not a Python int/float/bool).
+PyObject* device_scalar(PyObject* v, PyObject* device) {
+  if (PyFloat_CheckExact(v)) {
+    double x = PyFloat_AS_DOUBLE(v);
+    if (x == 0.0 || x != x) return Py_NewRef(v);
+  } else if (!PyLong_CheckExact(v) && !PyBool_Check(v)) {
+    return Py_NewRef(v);
+  }
+  PyObject* key = PyTuple_Pack(3, reinterpret_cast<PyObject*>(Py_TYPE(v)), v, device);
+  if (!key) return nullptr;
+  PyObject* hit = PyDict_GetItemWithError(g_scalars, key);  // borrowed
+  if (hit) {
+    Py_DECREF(key);
+    return Py_NewRef(hit);
+  }
+  if (PyErr_Occurred()) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyObject* made = PyObject_CallFunctionObjArgs(g_scalar_array, v, device, nullptr);
+  if (!made) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  if (PyDict_GET_SIZE(g_scalars) >= kMaxScalars) PyDict_Clear(g_scalars);
+  int rc = PyDict_SetItem(g_scalars, key, made);
+  Py_DECREF(key);
+  if (rc < 0) {
+    Py_DECREF(made);
+    return nullptr;
+  }
+  return made;
+}
+
+// call(compiled, arrays, dyn, device): compiled(arrays, dyn), through the
+// jax executable's C++ call path (Compiled._call) with the Python scalars of
+// `dyn` as cached device arrays, so no call converts and transfers them again.
+// Any other callable is called as it is.
+PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "call(compiled, arrays, dyn, device)");
+    return nullptr;
+  }
+  PyObject* compiled = args[0];
+  PyObject* dyn = args[2];
+  if (!g_compiled_type || Py_TYPE(compiled) != reinterpret_cast<PyTypeObject*>(g_compiled_type) ||
+      !PyList_CheckExact(dyn)) {
+    PyObject* call_args[2] = {args[1], dyn};
+    return PyObject_Vectorcall(compiled, call_args, 2, nullptr);
+  }
+  PyObject* fn = PyObject_GetAttr(compiled, s_call);
+  if (!fn) return nullptr;
+  if (fn == Py_None) {  // not called yet: Compiled.__call__ makes its fast path
+    Py_DECREF(fn);
+    fn = Py_NewRef(compiled);
+  }
+  Py_ssize_t n = PyList_GET_SIZE(dyn);
+  PyObject* inputs = PyList_New(n);
+  if (!inputs) {
+    Py_DECREF(fn);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = device_scalar(PyList_GET_ITEM(dyn, i), args[3]);
+    if (!v) {
+      Py_DECREF(inputs);
+      Py_DECREF(fn);
+      return nullptr;
+    }
+    PyList_SET_ITEM(inputs, i, v);
+  }
+  PyObject* call_args[2] = {args[1], inputs};
+  PyObject* result = PyObject_Vectorcall(fn, call_args, 2, nullptr);
+  Py_DECREF(inputs);
+  Py_DECREF(fn);
+  if (result) ++n_call;
+  return result;
+}
+
+PyObject* setup_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "setup_call(Compiled, scalar_array)");
+    return nullptr;
+  }
+  Py_XSETREF(g_compiled_type, Py_NewRef(args[0]));
+  Py_XSETREF(g_scalar_array, Py_NewRef(args[1]));
+  if (!g_scalars && !(g_scalars = PyDict_New())) return nullptr;
+  PyDict_Clear(g_scalars);
+  Py_RETURN_NONE;
+}
+
 PyObject* setup(PyObject*, PyObject* arg) {
   Py_XSETREF(g_device_data, Py_NewRef(arg));
   Py_RETURN_NONE;
 }
 
 PyObject* calls(PyObject*, PyObject*) {
-  return Py_BuildValue("{sKsKsKsK}", "classify", (unsigned long long)n_classify,
+  return Py_BuildValue("{sKsKsKsKsK}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
                        "wrap", (unsigned long long)n_wrap, "new_tensor",
-                       (unsigned long long)n_new_tensor);
+                       (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call);
 }
 
 PyMethodDef methods[] = {
@@ -413,6 +522,10 @@ PyMethodDef methods[] = {
      "wrap(array, index, dtype, origin): a new tpu tensor whose value is array"},
     {"next_address", next_address, METH_O, "A fresh virtual storage address for nbytes."},
     {"setup", setup, METH_O, "setup(DeviceData): the class wrap() instantiates."},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
+     "call(compiled, arrays, dyn, device): run an executor entry's executable"},
+    {"setup_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_call)),
+     METH_FASTCALL, "setup_call(Compiled, scalar_array): what call() needs from JAX."},
     {"calls", calls, METH_NOARGS, "Call counters of the fast paths (tests read them)."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -431,5 +544,12 @@ PyMODINIT_FUNC PyInit__native() {
   s_sig = PyUnicode_InternFromString("sig");
   s_dtype = PyUnicode_InternFromString("dtype");
   s_shape = PyUnicode_InternFromString("shape");
-  return PyModule_Create(&module_def);
+  s_call = PyUnicode_InternFromString("_call");
+  PyObject* m = PyModule_Create(&module_def);
+  // The torch it was compiled against: runtime/fastpath.py uses it with no other.
+  if (m && PyModule_AddStringConstant(m, "TORCH_VERSION", TORCH_TPU_TORCH_VERSION) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

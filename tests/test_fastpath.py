@@ -25,9 +25,11 @@ def test_native_extension_is_loaded_and_on_the_hot_path():
     assert fastpath.ACTIVE, f"native fast path not loaded: {fastpath.REASON}"
     assert executor._fast_classify is fastpath.NATIVE.classify
     assert storage._NATIVE is fastpath.NATIVE
+    assert executor._call is fastpath.NATIVE.call
+    assert executor._wrap_array is fastpath.NATIVE.wrap
     a = torch.ones(3, 3, device="tpu")
     b = torch.ones(3, 3, device="tpu")
-    a + b  # compiled (a miss) before counting
+    (a + b).cpu()  # compiled (a miss, maybe in the background) and done before counting
     before = fastpath.NATIVE.calls()
     for _ in range(5):
         c = a + b
@@ -36,7 +38,38 @@ def test_native_extension_is_loaded_and_on_the_hot_path():
     assert after["classify"] - before["classify"] == 5
     assert after["classify_fallback"] == before["classify_fallback"]
     assert after["wrap"] - before["wrap"] == 5
+    assert after["call"] - before["call"] == 5
     assert torch.equal(c.cpu(), torch.full((3, 3), 2.0))
+
+
+@native
+def test_cached_device_scalars_give_cpus_values_without_recompiling():
+    """Scalar inputs reach executables as cached device arrays of the same
+    type: every value (signed zeros, NaN, huge ints, bools) as on CPU, and a
+    changing value (a learning rate) is still a runtime input."""
+    import jax
+
+    x = torch.randn(8)
+    i = torch.arange(8)
+    xt, it = x.to("tpu"), i.to("tpu")
+    for v in (2.5, -0.0, 0.0, float("nan"), float("inf"), 3, True, -7):
+        torch.testing.assert_close((xt * v).cpu(), x * v, equal_nan=True)
+        if type(v) is not bool:  # (a bool alpha is for bool results only)
+            torch.testing.assert_close(torch.add(xt, xt, alpha=v).cpu(),
+                                       torch.add(x, x, alpha=v), equal_nan=True)
+    for v in (2**40, -(2**62), True, 5):
+        assert torch.equal((it + v).cpu(), i + v)
+    assert torch.equal(torch.full((2,), 1.5, device="tpu").cpu(), torch.full((2,), 1.5))
+    (xt * 0.125).cpu()
+    misses = executor.STATS.misses
+    for step in range(20):
+        lr = 0.01 * (step + 1)
+        torch.testing.assert_close((xt * lr).cpu(), x * lr)
+    assert executor.STATS.misses == misses
+    for v in (1, 2.5, True, 2**40):
+        a = fastpath._scalar_array(v, 0)
+        assert isinstance(a, jax.Array) and jax.typeof(a) == jax.typeof(v)
+    assert fastpath._scalar_array(2**70, 0) == 2**70  # no array holds it: the value
 
 
 def _python_signature(plan, vals):
@@ -150,5 +183,6 @@ def test_pure_python_path_runs_eager_ops():
 def test_forced_pure_python_path_is_pure():
     assert not fastpath.ACTIVE and fastpath.REASON == "TORCH_TPU_NATIVE=0"
     assert executor._fast_classify is None and storage._NATIVE is None
+    assert executor._call is executor._call_python and executor._wrap_array is storage.wrap
     x = torch.ones(2, 2, device="tpu")
     assert torch.equal((x + x).cpu(), torch.full((2, 2), 2.0))

@@ -25,8 +25,37 @@ if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no"
     REASON = "TORCH_TPU_NATIVE=0"
 else:
     try:
-        from . import _native as NATIVE
+        from . import _native
     except ImportError as e:
         REASON = f"the extension is not built ({e}); reinstall with `pip install -e .`"
+    else:
+        import torch
+
+        if _native.TORCH_VERSION == torch.__version__:
+            NATIVE = _native
+        else:  # C++ ABI: only into the torch it was built against
+            REASON = (f"the extension was built for torch {_native.TORCH_VERSION}, this is "
+                      f"{torch.__version__}; reinstall with `pip install -e .`")
 
 ACTIVE = NATIVE is not None
+
+
+def _scalar_array(value: object, index: int) -> object:
+    """`value`, a Python scalar input of an executable, as the device array a
+    jitted call makes of it on tpu:index (same aval, weak type included), which
+    the native `call` caches; `value` itself when no such array exists."""
+    import jax
+
+    from . import platform
+
+    try:
+        array = jax.device_put(value, platform.jax_device(index))
+    except (OverflowError, TypeError, ValueError):
+        return value
+    return array if jax.typeof(array) == jax.typeof(value) else value
+
+
+if NATIVE is not None:
+    from jax import stages as _stages
+
+    NATIVE.setup_call(_stages.Compiled, _scalar_array)
