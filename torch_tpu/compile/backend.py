@@ -283,13 +283,21 @@ class CompiledGraph:
 
         static_ints = tuple(ints)
         layouts = tuple(layouts) if layouts is not None else (None,) * len(tensor_pos)
-        donate_idx = [i for i in self.donate_idx if layouts[i] is None]
+        # An input that is its whole storage in another shape (a flat storage
+        # read as a matrix): a reshape in the program; its new value goes back
+        # in the storage's shape, so it can be donated like a plain input.
+        reshaped = {i: tuple(arrays[i].shape) for i in self.donate_idx
+                    if layouts[i] is not None and _whole_reshape(layouts[i], arrays[i])}
+        donate_idx = [i for i in self.donate_idx if layouts[i] is None or i in reshaped]
         keep_idx = [i for i in range(len(tensor_pos)) if i not in set(donate_idx)]
+        mut_reshape = [(j, reshaped[tensor_pos.index(p)])
+                       for j, p in enumerate(program.mutated_inputs)
+                       if p in tensor_pos and tensor_pos.index(p) in reshaped]
 
         def fn(donated, kept, consts, rng):
             arrays = [None] * len(tensor_pos)
             for i, a in zip(donate_idx, donated):
-                arrays[i] = a
+                arrays[i] = a if i not in reshaped else a.reshape(layouts[i][1])
             for i, a in zip(keep_idx, kept):
                 arrays[i] = a if layouts[i] is None else st.strided_read(a, layouts[i])
             inputs = [None] * len(specs)
@@ -302,6 +310,10 @@ class CompiledGraph:
                     inputs[p] = s.static
             syms = make_syms(inputs)
             outs, muts = program.trace(inputs, consts, rng if uses_rng else None, syms)
+            if mut_reshape:
+                muts = list(muts)
+                for j, shape in mut_reshape:
+                    muts[j] = muts[j].reshape(shape)
             # Python values among the outputs (sizes saved for the backward) are
             # constants of this specialization: recorded while tracing.
             value_results.update((i, outs[i]) for i in value_outs)
@@ -734,6 +746,26 @@ class _Entry:
 
 
 _OWN_REFS = 6
+
+
+def _whole_reshape(layout, array) -> bool:
+    """Is a view with `layout` its whole storage (`array`) in another shape?"""
+    if len(layout) != 4 or layout[3] != 0:
+        return False
+    dtype, sizes, strides = layout[0], layout[1], layout[2]
+    try:
+        if np.dtype(st.jax_dtype(dtype)) != np.dtype(array.dtype):
+            return False
+    except TypeError:
+        return False
+    if int(np.prod(sizes, dtype=np.int64)) != int(np.prod(array.shape, dtype=np.int64)):
+        return False
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _can_donate(graph, donate_idx, args, donated) -> bool:

@@ -11,6 +11,7 @@ or `("const", value)` a constant of the graph.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,8 +25,11 @@ from .lowering import LoweringError
 def write_back(t: torch.Tensor, arr: Any) -> None:
     """Store the new value of a mutated graph input."""
     data = st.data_of(t)
-    if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
-            and t.storage_offset() == 0 and tuple(arr.shape) == data.shape):
+    if (t.dtype is data.dtype and t.is_contiguous() and t.storage_offset() == 0
+            and tuple(arr.shape) == data.shape
+            and (t.shape == data.shape or t.numel() == math.prod(data.shape))):
+        # The whole storage: the value in the view's shape, or already in the
+        # storage's own shape (backend._whole_reshape inputs).
         data.array = arr
     else:
         core.assign(t, arr)
