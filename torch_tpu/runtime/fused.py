@@ -233,15 +233,53 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 def _specs(entry: Any, sig: Any) -> tuple:
     """(shape, jax dtype) of each value the op's program returns: its results,
-    then its written storages' new arrays. Once per entry, from the program
-    itself (jax.eval_shape), so they match what the fused program computes."""
+    then its written storages' new arrays; and for each, whether it needs the
+    rounding barrier (`_rounded`). Once per entry, from the program itself
+    (its jaxpr), so they match what the fused program computes."""
     specs = entry.fused_specs
     if specs is None:
         ins = [jax.ShapeDtypeStruct(d.shape, st.TORCH_TO_JAX[d.dtype]) for d in sig.slot_data]
-        outs, bases = jax.eval_shape(entry.program, ins, list(sig.dyn))
-        specs = entry.fused_specs = (tuple((tuple(o.shape), o.dtype) for o in outs),
-                                     tuple((tuple(b.shape), b.dtype) for b in bases))
+        closed = jax.make_jaxpr(entry.program)(ins, list(sig.dyn))
+        avals = closed.out_avals
+        n = len(avals) - len(entry.writes)
+        barrier = tuple(jnp.issubdtype(a.dtype, jnp.floating) and _needs_barrier(closed.jaxpr, v)
+                        for a, v in zip(avals, closed.jaxpr.outvars))
+        specs = entry.fused_specs = (tuple((tuple(a.shape), a.dtype) for a in avals[:n]),
+                                     tuple((tuple(a.shape), a.dtype) for a in avals[n:]),
+                                     barrier)
     return specs
+
+
+# Primitives that pass a value on unchanged (or only moved): the barrier
+# question is the producer's behind them.
+_PASS = frozenset({"reshape", "broadcast_in_dim", "transpose", "convert_element_type", "copy",
+                   "copy_p", "squeeze", "expand_dims", "slice", "dynamic_slice", "rev",
+                   "reduce_precision"})
+# Library calls (matmuls, convolutions): their results never end in a bare
+# multiply that XLA:CPU could contract with the next op's add.
+_NO_CONTRACT = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def _needs_barrier(jaxpr: Any, var: Any, depth: int = 0) -> bool:
+    """Whether output `var` of `jaxpr` may end in a multiply (conservative:
+    yes unless it comes from a matmul or convolution, or is an input)."""
+    if type(var).__name__ == "Literal":  # a constant
+        return False
+    if depth > 32:
+        return True
+    for eqn in reversed(jaxpr.eqns):
+        if var in eqn.outvars:
+            name = eqn.primitive.name
+            if name in _NO_CONTRACT:
+                return False
+            if name in _PASS:
+                return _needs_barrier(jaxpr, eqn.invars[0], depth + 1)
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+            if inner is not None:
+                inner = getattr(inner, "jaxpr", inner)
+                return _needs_barrier(inner, inner.outvars[eqn.outvars.index(var)], depth + 1)
+            return True
+    return False  # an input of the program: the op that produced it rounded it
 
 
 def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
@@ -271,7 +309,7 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
                 i = ids[id(raw)] = len(ext)
                 ext.append(raw)
             refs.append(-1 - i)
-        out_specs, base_specs = _specs(entry, sig)
+        out_specs, base_specs, _ = _specs(entry, sig)
         nodes = tr.nodes
         outs = []
         for shape, dtype in out_specs:
@@ -402,19 +440,19 @@ def _device_scalars(dyns: list, device: int) -> list:
 
 def _program(tr: _Trace, live: list[int], device: int) -> Any:
     """The fused program: each recorded op's program, inlined in order."""
-    steps = [(entry.program, refs, name) for entry, refs, _, name, _ in tr.ops]
+    steps = [(entry.program, refs, name, entry.fused_specs[2]) for entry, refs, _, name, _ in tr.ops]
     live = list(live)
 
     def fused(ext, dyns, zero):
         vals: list[Any] = []
-        for (program, refs, name), dyn in zip(steps, dyns):
+        for (program, refs, name, barrier), dyn in zip(steps, dyns):
             arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
             try:
                 outs, bases = program(arrays, dyn)
             except Exception as e:  # noqa: BLE001 - named after the op, as strict mode raises it
                 raise _named(e, name) from None
-            vals.extend(_rounded(v, zero) for v in outs)
-            vals.extend(_rounded(v, zero) for v in bases)
+            for v, b in zip((*outs, *bases), barrier):
+                vals.append(_rounded(v, zero) if b else v)
         return [vals[p] for p in live]
 
     if not tr.ext:
@@ -439,8 +477,6 @@ _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def _rounded(v: Any, zero: Any) -> Any:
-    if not jnp.issubdtype(v.dtype, jnp.floating):
-        return v
     it = _BITS[np.dtype(v.dtype).itemsize]
     bits = lax.bitcast_convert_type(v, it) ^ zero.astype(it)
     return lax.bitcast_convert_type(bits, v.dtype)
