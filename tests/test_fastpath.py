@@ -186,3 +186,18 @@ def test_forced_pure_python_path_is_pure():
     assert executor._call is executor._call_python and executor._wrap_array is storage.wrap
     x = torch.ones(2, 2, device="tpu")
     assert torch.equal((x + x).cpu(), torch.full((2, 2), 2.0))
+
+
+def test_contiguous_empty_strided_is_a_plain_storage():
+    """empty_strided with contiguous strides (empty_like; a CPU tensor's first
+    .to("tpu"), which runs before the kernels load) makes a storage of its own
+    shape, so later ops see a plain tensor, not a view of a flat array."""
+    e = torch.empty_strided((3, 4), (4, 1), device="tpu")
+    data = storage.data_of(e)
+    assert data.shape == (3, 4) and data.origin == "aten.empty_strided.default"
+    assert storage.layout_of(e, data) is None
+    f = torch.empty_strided((3, 4), (1, 3), device="tpu")  # column-major: a flat storage
+    assert storage.data_of(f).shape == (12,) and f.stride() == (1, 3)
+    x = torch.randn(3, 4)
+    y = torch.empty_like(x, device="tpu").copy_(x)
+    assert storage.layout_of(y, storage.data_of(y)) is None and torch.equal(y.cpu(), x)

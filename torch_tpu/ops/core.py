@@ -148,10 +148,16 @@ def new_tensor(shape, dtype, index, stride=None):
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
+    op = "aten.empty.memory_format" if stride is None else "aten.empty_strided.default"
+    if stride is not None and tuple(int(s) for s in stride) == st.contiguous_strides(shape):
+        # empty_strided with contiguous strides (empty_like, a CPU tensor's
+        # .to("tpu") before the backend loaded): a plain storage of that
+        # shape, not a flat one every later op would read as a view.
+        stride = None
     if stride is None:
-        value = _new_zeros(shape, dtype, index, "aten.empty.memory_format")
+        value = _new_zeros(shape, dtype, index, op)
         t = st.empty_tensor(shape, dtype, index)
-        st.attach(t, value, "aten.empty.memory_format")
+        st.attach(t, value, op)
         return t
     stride = tuple(int(s) for s in stride)
     n = 1 + sum((s - 1) * d for s, d in zip(shape, stride)) if all(shape) else 0

@@ -31,9 +31,11 @@ else:
     else:
         import torch
 
-        if _native.TORCH_VERSION == torch.__version__:
+        # C++ ABI: only into the torch release it was built against (a CPU
+        # or CUDA build of it alike: "2.13.0+cpu" and "2.13.0" share it).
+        if _native.TORCH_VERSION.split("+")[0] == torch.__version__.split("+")[0]:
             NATIVE = _native
-        else:  # C++ ABI: only into the torch it was built against
+        else:
             REASON = (f"the extension was built for torch {_native.TORCH_VERSION}, this is "
                       f"{torch.__version__}; reinstall with `pip install -e .`")
 
