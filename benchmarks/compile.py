@@ -494,6 +494,14 @@ def main(argv=None):
         t_ws = _timeit(wstep, wsync, n)
         cache.set_dir(tmp_cache.name)
         rows.append(("torch_tpu.compile_step (one program)", t_ws, first_ws))
+    if not args.no_whole_step:
+        # On a shared machine the load changes between rows: also time
+        # compile_step and JAX alternately (3 rounds), the ratio per round.
+        interleaved = []
+        for _ in range(3):
+            a = _timeit(wstep, wsync, n)
+            b = _timeit(jstep, jsync, n)
+            interleaved.append((a[0] / b[0], a[1] / b[1], a[0], b[0]))
     rows.append(("pure JAX (jax.jit)", t_jax, first_jax))
     # torchax: a child process (it and torch_tpu both claim PrivateUse1).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -513,7 +521,6 @@ def main(argv=None):
             rows.append(("torch CPU inductor", _timeit(istep, isync, n), first_ind))
         except Exception as e:  # noqa: BLE001 - no C++ compiler, etc.
             rows.append((f"inductor failed ({type(e).__name__})", (float("nan"),) * 2, None))
-    warm_lines = _warm_runs(args)
     levels = ([opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
               if args.opt_levels else [])
     level_runs = opt_level_runs(levels, args.precision, n) if levels else {}
@@ -536,7 +543,11 @@ def main(argv=None):
               f"{t_ws[1] / t_jax[1]:.2f} min (target <= 1.1); first call / jax.jit "
               f"{first_ws / first_jax:.2f}, in CPU seconds {ws_cpu / jstep.first_cpu:.2f} "
               f"(target <= 2)")
-    for lines in warm_lines:
+        print("compile_step / JAX step time, alternating rounds (median, min ratios; ms): " +
+              "; ".join(f"{r[0]:.2f}, {r[1]:.2f} ({r[2] * 1e3:.2f} vs {r[3] * 1e3:.2f})"
+                        for r in interleaved))
+    sys.stdout.flush()  # the table first: the warm runs below take minutes
+    for lines in _warm_runs(args):
         print("\n".join(lines))
     if "error" not in tx:
         print(f"torchax row: first call {tx['first']:.2f} s (CPU {tx['first_cpu']:.2f} s); a child "
