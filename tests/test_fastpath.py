@@ -164,8 +164,10 @@ def test_native_tensors_are_the_python_ones():
 
 
 @native  # (not again inside its own child process)
+@pytest.mark.slow  # ~12-25 s, most of it a second process's start; .ci/run runs this subset
 def test_pure_python_path_runs_eager_ops():
-    """TORCH_TPU_NATIVE=0: the pure-Python path, on a smoke subset of the eager tests."""
+    """TORCH_TPU_NATIVE=0: the pure-Python path, on a smoke subset of the eager tests
+    (the same subset as .ci/run's step)."""
     env = dict(os.environ, TORCH_TPU_NATIVE="0")
     env.pop("PYTEST_XDIST_WORKER", None)
     here = os.path.dirname(os.path.abspath(__file__))
