@@ -210,6 +210,9 @@ def _warn_dump_once(dump_dir, e):
 
 def events(kind: str | None = None, name: str | None = None) -> list:
     """The recorded CompileEvents (oldest first), optionally filtered."""
+    from ..runtime import programs  # cheap (no JAX); compiles still running are recorded first
+
+    programs.settle()
     with _lock:
         evs = list(_events)
     if kind is not None:

@@ -136,7 +136,10 @@ def snapshot(index: int | None = None) -> list:
     owners = {}
     for o in gc.get_objects():
         if type(o) is st.DeviceData:
-            owners[id(o.raw)] = o
+            raw = o.raw
+            # A value computed in the background (runtime.async_compile): its array.
+            peek = getattr(raw, "peek", None)
+            owners[id(peek() if peek is not None else raw)] = o
     indices = range(platform.device_count()) if index is None else (index,)
     out = []
     for i in indices:

@@ -146,6 +146,9 @@ def synchronize(device=None) -> None:
     from ..runtime import fused
 
     fused.flush()  # ops recorded in fused eager mode run now
+    from ..runtime import async_compile
+
+    async_compile.synchronize()  # ops waiting for their executables run now
     jax.effects_barrier()
     devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
     # Raises the error of failed asynchronous work, as torch.cuda.synchronize().

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from . import async_compile as _aco
 from . import calling, fused, oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
@@ -517,6 +518,8 @@ class _Runner:
         STATS.per_op[plan.name] += 1
         if fused.ACTIVE and entry.program is not None:  # recorded, run later (runtime.fused)
             outs, new_bases = fused.record(entry, sig, plan.name)
+        elif _aco.OUTSTANDING and _aco.deferred(entry, sig):  # runtime.async_compile
+            outs, new_bases = _aco.launch(entry, sig, plan.name)
         else:
             arrays = [d.array for d in sig.slot_data]
             try:
@@ -642,7 +645,9 @@ class _Runner:
                 jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
                     platform.jax_device(sig.device))
             try:
-                compiled = _compile(name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
+                # XLA compiles in the background (runtime.async_compile).
+                compiled = (_aco.compile if _aco.ENABLED and not LAUNCH_BLOCKING else _compile)(
+                    name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
             except (TypeError, ValueError):
                 # JAX rejected the lowering's input (a dtype or shape PyTorch's
                 # meta kernel let through): CPU's error if CPU has one.
@@ -651,6 +656,7 @@ class _Runner:
                     raise verdict.as_op_error(cpu, op) from None
                 raise
             entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
+            _aco.attach(entry)
             entry.program = program
         entry.nbytes = nbytes
         entry.check = large

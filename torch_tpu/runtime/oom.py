@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import torch
 
-from . import platform
+from . import platform, programs
 
 _SUFFIX = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
            "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
@@ -122,6 +122,7 @@ def live_arrays(index: int) -> list[jax.Array]:
     fit) are waited for, so one that failed to allocate is never counted;
     smaller pending ones count as allocated without waiting.
     """
+    programs.settle()  # ops whose executables were compiling have allocated by now
     dev = platform.jax_device(index)
     wait_from = (limit(index) or host_memory()) / 64
     out = []
@@ -146,6 +147,7 @@ def live_bytes(index: int) -> int:
 
 
 def in_use(index: int) -> int:
+    programs.settle()  # (see live_arrays)
     stats = raw_stats(index)
     if stats and "bytes_in_use" in stats:
         return int(stats["bytes_in_use"])

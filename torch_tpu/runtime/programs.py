@@ -133,6 +133,7 @@ class CacheStats:
         self.compiles_per_op: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
+        settle()
         return {
             "requests": self.requests,
             "hits": self.hits,
@@ -154,6 +155,17 @@ COMPILE_LISTENERS: list = []
 # Observers of lowered programs, before XLA compiles them: callables
 # (name, key, lowered) — the debug tools keep StableHLO and unoptimized HLO.
 LOWERED_LISTENERS: list = []
+
+# Waits for compiles still running in the background (runtime.async_compile
+# installs one): readers of statistics and compile events call `settle()`
+# first, so they see every compile that was started.
+SETTLE_HOOKS: list = []
+
+
+def settle() -> None:
+    """Wait until the compiles started so far are counted and announced."""
+    for hook in SETTLE_HOOKS:
+        hook()
 
 
 # --------------------------------------------------------------------------
@@ -270,6 +282,7 @@ def clear() -> None:
 
 def memory_stats() -> dict:
     """The in-memory tier: counters, entries and bytes with their bounds."""
+    settle()
     s = STATS
     return {"hits": s.hits, "misses": s.misses, "entries": len(_CACHE),
             "capacity": capacity(), "evictions": s.evictions, "bytes": _BYTES[0],
@@ -393,11 +406,12 @@ def record_compile(name: str, key: Any, seconds: float, compiled: Any, source: s
     """Count one memory-tier miss and tell the listeners: what `compile` does after
     compiling, for tiers that produce executables another way (the graph tier
     loading a graph from disk without lowering it)."""
-    STATS.misses += 1
-    STATS.compile_seconds += seconds
-    STATS.compiles_per_op[name] += 1
-    if source == "disk":
-        STATS.disk_loads += 1
+    with STATS.lock:  # background compiles (runtime.async_compile) count too
+        STATS.misses += 1
+        STATS.compile_seconds += seconds
+        STATS.compiles_per_op[name] += 1
+        if source == "disk":
+            STATS.disk_loads += 1
     for listener in COMPILE_LISTENERS:
         listener(name, key, seconds, compiled)
 

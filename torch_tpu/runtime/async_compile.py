@@ -1,0 +1,392 @@
+"""Asynchronous compilation: the host runs ahead while XLA compiles eager ops.
+
+A cold eager step is compile-bound: every new op signature costs an XLA
+compile (tens of milliseconds each on XLA:CPU, a hundred programs in the
+tiny Llama's first step) while the host would only need the result's shape
+and dtype, which PyTorch's meta kernels already gave. So on a cache miss the
+executor (`_Runner._build`) still runs the meta kernel, traces and lowers the
+program on the host (errors in those raise at once, as before), and then
+`compile` hands XLA's compile to a thread pool (XLA compiles outside the
+GIL) and returns a `PendingExecutable`. Calling an op whose executable is
+still compiling, or whose inputs are values not computed yet, goes to
+`launch`: the call is queued on one execution thread, in program order, and
+returns `Value`s (a `storage.Deferred`) for its results and the storages it
+writes, with their shapes and dtypes. The host goes on with the next op;
+reading a value (`DeviceData.array`: `.item()`, `.cpu()`, a kernel outside
+the executor) waits for it.
+
+Ordering: executions run one at a time in the order they were launched,
+each after its own compile, so an op reads exactly the values strict mode
+would give it (its inputs were launched before it). Compiles run in
+parallel, up to ``TORCH_TPU_COMPILE_THREADS`` at once (default: the host's
+CPU count; ``0`` turns this module off: every compile blocks, as before).
+No task waits for a later one, so the pools cannot deadlock.
+
+Errors, like CUDA's asynchronous errors: an op that fails to compile or to
+run raises when one of its values is read (or at `synchronize`, which
+`torch.tpu.synchronize()` calls), with the op named; every value computed
+from it raises the same error, and later calls of a program that failed to
+compile raise it again. ``TORCH_TPU_LAUNCH_BLOCKING=1`` turns this module
+off (every op compiles, runs and is checked before it returns).
+
+Statistics: a miss is counted when it is submitted; compile seconds, disk
+loads and the compile listeners follow when the compile ends, so readers of
+statistics call `programs.settle()` (installed here) to see them complete.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from . import gc_pause, oom, programs
+from . import opt_level as _olevel
+from . import storage as st
+
+ENV_THREADS = "TORCH_TPU_COMPILE_THREADS"
+_PREFIX = "torch_tpu-async-"  # the pools' thread names
+
+
+def _threads() -> int:
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return max(1, os.cpu_count() or 1)
+    try:
+        n = int(raw)
+    except ValueError:
+        import warnings
+
+        warnings.warn(f"torch_tpu: {ENV_THREADS}={raw!r} is not a number of threads; "
+                      "compiling on the host's CPU count", stacklevel=2)
+        return max(1, os.cpu_count() or 1)
+    return max(0, n)
+
+
+def _launch_blocking() -> bool:
+    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
+        "1", "true", "yes", "on")
+
+
+THREADS = _threads()
+# Whether misses compile in the background (read by the executor).
+ENABLED = THREADS > 0 and not _launch_blocking()
+
+# Tasks (compiles and executions) submitted and not finished. The executor
+# reads it on every op: while it is 0 nothing is pending and the ordinary
+# synchronous path runs.
+OUTSTANDING = 0
+_count_lock = threading.Lock()
+_live: set = set()  # their futures
+_pools: list = []
+_pool_lock = threading.Lock()
+# The first error of a value nobody read yet, for `synchronize` to raise.
+_unread: list = []
+
+
+def _executors() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    if not _pools:
+        with _pool_lock:
+            if not _pools:
+                _pools.append(ThreadPoolExecutor(max(1, THREADS),
+                                                 thread_name_prefix=_PREFIX + "compile"))
+                _pools.append(ThreadPoolExecutor(1, thread_name_prefix=_PREFIX + "run"))
+    return _pools[0], _pools[1]
+
+
+def _submit(pool: ThreadPoolExecutor, fn: Any, *args: Any) -> Future:
+    global OUTSTANDING
+    with _count_lock:
+        OUTSTANDING += 1
+        f = pool.submit(fn, *args)
+        _live.add(f)
+    f.add_done_callback(_finished)
+    return f
+
+
+def _finished(f: Future) -> None:
+    global OUTSTANDING
+    with _count_lock:
+        if f in _live:
+            _live.discard(f)
+            OUTSTANDING -= 1
+
+
+def _named(e: BaseException, name: str) -> BaseException:
+    """`e` with the op `name` in its message (same type where possible)."""
+    msg = str(e)
+    if name in msg:
+        return e
+    try:
+        err = type(e)(f"{name}: {msg}")
+    except Exception:  # noqa: BLE001 - an exception type with another signature
+        err = RuntimeError(f"{name}: {type(e).__name__}: {msg}")
+    return err
+
+
+def _reraise(e: BaseException) -> None:
+    raise e.with_traceback(None)
+
+
+# --------------------------------------------------------------------------
+# compiling
+
+
+class PendingExecutable:
+    """An eager op's executable while XLA compiles it in the pool.
+
+    The executor's entry holds it as `compiled` until the compile ends; then
+    the entry is given the real executable (`attach`). Calling it waits for
+    the compile (or raises its error, the op named).
+    """
+
+    __slots__ = ("name", "future", "compiled", "error", "entry", "_torch_tpu_bytes",
+                 "_torch_tpu_specs")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.future: Future | None = None
+        self.compiled: Any = None
+        self.error: BaseException | None = None
+        self.entry: Any = None
+        # What the program cache counts for it (programs._footprint's
+        # estimate for an executable without measurements).
+        self._torch_tpu_bytes = max(programs._DEFAULT_FOOTPRINT, programs._MIN_FOOTPRINT)
+        self._torch_tpu_specs: Any = None
+
+    def result(self) -> Any:
+        if self.compiled is None:
+            assert self.future is not None
+            self.future.result()  # the error is kept in self.error
+            if self.error is not None:
+                _reraise(self.error)
+        return self.compiled
+
+    def done(self) -> bool:
+        return self.compiled is not None or self.error is not None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.result()(*args)
+
+
+_attach_lock = threading.Lock()
+
+
+def attach(entry: Any) -> None:
+    """Let `entry.compiled` (a PendingExecutable) become the executable once compiled."""
+    p = entry.compiled
+    if type(p) is not PendingExecutable:
+        return
+    with _attach_lock:
+        if p.compiled is not None:
+            entry.compiled = p.compiled
+        else:
+            p.entry = entry
+
+
+def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> PendingExecutable:  # noqa: A001
+    """`programs.compile`, with XLA's compile in the pool: trace and lower
+    `fn` here (raising what JAX raises for bad input), then return at once."""
+    import jax
+
+    level = _olevel.LEVEL
+    t0 = time.perf_counter()
+    gc_pause.begin()
+    try:
+        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+    finally:
+        gc_pause.end()
+    trace_s = time.perf_counter() - t0
+    for listener in programs.LOWERED_LISTENERS:
+        listener(name, key, lowered)
+    # Counted now, so that a miss is seen as soon as it happened.
+    programs.STATS.misses += 1
+    programs.STATS.compiles_per_op[name] += 1
+    p = PendingExecutable(name)
+    p._torch_tpu_specs = _specs_of(lowered.out_info)
+    pool, _ = _executors()
+    p.future = _submit(pool, _compile_task, p, name, key, lowered, level, trace_s)
+    return p
+
+
+def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level: int,
+                  trace_s: float) -> None:
+    tier = programs.disk_tier()
+    token = tier.begin() if tier is not None else None
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile(_olevel.compiler_options(level))
+    except BaseException as e:  # noqa: BLE001 - kept, raised where the op's values are read
+        if tier is not None:
+            tier.abort(token)
+        import jax
+
+        if isinstance(e, jax.errors.JaxRuntimeError):  # no raw JAX error reaches the user
+            p.error = RuntimeError(f"{name}: XLA failed to compile the op's program: {e}")
+        else:
+            p.error = _named(e, name)
+        return
+    seconds = trace_s + time.perf_counter() - t0
+    source = tier.end(token, name, seconds, trace_s) if tier is not None else "compiled"
+    try:
+        compiled._torch_tpu_bytes = p._torch_tpu_bytes
+        compiled._torch_tpu_specs = p._torch_tpu_specs
+    except AttributeError:
+        pass
+    with programs.STATS.lock:
+        programs.STATS.compile_seconds += seconds
+        if source == "disk":
+            programs.STATS.disk_loads += 1
+    for listener in programs.COMPILE_LISTENERS:
+        try:
+            listener(name, key, seconds, compiled)
+        except Exception:  # noqa: BLE001 - a debug listener must not lose the program
+            pass
+    with _attach_lock:
+        p.compiled = compiled
+        if p.entry is not None:
+            p.entry.compiled = compiled
+            p.entry = None
+
+
+# --------------------------------------------------------------------------
+# running
+
+
+class Value(st.Deferred):
+    """A result, or a written storage's new array, of a launched op."""
+
+    __slots__ = ("shape", "dtype", "future", "index")
+
+    def __init__(self, shape: tuple, dtype: Any, future: Future, index: int):
+        self.shape = shape
+        self.dtype = dtype
+        # The launched op's future: (its results + its new storage values).
+        self.future = future
+        self.index = index
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def peek(self) -> Any:
+        """The array if it is computed (without waiting), else None."""
+        f = self.future
+        if not f.done() or f.exception() is not None:
+            return None
+        return f.result()[self.index]
+
+    def resolve(self) -> Any:
+        f = self.future
+        try:
+            return f.result()[self.index]
+        except BaseException as e:
+            f._torch_tpu_reported = True  # type: ignore[attr-defined]
+            _reraise(e)
+            raise  # unreachable
+
+
+def deferred(entry: Any, sig: Any) -> bool:
+    """Whether this call of a compiled entry must be launched (`launch`):
+    its executable is still compiling or an input is a launched op's value."""
+    if entry.compiled is None:  # an eager (data-dependent) lowering: runs on the host
+        return False
+    if type(entry.compiled) is PendingExecutable and not entry.compiled.done():
+        return True
+    for d in sig.slot_data:
+        raw = d.raw
+        if type(raw) is Value and not raw.done():
+            return True
+    return False
+
+
+def _specs_of(out_info: Any) -> tuple:
+    """((shape, dtype) of each result, of each new storage value) of a program."""
+    outs, bases = out_info
+    return (tuple((tuple(o.shape), o.dtype) for o in outs),
+            tuple((tuple(b.shape), b.dtype) for b in bases))
+
+
+def _specs(exe: Any) -> tuple:
+    specs = getattr(exe, "_torch_tpu_specs", None)
+    if specs is None:  # compiled before this module ran it: once per executable
+        specs = _specs_of(exe.out_info)
+        try:
+            exe._torch_tpu_specs = specs
+        except AttributeError:
+            pass
+    return specs
+
+
+def launch(entry: Any, sig: Any, name: str) -> tuple[list, list]:
+    """Queue one call of `entry` on the execution thread: (results, new storage values)."""
+    inputs = []
+    for d in sig.slot_data:
+        raw = d.raw
+        if type(raw) is Value:  # resolved by _run (a failure propagates)
+            inputs.append(raw)
+        elif isinstance(raw, st.Deferred):  # another mode's pending value: compute it now
+            inputs.append(d.array)
+        else:
+            inputs.append(raw)
+    out_specs, base_specs = _specs(entry.compiled)
+    _, runner = _executors()
+    f = _submit(runner, _run, entry.compiled, inputs, list(sig.dyn), name, sig.device,
+                entry.nbytes)
+    f.add_done_callback(_keep_error)
+    n = len(out_specs)
+    outs = [Value(shape, dtype, f, i) for i, (shape, dtype) in enumerate(out_specs)]
+    bases = [Value(shape, dtype, f, n + i) for i, (shape, dtype) in enumerate(base_specs)]
+    return outs, bases
+
+
+def _run(exe: Any, inputs: list, dyn: list, name: str, device: int, nbytes: int) -> list:
+    import jax
+
+    if type(exe) is PendingExecutable:
+        exe = exe.result()
+    # Launched earlier on this thread: finished (or failed: raise the same error).
+    arrays = [v.resolve() if type(v) is Value else v for v in inputs]
+    try:
+        outs, bases = exe(arrays, dyn)
+    except jax.errors.JaxRuntimeError as e:
+        raise oom.translate(e, name, device, nbytes) from None
+    except Exception as e:  # noqa: BLE001
+        raise _named(e, name) from None
+    return list(outs) + list(bases)
+
+
+def _keep_error(f: Future) -> None:
+    if f.exception() is not None and not _unread:
+        _unread.append(f)
+
+
+def wait() -> None:
+    """Wait for every compile and launched op to finish (errors stay with their values)."""
+    from concurrent.futures import wait as _wait
+
+    if threading.current_thread().name.startswith(_PREFIX):
+        return  # a task (e.g. an error's memory report) never waits for the pools
+    while True:
+        with _count_lock:
+            live = list(_live)
+        if not live:
+            return
+        _wait(live)
+
+
+def synchronize() -> None:
+    """`wait`, then raise the error of a failed op whose values nobody read
+    yet (once), naming the op: what `torch.tpu.synchronize()` calls."""
+    wait()
+    if _unread:
+        f = _unread.pop()
+        if not getattr(f, "_torch_tpu_reported", False):
+            f._torch_tpu_reported = True
+            e = f.exception()
+            assert e is not None
+            _reraise(e)
+
+
+programs.SETTLE_HOOKS.append(wait)
