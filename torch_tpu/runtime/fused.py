@@ -329,10 +329,13 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
 
 
 def abstract(data: st.DeviceData) -> Any:
-    """`data`'s array, or for a value not computed yet its shape, dtype and
-    device (enough to compile a program for it) without computing it."""
+    """`data`'s array, or for a value fused mode has not computed yet its
+    shape, dtype and device (enough to compile a program for it) without
+    running the trace. Other deferred values (asynchronous compilation's)
+    resolve as before: compiling against their shapes instead changed the
+    programs' disk-cache keys (notebook 05's warm start missed twice)."""
     raw = data.raw
-    if isinstance(raw, st.Deferred) and not (type(raw) is _Node and raw.value is not None):
+    if type(raw) is _Node and raw.value is None:
         return jax.ShapeDtypeStruct(data.shape, raw.dtype, sharding=jax.sharding.SingleDeviceSharding(
             platform.jax_device(data.index)))
     return data.array
