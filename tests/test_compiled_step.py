@@ -192,6 +192,34 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def test_program_comes_back_from_the_disk_tier(tmp_path):
+    """In-process warm path: the memory tier cleared, a new compile_step of
+    the same step loads its program from disk (nothing lowered) and gives
+    the same values (the new-process test below is slow)."""
+    import torch_tpu.cache as cache
+
+    old = cache.cache_dir()
+    cache.set_dir(str(tmp_path / "cache"))
+    try:
+        runs = []
+        for _ in range(2):
+            tpu_backend_mod.clear_cache()
+            before = dict(tpu_backend_mod.cache_stats())
+            model = _model().to("tpu")
+            opt = _make_opt("adamw", model.parameters())
+            losses = _train(model, opt, _data(3), "tpu", compiled=True)
+            after = tpu_backend_mod.cache_stats()
+            runs.append(([float(v) for v in losses], after["lowered"] - before["lowered"],
+                         after["disk_loads"] - before["disk_loads"]))
+        (cold, cold_lowered, cold_loads), (warm, warm_lowered, warm_loads) = runs
+        assert (cold_lowered, cold_loads) == (2, 0)
+        assert (warm_lowered, warm_loads) == (0, 2)
+        assert warm == pytest.approx(cold, rel=1e-6)
+    finally:
+        cache.set_dir(old)
+
+
+@pytest.mark.slow
 def test_cold_and_warm_processes_share_the_cache(tmp_path):
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"))
     runs = []
