@@ -146,6 +146,38 @@ def test_hyperparameter_change_is_honored():
         _close(p, q)
 
 
+def test_batchnorm_buffers_and_dropout():
+    """Running statistics (mutated without a schema annotation) are updated
+    in place as on CPU; dropout draws a new mask every call."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 8))
+    model = copy.deepcopy(ref).to("tpu")
+    running_mean = model[1].running_mean
+    ref_losses = _train(ref, _make_opt("sgd", ref.parameters()), _data(3), "cpu", False)
+    losses = _train(model, _make_opt("sgd", model.parameters()), _data(3), "tpu", True)
+    for got, want in zip(losses, ref_losses):
+        _close(got, want)
+    assert model[1].running_mean is running_mean
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        _close(getattr(model[1], name), getattr(ref[1], name))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        _close(p, q)
+
+    drop = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)).to("tpu")
+    opt = torch.optim.SGD(drop.parameters(), lr=0.0)
+
+    @torch_tpu.compile_step
+    def step(x):
+        opt.zero_grad()
+        out = drop(x)
+        out.sum().backward()
+        opt.step()
+        return out
+
+    x = torch.randn(8, 16).to("tpu")
+    assert not torch.equal(step(x).cpu() == 0, step(x).cpu() == 0)
+
+
 def test_gradient_accumulation_without_zero_grad():
     """Grads that exist before the step are inputs; backward adds to them."""
     ref = _model()

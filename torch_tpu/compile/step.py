@@ -227,12 +227,14 @@ class _Step:
             # requires_grad_ on their inputs); the second one functionalizes
             # the resulting aten graph: in-place updates become copy_ into
             # the inputs they overwrite.
-            gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*real)
+            gm = make_fx(step, tracing_mode="fake", decomposition_table=_first_pass_table(),
+                         _allow_non_fake_inputs=True)(*real)
         _drop_profiler_ops(gm)
         with torch.no_grad():
             gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
                          tracing_mode="fake", decomposition_table=backend._decompositions(),
                          _allow_non_fake_inputs=True)(*real)
+        _check_functional(gm)
         self.traces += 1
         with backend._lock:
             backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
@@ -275,6 +277,35 @@ def _drop_profiler_ops(gm: torch.fx.GraphModule) -> None:
                 gm.graph.erase_node(u)
             gm.graph.erase_node(n)
     gm.recompile()
+
+
+def _first_pass_table():
+    """Decompositions for the autograd trace: `native_batch_norm` updates the
+    running statistics without saying so in its schema, which
+    functionalization then cannot see; its decomposition writes them with
+    copy_, which it can."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    return {aten.native_batch_norm.default: decomposition_table[aten.native_batch_norm.default]}
+
+
+def _check_functional(gm: torch.fx.GraphModule) -> None:
+    """Only copy_ into inputs may mutate: another in-place op left in the graph
+    (one functionalization has no functional form for) would be lost."""
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+            continue
+        if t is torch.ops.aten.copy_.default:
+            continue
+        hidden = (t is torch.ops.aten.native_batch_norm.default and n.args[5]
+                  and n.args[3] is not None)
+        if hidden or any(a.alias_info is not None and a.alias_info.is_write
+                         for a in t._schema.arguments):
+            raise NotImplementedError(
+                f"torch_tpu.compile_step: {t} mutates its inputs and has no functional "
+                "form here; run this step with torch.compile instead")
 
 
 def _real_of(t, params, traced):
