@@ -306,3 +306,27 @@ def test_torch_compile_whole_step_option():
         _close(p, q)
     with pytest.raises(TypeError, match="whole_step"):
         torch.compile(model, backend="tpu", options={"whole_step": True})
+
+
+def test_untraceable_step_says_so_and_leaves_state_alone():
+    model = _model().to("tpu")
+    opt = _make_opt("sgd", model.parameters())
+    params = list(model.parameters())
+
+    @torch_tpu.compile_step
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        if loss.item() > 0:  # data-dependent: not traceable
+            loss.backward()
+        opt.step()
+        return loss
+
+    x, y = (t.to("tpu") for t in _data(1)[0])
+    with pytest.raises(Exception) as info:
+        step(x, y)
+    assert any("compile_step" in n for n in getattr(info.value, "__notes__", []))
+    # The module and the optimizer point at their own tensors again.
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert all(a is b for a, b in zip(params, opt.param_groups[0]["params"]))
+    assert not opt.state

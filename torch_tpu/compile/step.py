@@ -227,8 +227,15 @@ class _Step:
             # requires_grad_ on their inputs); the second one functionalizes
             # the resulting aten graph: in-place updates become copy_ into
             # the inputs they overwrite.
-            gm = make_fx(step, tracing_mode="fake", decomposition_table=_first_pass_table(),
-                         _allow_non_fake_inputs=True)(*real)
+            try:
+                gm = make_fx(step, tracing_mode="fake", decomposition_table=_first_pass_table(),
+                             _allow_non_fake_inputs=True)(*real)
+            except Exception as e:
+                e.add_note(f"torch_tpu.compile_step: tracing {getattr(self.fn, '__qualname__', 'the step')} "
+                           "with fake tensors failed (.item(), printing a tensor's value or "
+                           "Python control flow on tensor values cannot be traced); "
+                           "torch.compile(step, backend='tpu') handles those")
+                raise
         _drop_profiler_ops(gm)
         with torch.no_grad():
             gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
