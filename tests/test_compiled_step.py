@@ -330,3 +330,35 @@ def test_untraceable_step_says_so_and_leaves_state_alone():
     assert all(a is b for a, b in zip(params, model.parameters()))
     assert all(a is b for a, b in zip(params, opt.param_groups[0]["params"]))
     assert not opt.state
+
+
+def test_parameters_it_was_not_given_are_refused():
+    class Trainer:
+        def __init__(self):
+            self.model = _model().to("tpu")
+            self.opt = _make_opt("sgd", self.model.parameters())
+
+        def step(self, x, y):
+            self.opt.zero_grad()
+            loss = F.mse_loss(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+            return loss
+
+    tr = Trainer()
+    x, y = (t.to("tpu") for t in _data(1)[0])
+    before = [p.detach().cpu().clone() for p in tr.model.parameters()]
+    with pytest.raises(ValueError, match="modules=.*optimizers="):
+        torch_tpu.compile_step(tr.step)
+    assert all(torch.equal(a, p.detach().cpu()) for a, p in zip(before, tr.model.parameters()))
+    # A module the step uses but was not given: its parameters would be
+    # constants of the program; refused after the trace, .grad left clean.
+    other = _model().to("tpu")
+    with pytest.raises(ValueError, match="modules=.*optimizers="):
+        torch_tpu.compile_step(lambda x, y: F.mse_loss(other(x), y).backward(),
+                               modules=tr.model, optimizers=[])(x, y)
+    assert all(p.grad is None for p in other.parameters())
+    # Given explicitly, it trains.
+    step = torch_tpu.compile_step(tr.step, modules=tr.model, optimizers=tr.opt)
+    step(x, y)
+    assert not all(torch.equal(a, p.detach().cpu()) for a, p in zip(before, tr.model.parameters()))

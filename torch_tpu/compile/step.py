@@ -236,6 +236,7 @@ class _Step:
                            "Python control flow on tensor values cannot be traced); "
                            "torch.compile(step, backend='tpu') handles those")
                 raise
+        _check_no_parameter_constants(gm)
         _drop_profiler_ops(gm)
         with torch.no_grad():
             gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
@@ -284,6 +285,26 @@ def _drop_profiler_ops(gm: torch.fx.GraphModule) -> None:
                 gm.graph.erase_node(u)
             gm.graph.erase_node(n)
     gm.recompile()
+
+
+def _check_no_parameter_constants(gm: torch.fx.GraphModule) -> None:
+    """A parameter the step used but compile_step was not given (a module it
+    reaches through `self`, say) would be baked in as a constant."""
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            v = getattr(gm, n.target, None)
+            if isinstance(v, torch.Tensor) and (isinstance(v, torch.nn.Parameter)
+                                                or v.requires_grad):
+                from torch._subclasses.fake_tensor import FakeTensor
+
+                for m in gm.graph.nodes:  # traced values the backward left in .grad
+                    c = getattr(gm, m.target, None) if m.op == "get_attr" else None
+                    if isinstance(c, torch.Tensor) and isinstance(c.grad, FakeTensor):
+                        c.grad = None
+                raise ValueError(
+                    "torch_tpu.compile_step: the step uses a parameter of a module it was "
+                    "not given (found neither in the function's closure nor its globals); "
+                    "pass modules=... and optimizers=...")
 
 
 def _first_pass_table():
@@ -379,6 +400,13 @@ def compile_step(fn: Callable | None = None, *, modules=None, optimizers=None,
                 mods = dm
             if optimizers is None:
                 opts = do
+            if not mods and not opts:
+                # Tracing would bake the parameters in as constants (and
+                # leave traced values in their .grad): refuse up front.
+                raise ValueError(
+                    f"torch_tpu.compile_step: found no module or optimizer in the closure or "
+                    f"globals of {getattr(f, '__qualname__', f)!r} (one reached through "
+                    "`self`, say); pass modules=... and optimizers=...")
         import torch_tpu
 
         torch_tpu._load()
