@@ -346,6 +346,13 @@ def test_parameters_it_was_not_given_are_refused():
             return loss
 
     tr = Trainer()
+    model = tr.model
+
+    def reaches_the_optimizer_through_self(x, y):
+        return tr.step(x, y) if model is not None else None
+
+    with pytest.warns(UserWarning, match="no optimizer"):
+        torch_tpu.compile_step(reaches_the_optimizer_through_self)
     x, y = (t.to("tpu") for t in _data(1)[0])
     before = [p.detach().cpu().clone() for p in tr.model.parameters()]
     with pytest.raises(ValueError, match="modules=.*optimizers="):

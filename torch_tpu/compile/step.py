@@ -400,6 +400,14 @@ def compile_step(fn: Callable | None = None, *, modules=None, optimizers=None,
                 mods = dm
             if optimizers is None:
                 opts = do
+            if optimizers is None and mods and not opts:
+                import warnings
+
+                warnings.warn(
+                    f"torch_tpu.compile_step: no optimizer in the closure or globals of "
+                    f"{getattr(f, '__qualname__', f)!r}: an optimizer the step reaches "
+                    "otherwise (through `self`, say) does not update the traced "
+                    "parameters; pass optimizers=... (optimizers=[] for none)", stacklevel=3)
             if not mods and not opts:
                 # Tracing would bake the parameters in as constants (and
                 # leave traced values in their .grad): refuse up front.
