@@ -369,3 +369,29 @@ def test_parameters_it_was_not_given_are_refused():
     step = torch_tpu.compile_step(tr.step, modules=tr.model, optimizers=tr.opt)
     step(x, y)
     assert not all(torch.equal(a, p.detach().cpu()) for a, p in zip(before, tr.model.parameters()))
+
+
+def test_tensor_learning_rate_change_retraces():
+    ref = _model()
+    model = _model().to("tpu")
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=torch.tensor(0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))
+
+    def run(m, o, dev, compiled):
+        def step(x, y):
+            o.zero_grad()
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            return loss
+        fn = torch_tpu.compile_step(step) if compiled else step
+        for i, (x, y) in enumerate(_data(3)):
+            o.param_groups[0]["lr"].fill_(0.1 / (i + 1))
+            fn(x.to(dev), y.to(dev))
+        return fn
+
+    run(ref, ref_opt, "cpu", False)
+    fn = run(model, opt, "tpu", True)
+    assert fn.traces == 3
+    for p, q in zip(model.parameters(), ref.parameters()):
+        _close(p, q)

@@ -151,7 +151,11 @@ class _Step:
     def _key(self, params, buffers, states, flat_args, spec):
         hyper = []
         for o in self.optimizers:
-            hyper.append(tuple(_hashable({k: v for k, v in g.items() if k != "params"})
+            # A tensor hyperparameter (a tensor lr) is a constant of the
+            # trace: its value is part of the key, as a number's is.
+            hyper.append(tuple(_hashable({k: (tuple(v.detach().flatten().tolist())
+                                              if isinstance(v, torch.Tensor) else v)
+                                          for k, v in g.items() if k != "params"})
                                for g in o.param_groups))
             hyper.append(tuple((id(p), _hashable({k: v for k, v in o.state[p].items()}))
                                for g in o.param_groups for p in g["params"] if p in o.state))
