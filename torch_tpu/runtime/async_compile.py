@@ -19,7 +19,8 @@ Ordering: executions run one at a time in the order they were launched,
 each after its own compile, so an op reads exactly the values strict mode
 would give it (its inputs were launched before it). Compiles run in
 parallel, up to ``TORCH_TPU_COMPILE_THREADS`` at once (default: the host's
-CPU count; ``0`` turns this module off: every compile blocks, as before).
+CPU count, off on hosts with 2 CPUs or fewer (see `_default_threads`); ``0``
+turns this module off: every compile blocks, as before).
 No task waits for a later one, so the pools cannot deadlock.
 
 Errors, like CUDA's asynchronous errors: an op that fails to compile or to
@@ -42,7 +43,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import gc_pause, oom, programs
+from . import fused, gc_pause, oom, platform, programs
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -50,18 +51,27 @@ ENV_THREADS = "TORCH_TPU_COMPILE_THREADS"
 _PREFIX = "torch_tpu-async-"  # the pools' thread names
 
 
+def _default_threads() -> int:
+    """The host's CPU count; 0 (off) on hosts with 2 CPUs or fewer, where the
+    host thread, XLA's own threads and a compile pool share the cores: there,
+    measured on the tiny Llama's cold step, background compiles cost ~1 CPU
+    second more (9.9 vs 10.8-11.2 CPU s, means of 3) and no wall time."""
+    n = os.cpu_count() or 1
+    return n if n > 2 else 0
+
+
 def _threads() -> int:
     raw = os.environ.get(ENV_THREADS, "").strip()
     if not raw:
-        return max(1, os.cpu_count() or 1)
+        return _default_threads()
     try:
         n = int(raw)
     except ValueError:
         import warnings
 
         warnings.warn(f"torch_tpu: {ENV_THREADS}={raw!r} is not a number of threads; "
-                      "compiling on the host's CPU count", stacklevel=2)
-        return max(1, os.cpu_count() or 1)
+                      "using the default", stacklevel=2)
+        return _default_threads()
     return max(0, n)
 
 
@@ -144,6 +154,7 @@ class PendingExecutable:
 
     __slots__ = ("name", "future", "compiled", "error", "entry", "_torch_tpu_bytes",
                  "_torch_tpu_specs")
+    # _torch_tpu_specs: (result specs, new storage value specs, committed), see _specs_of
 
     def __init__(self, name: str):
         self.name = name
@@ -205,7 +216,7 @@ def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> Pendi
     programs.STATS.misses += 1
     programs.STATS.compiles_per_op[name] += 1
     p = PendingExecutable(name)
-    p._torch_tpu_specs = _specs_of(lowered.out_info)
+    p._torch_tpu_specs = _specs_of(lowered.out_info, _committed(lowered))
     pool, _ = _executors()
     p.future = _submit(pool, _compile_task, p, name, key, lowered, level, trace_s)
     return p
@@ -258,14 +269,17 @@ def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level
 class Value(st.Deferred):
     """A result, or a written storage's new array, of a launched op."""
 
-    __slots__ = ("shape", "dtype", "future", "index")
+    __slots__ = ("shape", "dtype", "future", "index", "committed")
 
-    def __init__(self, shape: tuple, dtype: Any, future: Future, index: int):
+    def __init__(self, shape: tuple, dtype: Any, future: Future, index: int,
+                 committed: bool | None = None):
         self.shape = shape
         self.dtype = dtype
         # The launched op's future: (its results + its new storage values).
         self.future = future
         self.index = index
+        # Whether the array will be committed to its device (None: unknown).
+        self.committed = committed
 
     def done(self) -> bool:
         return self.future.done()
@@ -287,6 +301,21 @@ class Value(st.Deferred):
             raise  # unreachable
 
 
+def abstract(data: st.DeviceData) -> Any:
+    """What the executor compiles a new program against for `data`: for a
+    value not computed yet, its shape and dtype, committed to its device
+    exactly as the array will be, so the program lowers to the same text (and
+    disk-cache key) as for the array; otherwise fused mode's `abstract`."""
+    raw = data.raw
+    if type(raw) is Value and raw.committed is not None and not raw.done():
+        import jax
+
+        sharding = (jax.sharding.SingleDeviceSharding(platform.jax_device(data.index))
+                    if raw.committed else None)
+        return jax.ShapeDtypeStruct(raw.shape, raw.dtype, sharding=sharding)
+    return fused.abstract(data)
+
+
 def deferred(entry: Any, sig: Any) -> bool:
     """Whether this call of a compiled entry must be launched (`launch`):
     its executable is still compiling or an input is a launched op's value."""
@@ -301,17 +330,27 @@ def deferred(entry: Any, sig: Any) -> bool:
     return False
 
 
-def _specs_of(out_info: Any) -> tuple:
-    """((shape, dtype) of each result, of each new storage value) of a program."""
+def _committed(lowered: Any) -> bool | None:
+    """Whether the program's results are committed to their device (JAX's
+    rule: any input or output sharding given); None where JAX does not say."""
+    try:
+        return bool(lowered._lowering.compile_args["committed"])
+    except Exception:  # noqa: BLE001 - another JAX: values resolve before a compile
+        return None
+
+
+def _specs_of(out_info: Any, committed: bool | None) -> tuple:
+    """((shape, dtype) of each result, of each new storage value, whether they
+    are committed) of a program."""
     outs, bases = out_info
     return (tuple((tuple(o.shape), o.dtype) for o in outs),
-            tuple((tuple(b.shape), b.dtype) for b in bases))
+            tuple((tuple(b.shape), b.dtype) for b in bases), committed)
 
 
 def _specs(exe: Any) -> tuple:
     specs = getattr(exe, "_torch_tpu_specs", None)
     if specs is None:  # compiled before this module ran it: once per executable
-        specs = _specs_of(exe.out_info)
+        specs = _specs_of(exe.out_info, None)
         try:
             exe._torch_tpu_specs = specs
         except AttributeError:
@@ -330,14 +369,15 @@ def launch(entry: Any, sig: Any, name: str) -> tuple[list, list]:
             inputs.append(d.array)
         else:
             inputs.append(raw)
-    out_specs, base_specs = _specs(entry.compiled)
+    out_specs, base_specs, committed = _specs(entry.compiled)
     _, runner = _executors()
     f = _submit(runner, _run, entry.compiled, inputs, list(sig.dyn), name, sig.device,
                 entry.nbytes)
     f.add_done_callback(_keep_error)
     n = len(out_specs)
-    outs = [Value(shape, dtype, f, i) for i, (shape, dtype) in enumerate(out_specs)]
-    bases = [Value(shape, dtype, f, n + i) for i, (shape, dtype) in enumerate(base_specs)]
+    outs = [Value(shape, dtype, f, i, committed) for i, (shape, dtype) in enumerate(out_specs)]
+    bases = [Value(shape, dtype, f, n + i, committed)
+             for i, (shape, dtype) in enumerate(base_specs)]
     return outs, bases
 
 

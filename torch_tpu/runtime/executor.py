@@ -634,7 +634,7 @@ class _Runner:
         program.__name__ = name.replace(".", "_")
         # Compiling needs only shapes: a value fused mode has not computed yet
         # stays pending (runtime.fused.abstract).
-        arrays = [fused.abstract(d) for d in sig.slot_data]
+        arrays = [_aco.abstract(d) for d in sig.slot_data]  # (and async compilation's)
         if lowering.eager:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
