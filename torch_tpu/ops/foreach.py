@@ -230,9 +230,12 @@ def _acc_dtype(x):
     return opmath_dtype(x.dtype)
 
 
-@lower(aten._foreach_norm.Scalar)
+@lower(aten._foreach_norm.Scalar, static=("ord",))
 def _foreach_norm(self, ord=2, dtype=None):
-    """Vector norms of each member; `ord` is a runtime value (one switch for the list)."""
+    """Vector norms of each member. `ord` is static (part of the key): as a
+    runtime value the program held all six norms of every member behind a
+    switch, which took 1.8 s to compile for the tiny Llama's 21 parameters
+    (clip_grad_norm_) against 0.44 s for the order it uses."""
     from ..runtime.storage import TORCH_TO_JAX
 
     metas = out_meta()

@@ -44,19 +44,24 @@ class Lowering:
     # Data-dependent output shapes (nonzero, masked_select, unique): run on
     # concrete arrays, outside jit, instead of as one cached executable.
     eager: bool = False
+    # Scalar arguments baked into the program (their values are part of the
+    # key) instead of runtime inputs: for values that select the program's
+    # structure and hardly ever change (a norm's order), where a runtime value
+    # would compile every alternative into one program.
+    static: tuple = ()
 
 
 LOWERINGS: dict[Any, Lowering] = {}
 
 
-def lower(*ops, mutates=(), random=False, eager=False):
+def lower(*ops, mutates=(), random=False, eager=False, static=()):
     """Register `fn` as the lowering of each ATen overload in `ops`."""
 
     def deco(fn):
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"two lowerings registered for {op}")
-            LOWERINGS[op] = Lowering(op, fn, tuple(mutates), random, eager)
+            LOWERINGS[op] = Lowering(op, fn, tuple(mutates), random, eager, tuple(static))
         return fn
 
     return deco
