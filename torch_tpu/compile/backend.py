@@ -689,10 +689,18 @@ class _LoadedProgram:
 
 
 def _abstract(tree):
-    """`tree` with every array replaced by its shape, dtype and sharding."""
-    return jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
-        if hasattr(a, "shape") else a, tree)
+    """`tree` with every array replaced by its shape, dtype and sharding.
+
+    An uncommitted array (one JAX may move) lowers without a sharding
+    annotation, so it gets none here either: a re-lowered program must be
+    the text the compiled one was lowered to."""
+    def one(a):
+        if not hasattr(a, "shape"):
+            return a
+        sharding = getattr(a, "sharding", None) if getattr(a, "committed", True) else None
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map(one, tree)
 
 
 def _relowerer(fn, lower_args, donating):
