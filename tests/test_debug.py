@@ -178,6 +178,8 @@ def test_compile_log_through_logging(caplog):
     x = torch.ones(shape, device="tpu")
     with caplog.at_level(logging.INFO, logger="torch_tpu.compile"):
         x * x
+        # A background compile logs when it ends; reading the log waits for it.
+        dbg.compile_log()
     msgs = [r.getMessage() for r in caplog.records if r.name == "torch_tpu.compile"]
     assert any("aten.mul.Tensor" in m and "key=" in m for m in msgs), msgs
 

@@ -240,11 +240,18 @@ def dump_to(directory):
     """Write every program compiled inside the block to `directory`."""
     import os
 
+    from ..runtime import programs
+
+    # Programs compile in the background (runtime.async_compile): the ones
+    # started before the block go where they were going, the block's own
+    # land here before it ends.
+    programs.settle()
     old = os.environ.get("TORCH_TPU_DUMP_DIR")
     os.environ["TORCH_TPU_DUMP_DIR"] = str(directory)
     try:
         yield directory
     finally:
+        programs.settle()
         if old is None:
             os.environ.pop("TORCH_TPU_DUMP_DIR", None)
         else:

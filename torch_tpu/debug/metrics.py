@@ -62,6 +62,9 @@ def reset() -> None:
 
 def snapshot() -> dict:
     """Every counter as one flat dict of monotonically growing numbers."""
+    from ..runtime import programs  # cheap (no JAX)
+
+    programs.settle()  # compiles still running in the background count first
     flat: dict = {}
     for k, v in COUNTERS.items():
         flat["c:" + k] = v
