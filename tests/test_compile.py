@@ -418,3 +418,33 @@ def test_optimizer_step_donates_parameters_when_safe():
     assert tpu_backend_mod.GRAPH_STATS.donating_calls == before + 2
     close(model.weight, ref.weight)
     close(model.bias, ref.bias)
+
+
+def test_compiled_whole_step_with_adamw_matches_cpu():
+    """forward + backward + AdamW.step() under one torch.compile: AdamW's CPU
+    `step` counters are graph inputs the optimizer graph updates in place."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model.load_state_dict(ref.state_dict())
+    model.to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    x = torch.randn(4, 8)
+
+    def step(m, o, x):
+        o.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        o.step()
+        return loss
+
+    compiled = torch.compile(step, backend="tpu")
+    xt = x.to("tpu")
+    for _ in range(3):
+        loss = compiled(model, opt, xt)
+        ref_loss = step(ref, ref_opt, x)
+        torch.testing.assert_close(loss.cpu(), ref_loss, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+        assert float(opt.state[p]["step"]) == float(ref_opt.state[q]["step"]) == 3.0

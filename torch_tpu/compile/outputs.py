@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..ops import core
@@ -24,6 +25,13 @@ from .lowering import LoweringError
 
 def write_back(t: torch.Tensor, arr: Any) -> None:
     """Store the new value of a mutated graph input."""
+    if t.device.type == "cpu":
+        # A CPU tensor the graph updates in place: the optimizers' 0-dim
+        # `step` counters (Adam, AdamW, ... when not capturable) are one.
+        # Its new value is read back to the host, as the CPU holds it.
+        with torch.no_grad():
+            t.copy_(st.host_tensor(np.asarray(arr), t.dtype).reshape(t.shape))
+        return
     data = st.data_of(t)
     if (t.dtype is data.dtype and t.is_contiguous() and t.storage_offset() == 0
             and tuple(arr.shape) == data.shape
