@@ -40,13 +40,19 @@ def _make_opt(kind, params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def _train(model, opt, batches, device, compiled):
+def _mse_step(model, opt):
+    """The training step every test compiles: zero_grad, MSE loss, backward, step."""
     def step(x, y):
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
         return loss
+    return step
+
+
+def _train(model, opt, batches, device, compiled):
+    step = _mse_step(model, opt)
 
     fn = torch_tpu.compile_step(step) if compiled else step
     return [fn(x.to(device), y.to(device)).detach().cpu() for x, y in batches]
@@ -85,13 +91,7 @@ def test_one_program_per_step_with_state_donated_in_place():
     model = _model().to("tpu")
     opt = _make_opt("adamw", model.parameters())
 
-    @torch_tpu.compile_step
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = torch_tpu.compile_step(_mse_step(model, opt))
 
     x, y = (t.to("tpu") for t in _data(1)[0])
     step(x, y)
@@ -129,12 +129,7 @@ def test_hyperparameter_change_is_honored():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def run(m, o, dev, compiled):
-        def step(x, y):
-            o.zero_grad()
-            loss = F.mse_loss(m(x), y)
-            loss.backward()
-            o.step()
-            return loss
+        step = _mse_step(m, o)
         fn = torch_tpu.compile_step(step) if compiled else step
         for i, (x, y) in enumerate(batches):
             o.param_groups[0]["lr"] = 0.1 / (i + 1)
@@ -209,13 +204,7 @@ _CHILD = textwrap.dedent("""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
 
-    @torch_tpu.compile_step
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = torch_tpu.compile_step(_mse_step(model, opt))
 
     losses = [step(x.to("tpu"), y.to("tpu")).item() for _ in range(3)]
     s = backend.cache_stats()
@@ -291,13 +280,7 @@ def test_torch_compile_whole_step_option():
     model = _model().to("tpu")
     opt = _make_opt("sgd", model.parameters())
 
-    @torch.compile(backend="tpu", options={"whole_step": True})
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = torch.compile(_mse_step(model, opt), backend="tpu", options={"whole_step": True})
 
     losses = [step(x.to("tpu"), y.to("tpu")) for x, y in batches]
     for got, want in zip(losses, ref_losses):
@@ -378,12 +361,7 @@ def test_tensor_learning_rate_change_retraces():
     opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))
 
     def run(m, o, dev, compiled):
-        def step(x, y):
-            o.zero_grad()
-            loss = F.mse_loss(m(x), y)
-            loss.backward()
-            o.step()
-            return loss
+        step = _mse_step(m, o)
         fn = torch_tpu.compile_step(step) if compiled else step
         for i, (x, y) in enumerate(_data(3)):
             o.param_groups[0]["lr"].fill_(0.1 / (i + 1))
