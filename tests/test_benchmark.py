@@ -30,7 +30,12 @@ def test_benchmark_result_statistics_and_flops():
     assert all(t > 0 for t in res.times)
     assert res.compiles >= 2  # mul and add, first seen here
     assert res.compile_seconds > 0
-    assert res.first_call_seconds >= res.compile_seconds
+    # The first call includes its compiles; they may run in parallel on the
+    # background pool (runtime.async_compile), so their summed time can exceed
+    # the call's wall time by at most the pool's width.
+    from torch_tpu.runtime import async_compile
+
+    assert res.first_call_seconds * max(1, async_compile.THREADS) >= res.compile_seconds
     assert res.recompiles == 0
     assert res.flops == 2 * 6 * 11  # XLA's cost analysis: one mul + one add per element
     assert res.flops_per_second == pytest.approx(res.flops / res.median)

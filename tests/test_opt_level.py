@@ -76,9 +76,14 @@ def test_eager_key_changes_with_level_and_option_reaches_xla(level_reset, xla_ca
     assert levels >= {0, 1, 3}
 
 
-def test_disk_key_changes_with_level(level_reset):
+def test_disk_key_changes_with_level(level_reset, monkeypatch):
     if not cache.is_enabled():
         pytest.skip("disk tier off")
+    # last_compile_keys() is this thread's last compile: compile the ops here,
+    # not on the background pool (runtime.async_compile).
+    from torch_tpu.runtime import async_compile
+
+    monkeypatch.setattr(async_compile, "ENABLED", False)
     t = torch.randn(11, 3, device="tpu")
     keys = {}
     for level in (3, 2):
