@@ -259,10 +259,9 @@ def test_error_is_raised_at_flush_naming_the_op():
 # the environment variable, and the fused program through the disk cache
 
 
-_SCRIPT = textwrap.dedent("""
-    import torch, torch_tpu
-    from torch_tpu.runtime import fused, programs
-    assert fused.enabled()
+# Three SGD steps of a Linear layer: run in a process with TORCH_TPU_EAGER=fused
+# and, for the reference, here in strict mode.
+_TRAIN = textwrap.dedent("""
     torch.manual_seed(0)
     m = torch.nn.Linear(8, 4).to("tpu")
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -272,6 +271,13 @@ _SCRIPT = textwrap.dedent("""
         loss = m(x).square().mean()
         loss.backward()
         opt.step()
+""")
+
+_SCRIPT = textwrap.dedent("""
+    import torch, torch_tpu
+    from torch_tpu.runtime import fused, programs
+    assert fused.enabled()
+""") + _TRAIN + textwrap.dedent("""
     print("LOSS", repr(loss.item()))
     print("RECORDED", fused.STATS.recorded)
     print("DISK", programs.STATS.disk_loads)
@@ -297,16 +303,9 @@ def test_env_var_turns_fused_on_cold_and_warm_cache(tmp_path):
 
 
 def _strict_loss():
-    torch.manual_seed(0)
-    m = nn.Linear(8, 4).to("tpu")
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    x = torch.randn(16, 8).to("tpu")
-    for _ in range(3):
-        opt.zero_grad()
-        loss = m(x).square().mean()
-        loss.backward()
-        opt.step()
-    return loss.item()
+    ns = {"torch": torch}
+    exec(_TRAIN, ns)
+    return ns["loss"].item()
 
 
 def test_env_var_values(monkeypatch):

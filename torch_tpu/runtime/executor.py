@@ -481,7 +481,9 @@ class _Runner:
         plan = self.plan
         vals = plan.bind(args, kwargs)
         sig = _Signature(plan)
-        if _fast_classify is not None and _fast_classify(sig, plan.kinds, vals):
+        if _fast_classify is None:
+            recipes = _classify(plan, vals, sig)
+        elif _fast_classify(sig, plan.kinds, vals):
             recipes = None  # only a miss needs them (below)
         else:
             sig = _Signature(plan)  # the native part handed the call back
