@@ -93,6 +93,39 @@ def test_float8_fnuz_dtypes_match_cpu_bitwise(dtype):
     assert torch.equal(moved[idx.to("tpu")].cpu().view(torch.uint8), want[idx].view(torch.uint8))
 
 
+_F8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("dtype", _F8)
+def test_float8_conversion_matches_cpu_bitwise(dtype):
+    """Conversion into every float8 type gives CPU's bytes for every float16
+    and bfloat16 value (so every overflow, inf, NaN and subnormal), for
+    doubles (rounded to float first, as c10 does), integers and the other
+    float8 types: e4m3fn saturates to +-448 (XLA's convert gives NaN) and NaN
+    is 0x7F with its sign (XLA gave 0x7E for e5m2)."""
+    every16 = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    g = torch.Generator().manual_seed(3)
+    # A double just past a float8 rounding midpoint can round to the midpoint
+    # in float32 first: 1 + 2**-4 + 2**-30 is e4m3fn's 1.0/1.125 tie plus a bit
+    # (CPU gives 1.0), 1 + 2**-3 + 2**-30 is e5m2's 1.0/1.25 one.
+    doubles = torch.cat([torch.randn(4000, generator=g, dtype=torch.float64) * 400,
+                         torch.tensor([1 + 2**-4 + 2**-30, 1 + 2**-3 + 2**-30, 1e300,
+                                       -1e300, 1e-300])])
+    sources = [every16.view(torch.float16), every16.view(torch.bfloat16), doubles,
+               torch.tensor([0, 1, -7, 448, 449, 500, 70000, -(2**40)], dtype=torch.int64),
+               torch.arange(-128, 128, dtype=torch.int8)]
+    sources += [torch.arange(256, dtype=torch.int32).to(torch.uint8).view(d) for d in _F8]
+    for src in sources:
+        want = src.to(dtype).view(torch.uint8)
+        got = src.to("tpu").to(dtype).cpu().view(torch.uint8)
+        assert torch.equal(got, want), (src.dtype, (got != want).nonzero()[:5].flatten())
+    # copy_ into a float8 tensor converts the same way
+    vals = torch.tensor([1e6, -float("inf"), float("nan"), -float("nan"), 500.0, 1.0])
+    out = torch.zeros(6, dtype=dtype, device="tpu")
+    out.copy_(vals.to("tpu"))
+    assert torch.equal(out.cpu().view(torch.uint8), vals.to(dtype).view(torch.uint8))
+
+
 def test_factories():
     d = "tpu"
     assert torch.empty(2, 3, device=d).shape == (2, 3)

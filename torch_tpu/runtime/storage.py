@@ -101,11 +101,45 @@ def convert(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(
                 want, jnp.complexfloating):
             x = jnp.real(x)
-        x = x != 0 if want == jnp.bool_ else x.astype(want)
+        if dtype in _FLOAT8_NAN_BITS and x.dtype != jnp.bool_:
+            x = _to_float8(x, dtype)
+        else:
+            x = x != 0 if want == jnp.bool_ else x.astype(want)
     if dtype is torch.complex32:
         x = lax.complex(jnp.real(x).astype(jnp.float16).astype(jnp.float32),
                         jnp.imag(x).astype(jnp.float16).astype(jnp.float32))
     return x
+
+
+# NaN's encoding in each float8 type, as c10 writes it (the sign bit is ORed in
+# for the two types that have a signed NaN).
+_FLOAT8_NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F,
+                    torch.float8_e4m3fnuz: 0x80, torch.float8_e5m2fnuz: 0x80}
+
+
+def _to_float8(x: jax.Array, dtype: torch.dtype) -> jax.Array:
+    """`x` (real) as float8 `dtype`, bit for bit as CPU's c10 conversion.
+
+    c10 converts through float32 (a double is rounded to float first, so two
+    roundings, as on the CPU), saturates float8_e4m3fn (which has no infinity)
+    to +-448 for every larger value and for +-inf where XLA's convert gives
+    NaN, and writes NaN as 0x7F with the input's sign for e4m3fn and e5m2
+    (XLA keeps part of the payload: 0x7E for e5m2). The fnuz types already
+    agree: every overflow and NaN is 0x80.
+    """
+    want = TORCH_TO_JAX[dtype]
+    if x.dtype != jnp.float32:
+        x = x.astype(jnp.float32)
+    y = x
+    if dtype is torch.float8_e4m3fn:
+        y = jnp.clip(x, -448.0, 448.0)  # NaN passes through clip
+    y = y.astype(want)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        bits = lax.bitcast_convert_type(y, jnp.uint8)
+        sign = (lax.bitcast_convert_type(x, jnp.uint32) >> 24).astype(jnp.uint8) & 0x80
+        bits = jnp.where(jnp.isnan(x), jnp.uint8(0x7F) | sign, bits)
+        y = lax.bitcast_convert_type(bits, want)
+    return y
 
 
 # --------------------------------------------------------------------------
