@@ -125,7 +125,8 @@ class ArtifactStore:
             self.writable = False
             _store.warn_once(f"artifacts:{self.path}",
                              f"not using PyTorch compile artifacts in {self.root!r} "
-                             f"({problem}); torch.compile traces every function again")
+                             f"({problem}); torch.compile and compile_step trace "
+                             "every function again")
 
     @property
     def usable(self) -> bool:

@@ -107,7 +107,8 @@ class _Step:
         self.optimizers = optimizers
         self.options = dict(options or {})
         self.graphs: dict = {}
-        self.traces = 0
+        self.traces = 0   # graphs traced in this process
+        self.loads = 0    # graphs rebuilt from the cache directory instead
         functools.update_wrapper(self, fn)
 
     # -- the inputs of one call ----------------------------------------------
@@ -157,7 +158,11 @@ class _Step:
                                               if isinstance(v, torch.Tensor) else v)
                                           for k, v in g.items() if k != "params"})
                                for g in o.param_groups))
-            hyper.append(tuple((id(p), _hashable({k: v for k, v in o.state[p].items()}))
+            # By position, not id(p): the key is also the store key of a
+            # new process (torch_tpu.cache.steps).
+            pos = {id(p): i for i, p in enumerate(params)}
+            hyper.append(tuple((pos.get(id(p), -1),
+                                _hashable({k: v for k, v in o.state[p].items()}))
                                for g in o.param_groups for p in g["params"] if p in o.state))
         return (tuple(_hashable(p) for p in params),
                 tuple(p.grad is not None and _hashable(p.grad) for p in params),
@@ -253,6 +258,41 @@ class _Step:
         graph = backend.CompiledGraph(gm, real, "step", self.options)
         return graph, layout, arg_pos, len(grads)
 
+    def _load_or_trace(self, params, buffers, states, flat_args, spec, key):
+        """A new signature: the graph a previous process traced (found in the
+        cache directory under a key covering the code the trace runs, see
+        torch_tpu.cache.steps), else a trace, remembered for the next one."""
+        from ..cache import steps
+        from . import backend
+
+        skey = None
+        if steps.enabled():
+            real = [*params, *(p.grad for p in params if p.grad is not None), *buffers,
+                    *(s[3] for s in states), *flat_args]
+            try:
+                skey = steps.step_key(self.fn, self.modules, self.optimizers, self.options,
+                                      real, key)
+            except steps.Unkeyable:
+                with steps._lock:
+                    steps.STATS.unkeyed += 1
+            if skey is not None:
+                t0 = time.perf_counter()
+                found = steps.load(skey)
+                if found is not None:
+                    gm, layout, arg_pos, n_grads = found
+                    examples = [n.meta.get("val") for n in gm.graph.nodes
+                                if n.op == "placeholder"]
+                    graph = backend.CompiledGraph(gm, examples, "step", self.options)
+                    self.loads += 1
+                    with backend._lock:
+                        backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
+                    return graph, layout, arg_pos, n_grads
+        entry = self._trace(params, buffers, states, flat_args, spec)
+        if skey is not None:
+            graph, layout, arg_pos, n_grads = entry
+            steps.remember(skey, graph.gm, layout, arg_pos, n_grads)
+        return entry
+
     # -- calls ---------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
@@ -261,7 +301,8 @@ class _Step:
         key = self._key(params, buffers, states, flat_args, spec)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._trace(params, buffers, states, flat_args, spec)
+            entry = self.graphs[key] = self._load_or_trace(params, buffers, states,
+                                                           flat_args, spec, key)
         graph, layout, arg_pos, _ = entry
         inputs = [*params, *(p.grad for p in params if p.grad is not None), *buffers,
                   *(s[3] for s in states), *(flat_args[i] for i in arg_pos)]
