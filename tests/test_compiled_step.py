@@ -204,12 +204,19 @@ _CHILD = textwrap.dedent("""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)
 
-    step = torch_tpu.compile_step(_mse_step(model, opt))
+    @torch_tpu.compile_step
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
 
     losses = [step(x.to("tpu"), y.to("tpu")).item() for _ in range(3)]
     s = backend.cache_stats()
     print(json.dumps({"losses": losses, "w": model[0].weight.cpu().flatten()[:8].tolist(),
-                      "lowered": s["lowered"], "disk_loads": s["disk_loads"]}))
+                      "lowered": s["lowered"], "disk_loads": s["disk_loads"],
+                      "traces": step.traces, "loads": step.loads}))
 """)
 
 
@@ -252,6 +259,8 @@ def test_cold_and_warm_processes_share_the_cache(tmp_path):
     cold, warm = runs
     assert cold["lowered"] == 2 and cold["disk_loads"] == 0, cold
     assert warm["disk_loads"] == 2 and warm["lowered"] == 0, warm
+    # The warm process rebuilds both traced graphs (torch_tpu.cache.steps).
+    assert (cold["traces"], cold["loads"], warm["traces"], warm["loads"]) == (2, 0, 0, 2)
     assert cold["losses"] == pytest.approx(warm["losses"], rel=1e-6)
     assert cold["w"] == pytest.approx(warm["w"], rel=1e-6)
     # And both match eager CPU.

@@ -3,8 +3,8 @@
 In-process (fast): the key follows the code and values the step reads (a
 closure constant, a global, a helper function's body, a hyperparameter,
 shapes) and not the parameters' values; the JSON form of a traced graph
-rebuilds the same graph; a graph holding a large captured constant is not
-stored. New processes on one cache directory: a cold process traces and
+rebuilds the same graph; small captured constants travel with it, a
+large one keeps the graph from being stored. New processes on one cache directory: a cold process traces and
 writes, a warm one rebuilds the graph without tracing (counted by
 ``step.traces``/``step.loads``, not by timing) and gets the same losses;
 a changed function body, hyperparameter or batch shape traces again; a
@@ -122,14 +122,22 @@ def test_json_form_rebuilds_the_same_graph():
                     (vb.shape, vb.stride(), vb.dtype, vb.device)
 
 
-def test_captured_constant_is_not_stored():
-    g = torch.fx.Graph()
-    a = g.placeholder("a")
-    c = g.get_attr("_tensor_constant0")
-    g.output(g.call_function(torch.ops.aten.add.Tensor, (a, c)))
-    gm = torch.fx.GraphModule({"_tensor_constant0": torch.ones(3)}, g)
-    with pytest.raises(steps.Unkeyable):
-        steps.encode(gm, {"out": (1, None), "new_states": []}, [0], 0)
+def test_captured_constants_small_stored_large_refused():
+    def gm_with(const):
+        g = torch.fx.Graph()
+        a = g.placeholder("a")
+        c = g.get_attr("_tensor_constant0")
+        g.output((g.call_function(torch.ops.aten.add.Tensor, (a, c)),))
+        return torch.fx.GraphModule({"_tensor_constant0": const}, g)
+
+    layout = {"out": (1, torch.utils._pytree.tree_flatten((0,))[1]), "new_states": []}
+    small = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
+    entry = json.loads(json.dumps(steps.encode(gm_with(small), layout, [0], 0)))
+    gm, *_ = steps.decode(entry)
+    back = gm._tensor_constant0
+    assert back.dtype == torch.bfloat16 and torch.equal(back, small)
+    with pytest.raises(steps.Unkeyable, match="elements"):
+        steps.encode(gm_with(torch.zeros(steps._MAX_CONST + 1)), layout, [0], 0)
 
 
 # -- new processes ---------------------------------------------------------------

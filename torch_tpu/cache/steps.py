@@ -27,19 +27,27 @@ followed recursively into user functions, classes (all their methods),
 objects (their attributes: a model's config, an ``argparse`` namespace) and
 modules (the names used from them); the modules' and optimizers' classes
 and attributes (hooks included); the compile options, matmul precision and
-default dtype. Code of torch, torch_tpu, JAX, NumPy and the standard
-library is covered by their versions instead. Editing a function body, a
-hyperparameter, a constant the step reads, or the shapes re-traces.
+default dtype. Editing a function body, a hyperparameter, a constant the
+step reads, or the shapes re-traces.
+
+Code of torch, torch_tpu and JAX is covered by the versions the store
+checks, the standard library's by Python's version, and that of packages
+installed in site-packages (transformers, NumPy) by their version; the
+user's own code (and editable installs) is walked. Tensors the trace
+captured as constants (a ``torch.tensor(...)`` made in the step) are stored
+with the graph when they have at most `_MAX_CONST` elements; a larger one
+keeps the step from being stored.
 
 Not covered (documented): code reached only through objects outside that
-walk (a torch function monkeypatched at run time), and tensors captured as
-constants that are larger than `_MAX_CONST` elements (a step whose graph
-holds one is not stored). ``TORCH_TPU_STEP_CACHE=0`` turns this tier off.
+walk (a torch function monkeypatched at run time), and the contents of
+containers of more than `_MAX_ITEMS` objects (described by their repr).
+``TORCH_TPU_STEP_CACHE=0`` turns this tier off.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import json
@@ -56,6 +64,10 @@ from . import store as _store
 FORMAT = 1
 _MAX_CONST = 4096      # tensor values hashed into the key up to this size
 _MAX_NODES = 200_000   # a walk larger than this is not persisted
+_MAX_ITEMS = 1000      # larger containers are described by their repr
+# Attributes whose value differs in every process and means nothing to a
+# trace (transformers' GenerationConfig stores hash(self), which is salted).
+_IGNORED_ATTRS = frozenset({"_original_object_hash"})
 
 _lock = threading.Lock()
 _pending: list = []    # (key, entry) written at exit (or by save())
@@ -95,15 +107,62 @@ class Unkeyable(Exception):
 
 # -- the key: a fingerprint of what the trace depends on --------------------------
 
-_LIBS = frozenset({"torch", "torch_tpu", "jax", "jaxlib", "numpy", "ml_dtypes", "functorch",
-                   "builtins", "typing_extensions", "sympy"})
+# Covered by the versions every entry is stamped with (and checked against).
+_STAMPED = frozenset({"torch", "torch_tpu", "jax", "jaxlib", "functorch", "builtins"})
+_MISSING = object()
+_lib_cache: dict = {}
+_site: tuple | None = None
+
+
+def _site_dirs() -> tuple:
+    global _site
+    if _site is None:
+        import site
+        import sysconfig
+
+        dirs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+        with contextlib.suppress(Exception):
+            dirs.update(site.getsitepackages())
+        with contextlib.suppress(Exception):
+            dirs.add(site.getusersitepackages())
+        _site = tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+    return _site
+
+
+def _library(modname: str | None) -> tuple | None:
+    """('name', 'version') when `modname`'s code is covered by a version: torch,
+    torch_tpu, JAX (stamped on every entry), the standard library (Python's
+    version), or a package installed in site-packages with a version
+    (transformers, numpy); None for the user's own code, which is walked.
+    (An editable install lives outside site-packages: walked.)"""
+    if not modname:
+        return None
+    r = _lib_cache.get(modname, _MISSING)
+    if r is not _MISSING:
+        return r
+    top = modname.split(".", 1)[0]
+    r = None
+    if top in _STAMPED or top in sys.stdlib_module_names:
+        r = (top,)
+    else:
+        mod = sys.modules.get(top)
+        f = getattr(mod, "__file__", None)
+        if f and os.path.realpath(f).startswith(_site_dirs()):
+            ver = getattr(mod, "__version__", None)
+            if not isinstance(ver, str):
+                try:
+                    from importlib.metadata import version
+
+                    ver = version(top)
+                except Exception:
+                    ver = None
+            r = (top, ver) if ver else None
+    _lib_cache[modname] = r
+    return r
 
 
 def _is_library(modname: str | None) -> bool:
-    if not modname:
-        return False
-    top = modname.split(".", 1)[0]
-    return top in _LIBS or top in sys.stdlib_module_names
+    return _library(modname) is not None
 
 
 def _code_names(code: types.CodeType, out: set) -> None:
@@ -166,6 +225,12 @@ class _Walker:
         self.seen[vid] = len(self.seen)
         if isinstance(v, torch.Tensor):
             self._tensor(v)
+        elif isinstance(v, (list, tuple, set, frozenset, dict)) and len(v) > _MAX_ITEMS:
+            # A vocabulary, a dataset index: by its repr (C speed), or by its
+            # length when that names objects by address.
+            r = repr(v)
+            self.emit("big", type(v).__name__, len(v),
+                      None if " at 0x" in r else hashlib.sha256(r.encode()).hexdigest())
         elif isinstance(v, (list, tuple, set, frozenset)):
             items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
             self.emit(type(v).__name__, len(items))
@@ -230,7 +295,7 @@ class _Walker:
     def _function(self, f: types.FunctionType) -> None:
         mod = getattr(f, "__module__", None)
         if _is_library(mod):
-            self.emit("libfn", mod, f.__qualname__)
+            self.emit("libfn", _library(mod), mod, f.__qualname__)
             return
         self.emit("fn", mod, f.__qualname__)
         _code_digest(f.__code__, self.h)
@@ -255,7 +320,7 @@ class _Walker:
     def _class(self, c: type) -> None:
         mod = getattr(c, "__module__", None)
         if _is_library(mod):
-            self.emit("libclass", mod, c.__qualname__)
+            self.emit("libclass", _library(mod), mod, c.__qualname__)
             return
         self.emit("class", mod, c.__qualname__)
         for base in c.__mro__[1:]:
@@ -269,7 +334,6 @@ class _Walker:
     def _object(self, o: object) -> None:
         import dataclasses
 
-        import torch
 
         t = type(o)
         self.walk(t)
@@ -278,11 +342,15 @@ class _Walker:
             self.emit("ndarray", getattr(o, "shape", ()), str(o.dtype),
                       hashlib.sha256(o.tobytes()).hexdigest() if size <= _MAX_CONST else size)
             return
-        if _is_library(t.__module__) and not (
-                isinstance(o, (torch.nn.Module, torch.optim.Optimizer))
-                or t.__module__ in ("argparse", "types") or dataclasses.is_dataclass(o)):
-            # A library object (a logger, a lock, a file): its state is not
-            # something a traced step reads.
+        lib = _library(t.__module__)
+        if lib is not None and (
+                (lib[0] in sys.stdlib_module_names and not (
+                    t.__module__ in ("argparse", "types") or dataclasses.is_dataclass(o)))
+                or lib[0] in ("torch_tpu", "jax", "jaxlib")):
+            # A standard-library object (a logger, a lock, a file) or one of
+            # the runtime's (a compiled step, a JAX device): not state a
+            # traced step reads. (Other libraries' objects - torch modules, a
+            # transformers config - are walked for their data.)
             self.emit("opaque")
             return
         try:
@@ -292,6 +360,8 @@ class _Walker:
         if d is not None:
             self.emit("obj", len(d))
             for k in sorted(d, key=str):
+                if k in _IGNORED_ATTRS:
+                    continue
                 self.emit("attr", k)
                 self.walk(d[k])
             return
@@ -452,10 +522,13 @@ def encode(gm: Any, layout: dict, arg_pos: list, n_grads: int) -> dict:
 
     index: dict = {}
     nodes = []
+    consts = {}
     for i, n in enumerate(gm.graph.nodes):
         index[n] = i
-        if n.op not in ("placeholder", "call_function", "output"):
-            raise Unkeyable(f"graph node {n.op}")   # e.g. a captured tensor constant
+        if n.op == "get_attr":
+            consts[n.target] = _enc_const(getattr(gm, n.target, None), n.target)
+        elif n.op not in ("placeholder", "call_function", "output"):
+            raise Unkeyable(f"graph node {n.op}")
         target = n.target if n.op != "call_function" else _target_name(n.target)
         nodes.append({"op": n.op, "name": n.name, "target": target,
                       "args": _enc(n.args, index), "kwargs": _enc(n.kwargs, index),
@@ -468,9 +541,40 @@ def encode(gm: Any, layout: dict, arg_pos: list, n_grads: int) -> dict:
         spec_text = pytree.treespec_dumps(spec)
     except Exception as e:
         raise Unkeyable(f"output structure ({type(e).__name__})") from e
-    return {"format": FORMAT, "nodes": nodes, "code_sha256": _code_sha(gm),
+    return {"format": FORMAT, "nodes": nodes, "consts": consts, "code_sha256": _code_sha(gm),
             "out": [n_out, spec_text], "new_states": [list(k) for k in new_states],
             "arg_pos": list(arg_pos), "n_grads": n_grads}
+
+
+def _enc_const(t: Any, name: str) -> list:
+    """A tensor the trace captured (a torch.tensor(...) made inside the step):
+    its bytes, when small; a large one (the step closed over a weight or a
+    dataset) is not stored."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(t) is not torch.Tensor or isinstance(t, FakeTensor) or t.requires_grad:
+        raise Unkeyable(f"graph constant {name} ({type(t).__name__})")
+    if t.numel() > _MAX_CONST:
+        raise Unkeyable(f"graph constant {name} of {t.numel()} elements")
+    c = t.detach().cpu().contiguous()
+    raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+    return [list(c.shape), str(c.dtype).removeprefix("torch."), str(t.device), raw.hex()]
+
+
+def _dec_const(v: list) -> Any:
+    import torch
+
+    shape, dtype, device, raw = v
+    dt = getattr(torch, dtype)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"not a dtype: {dtype}")
+    data = bytes.fromhex(raw)
+    if not data:
+        t = torch.empty(shape, dtype=dt)
+    else:
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape).clone()
+    return t.to(device) if device != "cpu" else t
 
 
 def _code_sha(gm: Any) -> str:
@@ -497,7 +601,8 @@ def decode(entry: dict) -> tuple[Any, dict, list, int]:
             n.meta["val"] = _dec_val(d["val"], mode)
         made.append(n)
     graph.lint()
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    root = {name: _dec_const(v) for name, v in entry.get("consts", {}).items()}
+    gm = torch.fx.GraphModule(root, graph)
     if _code_sha(gm) != entry["code_sha256"]:
         raise ValueError("the rebuilt graph differs from the traced one")
     n_out, spec_text = entry["out"]
