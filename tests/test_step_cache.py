@@ -251,3 +251,45 @@ def test_group_writable_directory_warns_and_traces(tmp_path):
     assert "not using PyTorch compile artifacts" in err and "writable by other users" in err, \
         err[-2000:]
     assert warm["losses"] == pytest.approx(cold["losses"], rel=1e-6)
+
+
+def test_unusable_entry_warns_and_traces(tmp_path, monkeypatch):
+    """An entry that passes the store's checks but cannot be rebuilt here (an
+    op this torch lacks) is ignored with one warning, removed, and traced."""
+    import torch_tpu.cache as cache
+    from torch_tpu.cache import artifacts
+    from torch_tpu.cache import store as _store
+
+    monkeypatch.setattr(_store, "_warned", set())
+    steps.save()   # earlier tests' steps, into their directory
+    old = cache.cache_dir()
+    cache.set_dir(str(tmp_path / "c"))
+    try:
+        model, opt, x, y = _setup()
+        model.to("tpu")
+        x, y = x.to("tpu"), y.to("tpu")
+        s1 = torch_tpu.compile_step(_make_step(model, opt, 1.0), modules=model, optimizers=opt)
+        ref = s1(x, y).item()
+        assert steps.save() == 1
+        # A second step object on an identical model: the same key.
+        model2, opt2, _, _ = _setup()
+        model2.to("tpu")
+        s2 = torch_tpu.compile_step(_make_step(model2, opt2, 1.0), modules=model2,
+                                    optimizers=opt2)
+        params, buffers, states = s2._state()
+        flat, spec = torch.utils._pytree.tree_flatten(((x, y), {}))
+        skey = steps.step_key(s2.fn, s2.modules, s2.optimizers, s2.options,
+                              [*params, *buffers, *flat],
+                              s2._key(params, buffers, states, flat, spec))
+        store = artifacts.artifact_store()
+        entry = json.loads(store.get(skey))
+        # Rewritten through the store (a valid checksum) with an unknown op.
+        entry["nodes"][-2]["target"] = "op:aten::no_such_op.default"
+        assert store.put(skey, json.dumps(entry).encode())
+        with pytest.warns(_store.CacheWarning, match="ignored a stored compile_step"):
+            got = s2(x, y).item()
+        assert (s2.traces, s2.loads) == (1, 0)
+        assert got == pytest.approx(ref, rel=1e-6)
+        assert store.get(skey) is None   # removed; written again at exit
+    finally:
+        cache.set_dir(old)

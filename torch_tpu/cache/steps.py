@@ -627,16 +627,27 @@ def load(key: str) -> tuple[Any, dict, list, int] | None:
     try:
         out = decode(json.loads(blob))
     except Exception as e:   # sound bytes we cannot rebuild here: trace instead
-        with _lock:
-            STATS.rejected += 1
-        _store.warn_once("step-load", f"ignored a stored compile_step graph "
-                                      f"({type(e).__name__}: {e}); the step is traced again")
-        if s.writable:
-            _store._remove(s.file_for(key))
+        reject(key, e)
         return None
     with _lock:
         STATS.hits += 1
     return out
+
+
+def reject(key: str, e: BaseException, undo_hit: bool = False) -> None:
+    """An entry that passed the store's checks but cannot be used here: one
+    warning, removed (the trace that follows writes it again)."""
+    from .artifacts import artifact_store
+
+    with _lock:
+        STATS.rejected += 1
+        if undo_hit:
+            STATS.hits -= 1
+    _store.warn_once("step-load", f"ignored a stored compile_step graph "
+                                  f"({type(e).__name__}: {e}); the step is traced again")
+    s = artifact_store()
+    if s.writable:
+        _store._remove(s.file_for(key))
 
 
 def remember(key: str, gm: Any, layout: dict, arg_pos: list, n_grads: int) -> None:
@@ -644,7 +655,7 @@ def remember(key: str, gm: Any, layout: dict, arg_pos: list, n_grads: int) -> No
     global _atexit
     try:
         entry = encode(gm, layout, arg_pos, n_grads)
-    except Unkeyable:
+    except Exception:  # Unkeyable: a graph this form cannot describe (not stored)
         with _lock:
             STATS.unkeyed += 1
         return

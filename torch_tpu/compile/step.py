@@ -272,7 +272,7 @@ class _Step:
             try:
                 skey = steps.step_key(self.fn, self.modules, self.optimizers, self.options,
                                       real, key)
-            except steps.Unkeyable:
+            except Exception:  # Unkeyable, or an object that fails to describe itself
                 with steps._lock:
                     steps.STATS.unkeyed += 1
             if skey is not None:
@@ -282,11 +282,15 @@ class _Step:
                     gm, layout, arg_pos, n_grads = found
                     examples = [n.meta.get("val") for n in gm.graph.nodes
                                 if n.op == "placeholder"]
-                    graph = backend.CompiledGraph(gm, examples, "step", self.options)
-                    self.loads += 1
-                    with backend._lock:
-                        backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
-                    return graph, layout, arg_pos, n_grads
+                    try:
+                        graph = backend.CompiledGraph(gm, examples, "step", self.options)
+                    except Exception as e:  # a graph this version cannot run: trace
+                        steps.reject(skey, e, undo_hit=True)
+                    else:
+                        self.loads += 1
+                        with backend._lock:
+                            backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
+                        return graph, layout, arg_pos, n_grads
         entry = self._trace(params, buffers, states, flat_args, spec)
         if skey is not None:
             graph, layout, arg_pos, n_grads = entry
