@@ -293,3 +293,23 @@ def test_unusable_entry_warns_and_traces(tmp_path, monkeypatch):
         assert store.get(skey) is None   # removed; written again at exit
     finally:
         cache.set_dir(old)
+
+
+@pytest.mark.slow
+def test_two_cold_processes_at_once_then_warm(tmp_path):
+    """Two processes filling one directory at once both succeed (entries are
+    replaced atomically); a third one rebuilds both graphs."""
+    script = tmp_path / "train_1_0.py"
+    script.write_text(_SCRIPT.replace("SCALE", "1.0"))
+    cache = tmp_path / "cache"
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(cache), TORCH_TPU_STEP_CACHE="1")
+    procs = [subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "CacheWarning" not in err, err[-2000:]
+    runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    warm, _ = _run(tmp_path, cache)
+    assert (warm["traces"], warm["loads"]) == (0, 2), warm
+    assert runs[0]["losses"] == runs[1]["losses"] == pytest.approx(warm["losses"], rel=1e-6)
