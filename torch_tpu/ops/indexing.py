@@ -683,6 +683,107 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     return _scatter_reduce(x1, grid, src, reduce, include_self).reshape(x.shape)
 
 
+def _torch_type_name(dtype):
+    from ..runtime import storage as st
+    from .reductions import type_name
+
+    return type_name(st.TORCH_TO_JAX[dtype])
+
+
+def _check_index_reduce(self, dim, index, source, reduce, *, include_self=True, out=None):
+    """CPU's argument checks of index_reduce, in CPU's order and with its texts
+    (its structured meta function, then its kernel's dtype dispatch).
+
+    PyTorch's Python meta kernel, which the tpu runner consults, makes only
+    some of them: without this, reduce="sum", a source of another dtype or
+    with the wrong number of rows ran and returned a wrong result, and an
+    out-of-range dim raised a bare "tuple index out of range".
+    """
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError("index_reduce(): Expected reduce to be one of prod, mean, amax or "
+                           f"amin but got {reduce}.")
+    n = max(self.dim(), 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+                         f"but got {dim})")
+    d = dim % n
+    if index.dim() > 1:
+        raise IndexError(f"index_reduce_(): Index is supposed to be a vector, but got dim: "
+                         f"{index.dim()} with type: {_torch_type_name(index.dtype)} and size: "
+                         f"{list(index.shape)}")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("index_reduce_(): Expected dtype int32/int64 for index but got: "
+                           f"{_torch_type_name(index.dtype)}")
+    if self.dtype != source.dtype:
+        raise RuntimeError(f"index_reduce_(): self ({_torch_type_name(self.dtype)}) and source "
+                           f"({_torch_type_name(source.dtype)}) must have the same scalar type")
+    if not (d == 0 or d < source.dim()):
+        raise RuntimeError(f"index_reduce_(): Indexing dim {d} is out of bounds of the source "
+                           f"tensor with dim {source.dim()}")
+    rows = 1 if source.dim() == 0 else source.shape[d]
+    if index.numel() != rows:
+        if source.dim() == 0:  # CPU's message reads source.size(0)
+            raise IndexError("Dimension specified as 0 but tensor has no dimensions")
+        raise RuntimeError(f"index_reduce_(): Number of indices ({index.numel()}) should be "
+                           f"equal to source.size(dim): ({rows}), for dim: {d}")
+    self_rest, source_rest = list(self.shape), list(source.shape)
+    if self.dim() and source.dim():
+        del self_rest[d], source_rest[d]
+    if self_rest != source_rest:
+        raise RuntimeError("source tensor shape must match self tensor shape, excluding the "
+                           f"specified dimension. Got self.shape = {list(self.shape)} "
+                           f"source.shape = {list(source.shape)}")
+    if self.dtype not in _INDEX_REDUCE_DTYPES:
+        raise NotImplementedError(
+            f"\"index_func_\" not implemented for '{_torch_type_name(self.dtype)}'")
+
+
+# CPU's kernel dispatches over all types and half, bfloat16 (no bool, complex,
+# float8 or the wide unsigned types).
+_INDEX_REDUCE_DTYPES = frozenset({
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.bfloat16, torch.float32, torch.float64})
+
+
+def _check_written(written, *inputs):
+    """CPU's at::assert_no_internal_overlap(written) and
+    at::assert_no_overlap(written, input) for each input."""
+    from ..runtime import executor
+
+    if any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride())):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to "
+            "a single memory location. Please clone() the tensor before performing the "
+            "operation.")
+    for t in inputs:
+        if executor._overlaps(written, t):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to "
+                "tensor refer to a single memory location. Please clone() the tensor before "
+                "performing the operation.")
+
+
+def _index_reduce_check(op):
+    """The checks of `op` (an index_reduce overload), its errors carrying the
+    op's name after CPU's text; the in-place and out= overloads also check the
+    written tensor's memory as CPU does."""
+    def run(self, dim, index, source, *args, **kwargs):
+        try:
+            _check_index_reduce(self, dim, index, source, *args, **kwargs)
+            written = kwargs.get("out") if op is aten.index_reduce.out else (
+                self if op is aten.index_reduce_.default else None)
+            if written is not None:
+                _check_written(written, index, source)
+        except (RuntimeError, IndexError, NotImplementedError) as e:
+            raise type(e)(f"{e} ({op})") from None
+
+    return run
+
+
+for _op in (aten.index_reduce.default, aten.index_reduce_.default, aten.index_reduce.out):
+    core.KERNELS[_op] = core.checked_kernel(_op, _index_reduce_check(_op))
+
+
 # -- masks ----------------------------------------------------------------------
 
 
