@@ -14,7 +14,8 @@ run and on the same device:
 
 Dispatch is asynchronous in torch_tpu, JAX and torchax, so each timed loop
 ends with a wait for the last result, and the loops are long enough that the
-wait is amortized. Prints the median per-op time of several repeats and the
+wait is amortized. Prints the median per-op time of several repeats (torch_tpu's
+and jax.jit's taken in turn, so that both see the same host load) and the
 ratio torch_tpu / jax.jit (target: <= 1.3). Then the per-op cost of a chain of 10
 small ops in strict and fused eager mode (torch_tpu.fused()) against jax.jit.
 
@@ -60,6 +61,25 @@ def _time(fn, wait, iters, repeats):
         wait(r)
         samples.append((time.perf_counter() - t0) / iters)
     return statistics.median(samples)
+
+
+def _time_side_by_side(pairs, iters, repeats):
+    """`_time` of each (fn, wait) in `pairs`, their repeats taken in turn
+    (in either order), so that a change in the host's load falls on every
+    column alike rather than on whichever was timed last: the medians."""
+    for fn, wait in pairs:
+        fn()
+        wait(fn())
+    samples = [[] for _ in pairs]
+    for rep in range(repeats):
+        turn = list(zip(pairs, samples))
+        for (fn, wait), out in (turn if rep % 2 == 0 else turn[::-1]):  # either order
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                r = fn()
+            wait(r)
+            out.append((time.perf_counter() - t0) / iters)
+    return [statistics.median(s) for s in samples]
 
 
 def _wait_tpu(t):
@@ -215,9 +235,12 @@ def main(argv=None):
           f"   XLA opt level {opt_level.level()}")
     measured = {}
     for name, (tpu_fn, jit_fn, cpu_fn) in cases.items():
-        measured[name] = (_time(tpu_fn, _wait_tpu, args.iters, args.repeats),
-                          _time(lambda: jit_fn(ja, jb), _wait_jax, args.iters, args.repeats),
-                          _time(cpu_fn, lambda r: None, args.iters, args.repeats))
+        t_tpu, t_jit = _time_side_by_side(
+            [(tpu_fn, _wait_tpu), (lambda jit_fn=jit_fn: jit_fn(ja, jb), _wait_jax)],
+            args.iters, args.repeats)
+        # The CPU column on its own: torch's CPU threads keep spinning after a
+        # CPU matmul, which would slow whichever loop came next.
+        measured[name] = (t_tpu, t_jit, _time(cpu_fn, lambda r: None, args.iters, args.repeats))
     # torchax after the in-process loops (never concurrently with them).
     if args.no_torchax:
         tx = {"error": "torchax skipped (--no-torchax)"}

@@ -22,10 +22,20 @@
 //       scalar inputs as cached device arrays (no conversion per call).
 //   next_address(nbytes) -> int
 //       the virtual address counter (storage._address_for) both share.
+//   register_kernel(schema_name, overload, op, name, kinds) -> bool
+//       a boxed C++ kernel for the op at PrivateUse1 that runs its cache hits
+//       from the dispatcher without entering Python-level kernel code (see
+//       "the C++ kernel" below); every other call goes to the op's Python
+//       kernel, which executor.install_kernel registered for PrivateUse2.
+//   setup_kernel(...): the executor's state the kernel reads.
 //   setup(DeviceData) / calls() -> dict of call counters (tests read them).
 #include <Python.h>
+#include <structmember.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/library.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -35,6 +45,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #ifndef TORCH_TPU_TORCH_VERSION
@@ -124,6 +135,22 @@ bool dtype_arg(PyObject* obj, at::ScalarType& out) {
   return true;
 }
 
+// DeviceData's slots (raw, index, shape, dtype, sig, origin), read and
+// filled by offset where setup() found the class laid out as expected.
+enum DD : int { DD_RAW, DD_INDEX, DD_SHAPE, DD_DTYPE, DD_SIG, DD_ORIGIN };
+Py_ssize_t g_dd_offsets[6] = {0};
+bool g_dd_direct = false;
+PyObject* g_dd_names[6] = {nullptr};
+
+// data.<slot> (a new reference), as PyObject_GetAttr gives it.
+PyObject* dd_get(PyObject* data, int which) {
+  if (g_dd_direct && Py_TYPE(data) == reinterpret_cast<PyTypeObject*>(g_device_data)) {
+    PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(data) + g_dd_offsets[which]);
+    if (v) return Py_NewRef(v);
+  }
+  return PyObject_GetAttr(data, g_dd_names[which]);
+}
+
 // ---------------------------------------------------------------- classify
 
 struct Classifier {
@@ -142,7 +169,10 @@ struct Classifier {
 
   int tensor(PyObject* obj) {
     if (!THPVariable_Check(obj)) return scalar(obj);
-    const at::Tensor& t = THPVariable_Unpack(obj);
+    return tensor_value(THPVariable_Unpack(obj));
+  }
+
+  int tensor_value(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1)
       return 0;  // a CPU tensor (a 0-dim one is a scalar) or no storage: Python decides
     if (t.is_conj() || t.is_neg()) return 0;
@@ -160,7 +190,7 @@ struct Classifier {
   }
 
   int with_data(const at::Tensor& t, PyObject* data) {
-    PyObject* index_obj = PyObject_GetAttr(data, s_index);
+    PyObject* index_obj = dd_get(data, DD_INDEX);
     if (!index_obj) return -1;
     long index = PyLong_AsLong(index_obj);
     Py_DECREF(index_obj);
@@ -180,19 +210,19 @@ struct Classifier {
       slot = static_cast<long>(slots.size());
       slots.push_back(data);
       if (PyList_Append(slot_data, data) < 0) return -1;
-      PyObject* sig = PyObject_GetAttr(data, s_sig);
+      PyObject* sig = dd_get(data, DD_SIG);
       if (!sig) return -1;
       int rc = PyList_Append(key, sig);
       Py_DECREF(sig);
       if (rc < 0) return -1;
     }
     PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-    PyObject* data_dtype = PyObject_GetAttr(data, s_dtype);
+    PyObject* data_dtype = dd_get(data, DD_DTYPE);
     if (!data_dtype) return -1;
     bool same_dtype = data_dtype == dtype;
     Py_DECREF(data_dtype);
     if (same_dtype && t.storage_offset() == 0 && t.is_contiguous()) {
-      PyObject* shape = PyObject_GetAttr(data, s_shape);
+      PyObject* shape = dd_get(data, DD_SHAPE);
       if (!shape) return -1;
       bool same_shape = PyTuple_Check(shape);
       auto sizes = t.sizes();
@@ -503,14 +533,761 @@ PyObject* setup_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* setup(PyObject*, PyObject* arg) {
   Py_XSETREF(g_device_data, Py_NewRef(arg));
+  // DeviceData's slots, to fill a result's directly (as its __init__ does);
+  // any other layout of the class: its __init__ is called instead.
+  g_dd_direct = false;
+  if (g_device_data && PyType_Check(g_device_data)) {
+    bool ok = reinterpret_cast<PyTypeObject*>(g_device_data)->tp_init != nullptr;
+    PyObject* slots = PyObject_GetAttrString(g_device_data, "__slots__");
+    ok = ok && slots && PyTuple_Check(slots) && PyTuple_GET_SIZE(slots) == 7;
+    Py_XDECREF(slots);
+    PyErr_Clear();
+    for (int i = 0; ok && i < 6; ++i) {
+      PyObject* d = PyObject_GetAttr(g_device_data, g_dd_names[i]);
+      if (d && Py_TYPE(d) == &PyMemberDescr_Type) {
+        PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+        ok = m->type == T_OBJECT_EX;
+        g_dd_offsets[i] = m->offset;
+      } else {
+        ok = false;
+      }
+      Py_XDECREF(d);
+      PyErr_Clear();
+    }
+    g_dd_direct = ok;
+  }
+  return PyBool_FromLong(g_dd_direct);
+}
+
+// ------------------------------------------------------------ the C++ kernel
+//
+// register_kernel(schema_name, overload, op, name, kinds) puts a boxed C++
+// kernel in front of an op's Python kernel (runtime/executor.py _Runner):
+// the Python kernel moves to the PrivateUse2 key, which no tensor carries,
+// and this kernel, at PrivateUse1, runs a call itself only when it is a hit
+// of the executor's cache whose entry the executor marked fast
+// (executor._fast_spec): plain tpu tensors, Python scalars and static values
+// in; tensors out. It builds the executor's key (the same tuple as
+// _Runner.__call__), finds the entry in the same LRU, updates the same
+// statistics, calls the executable as call() does and makes the result
+// tensors as wrap() does. Anything else (a miss, views, CPU tensors, fused
+// mode, pending asynchronous compiles, LAUNCH_BLOCKING, any Python error)
+// redispatches to the Python kernel, which stays the definition of behaviour.
+
+enum Conv : int { C_TENSOR, C_SCALAR, C_STATIC_INT, C_STATIC_FLOAT, C_STATIC_BOOL,
+                  C_STATIC_STR, C_STATIC_DTYPE, C_STATIC_INTLIST, C_STATIC_SCALAR };
+
+struct ArgSpec {
+  long kind;
+  int conv;
+};
+
+struct OutSpec {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  uint64_t nbytes;
+  PyObject* dtype_obj;  // owned
+  PyObject* shape;      // owned: the DeviceData's shape tuple
+  PyObject* sig;        // owned: (shape, dtype)
+};
+
+struct FastSpec {
+  PyObject* compiled;  // owned
+  PyObject* fn = nullptr;  // owned: compiled._call, once JAX made it
+  std::vector<OutSpec> outs;
+  ~FastSpec() {
+    Py_XDECREF(compiled);
+    Py_XDECREF(fn);
+    for (auto& o : outs) {
+      Py_XDECREF(o.dtype_obj);
+      Py_XDECREF(o.shape);
+      Py_XDECREF(o.sig);
+    }
+  }
+};
+
+const char* kSpecCapsule = "torch_tpu.fastspec";
+
+PyObject* g_executor_dict = nullptr;   // executor module's __dict__
+PyObject* g_fused_dict = nullptr;
+PyObject* g_aco_dict = nullptr;
+PyObject* g_olevel_dict = nullptr;
+PyObject* g_precision_state = nullptr; // jax config state (its .value) or None
+PyObject* g_precision_fn = nullptr;    // precision.cache_token
+PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
+PyObject* g_array_type = nullptr;      // jax's ArrayImpl
+PyObject *s_stats, *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
+    *s_raw, *s_requests, *s_hits, *s_per_op, *s_move_to_end, *s_value;
+uint64_t n_kernel = 0, n_kernel_fallback = 0;
+
+PyObject* g_one = nullptr;  // the int 1
+torch::Library* g_lib = nullptr;
+
+bool truthy_global(PyObject* dict, PyObject* name, int* out) {
+  PyObject* v = PyDict_GetItemWithError(dict, name);  // borrowed
+  if (!v) {
+    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
+    return false;
+  }
+  int t = PyObject_IsTrue(v);
+  if (t < 0) return false;
+  *out = t;
+  return true;
+}
+
+bool add_one(PyObject* obj, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(obj, name);
+  if (!v) return false;
+  PyObject* w = PyNumber_Add(v, g_one);
+  Py_DECREF(v);
+  if (!w) return false;
+  int rc = PyObject_SetAttr(obj, name, w);
+  Py_DECREF(w);
+  return rc == 0;
+}
+
+// DeviceData(array, index, dtype, origin) for a result whose shape and
+// dtype the entry knows: the object __init__ makes, slots filled directly.
+PyObject* device_data(PyObject* array, PyObject* index, const OutSpec& o, PyObject* origin) {
+  if (!g_dd_direct) {
+    PyObject* a[4] = {array, index, o.dtype_obj, origin};
+    return PyObject_Vectorcall(g_device_data, a, 4, nullptr);
+  }
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_device_data);
+  PyObject* d = type->tp_alloc(type, 0);
+  if (!d) return nullptr;
+  PyObject* vals[6] = {array, index, o.shape, o.dtype_obj, o.sig, origin};
+  for (int i = 0; i < 6; ++i)
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(d) + g_dd_offsets[i]) =
+        Py_NewRef(vals[i]);
+  return d;
+}
+
+FastSpec* spec_from(PyObject* desc) {
+  // desc: (compiled, ((dtype, shape), ...)) from executor._fast_spec.
+  if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 2 ||
+      !PyTuple_Check(PyTuple_GET_ITEM(desc, 1))) {
+    PyErr_SetString(PyExc_TypeError, "_fast_spec: expected (compiled, ((dtype, shape), ...))");
+    return nullptr;
+  }
+  auto* spec = new FastSpec();
+  spec->compiled = Py_NewRef(PyTuple_GET_ITEM(desc, 0));
+  PyObject* outs = PyTuple_GET_ITEM(desc, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outs); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(outs, i);
+    OutSpec o{};
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+        !dtype_arg(PyTuple_GET_ITEM(item, 0), o.dtype)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_fast_spec: bad output");
+      delete spec;
+      return nullptr;
+    }
+    o.dtype_obj = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+    o.shape = PySequence_Tuple(PyTuple_GET_ITEM(item, 1));
+    o.sig = o.shape ? PyTuple_Pack(2, o.shape, o.dtype_obj) : nullptr;
+    spec->outs.push_back(o);
+    if (!o.sig || !int_sequence(o.shape, spec->outs.back().sizes)) {
+      delete spec;
+      return nullptr;
+    }
+    OutSpec& b = spec->outs.back();
+    contiguous_strides(b.sizes, b.strides);
+    uint64_t numel = 1;
+    for (int64_t s : b.sizes) numel *= static_cast<uint64_t>(s);
+    b.nbytes = numel * c10::elementSize(b.dtype);
+  }
+  return spec;
+}
+
+void spec_capsule_free(PyObject* cap) {
+  delete static_cast<FastSpec*>(PyCapsule_GetPointer(cap, kSpecCapsule));
+}
+
+// The entry's FastSpec (borrowed from its capsule), or null with no error
+// when the entry is not (or not yet) one the kernel runs.
+FastSpec* entry_spec(PyObject* entry) {
+  PyObject* fast = PyObject_GetAttr(entry, s_fast);
+  if (!fast) return nullptr;
+  if (fast == Py_None) {
+    Py_DECREF(fast);
+    PyObject* desc = PyObject_CallOneArg(g_spec_fn, entry);
+    if (!desc) return nullptr;
+    if (desc == Py_None) {  // not yet (e.g. still compiling): ask again next time
+      Py_DECREF(desc);
+      return nullptr;
+    }
+    if (desc == Py_False) {
+      fast = desc;
+    } else {
+      FastSpec* spec = spec_from(desc);
+      Py_DECREF(desc);
+      if (!spec) return nullptr;
+      fast = PyCapsule_New(spec, kSpecCapsule, spec_capsule_free);
+      if (!fast) {
+        delete spec;
+        return nullptr;
+      }
+    }
+    if (PyObject_SetAttr(entry, s_fast, fast) < 0) {
+      Py_DECREF(fast);
+      return nullptr;
+    }
+  }
+  FastSpec* spec = PyCapsule_CheckExact(fast)
+                       ? static_cast<FastSpec*>(PyCapsule_GetPointer(fast, kSpecCapsule))
+                       : nullptr;
+  Py_DECREF(fast);  // the entry keeps it
+  return spec;
+}
+
+PyObject* scalar_ivalue(const c10::IValue& v) {
+  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+  if (v.isBool()) return Py_NewRef(v.toBool() ? Py_True : Py_False);
+  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
+  if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    return PyComplex_FromDoubles(c.real(), c.imag());
+  }
+  return nullptr;  // symbolic: not here (no error set)
+}
+
+// A CPU wrapped number (`x + 2`): the Python scalar the dispatcher hands a
+// Python kernel for it (torch::jit::toPyObject), or null with no error.
+PyObject* wrapped_number(const at::Tensor& t) {
+  if (!t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu()) return nullptr;
+  switch (t.scalar_type()) {
+    case at::ScalarType::Double:
+      return PyFloat_FromDouble(*t.const_data_ptr<double>());
+    case at::ScalarType::Long:
+      return PyLong_FromLongLong(*t.const_data_ptr<int64_t>());
+    case at::ScalarType::Bool:
+      return Py_NewRef(*t.const_data_ptr<bool>() ? Py_True : Py_False);
+    default:
+      return nullptr;
+  }
+}
+
+// The kernel's cache keys: tuples whose hash is the plain tuple's (CPython's
+// tuplehash) with the op's hash known in advance. An OpOverload hashes in
+// Python (OpOverload.__hash__), and a lookup hashes its key twice (the get
+// and OrderedDict.move_to_end): that alone cost more than the rest of the key.
+// The cache stores the Python kernel's plain tuples; these compare equal to
+// them (tuple equality), and setup checks that the hashes agree.
+PyTypeObject* g_key_type = nullptr;
+std::unordered_map<PyObject*, Py_hash_t>* g_op_hashes = nullptr;
+
+Py_hash_t key_hash(PyObject* self) {
+#if SIZEOF_PY_UHASH_T > 4
+  const Py_uhash_t p1 = 11400714785074694791ULL, p2 = 14029467366897019727ULL,
+                   p5 = 2870177450012600261ULL;
+#define TPU_XXROTATE(x) ((x << 31) | (x >> 33))
+#else
+  const Py_uhash_t p1 = 2654435761UL, p2 = 2246822519UL, p5 = 374761393UL;
+#define TPU_XXROTATE(x) ((x << 13) | (x >> 19))
+#endif
+  Py_ssize_t n = PyTuple_GET_SIZE(self);
+  Py_uhash_t acc = p5;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(self, i);
+    Py_uhash_t lane;
+    auto known = i == 0 ? g_op_hashes->find(item) : g_op_hashes->end();
+    if (known != g_op_hashes->end()) {
+      lane = static_cast<Py_uhash_t>(known->second);
+    } else {
+      Py_hash_t h = PyObject_Hash(item);
+      if (h == -1) return -1;
+      lane = static_cast<Py_uhash_t>(h);
+    }
+    acc += lane * p2;
+    acc = TPU_XXROTATE(acc);
+    acc *= p1;
+  }
+#undef TPU_XXROTATE
+  acc += static_cast<Py_uhash_t>(n) ^ (p5 ^ 3527539UL);
+  if (acc == static_cast<Py_uhash_t>(-1)) return 1546275796;
+  return static_cast<Py_hash_t>(acc);
+}
+
+// A key of the list's items: a Key where hashes agree, else a plain tuple.
+PyObject* make_key(PyObject* list) {
+  if (!g_key_type) return PyList_AsTuple(list);
+  Py_ssize_t n = PyList_GET_SIZE(list);
+  PyObject* k = g_key_type->tp_alloc(g_key_type, n);
+  if (!k) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(k, i, Py_NewRef(PyList_GET_ITEM(list, i)));
+  return k;
+}
+
+// Make the Key type and check it against tuple's own hash on `sample`
+// (a list whose first item is a registered op); no Key type if they differ.
+bool setup_key_type(PyObject* sample) {
+  if (!g_key_type) {
+    PyType_Slot slots[] = {{Py_tp_hash, reinterpret_cast<void*>(key_hash)},
+                           {Py_tp_doc, const_cast<char*>("An executor cache key (a tuple).")},
+                           {0, nullptr}};
+    PyType_Spec spec = {"torch_tpu.runtime._native.Key", 0, 0,
+                        Py_TPFLAGS_DEFAULT, slots};  // (GC support: tuple's)
+    PyObject* bases = PyTuple_Pack(1, reinterpret_cast<PyObject*>(&PyTuple_Type));
+    PyObject* t = bases ? PyType_FromSpecWithBases(&spec, bases) : nullptr;
+    Py_XDECREF(bases);
+    if (!t) {
+      PyErr_Clear();  // plain tuples, then
+      return false;
+    }
+    g_key_type = reinterpret_cast<PyTypeObject*>(t);
+  }
+  PyObject* plain = PyList_AsTuple(sample);
+  PyObject* key = plain ? make_key(sample) : nullptr;
+  bool same = key && Py_TYPE(key) == g_key_type && PyObject_Hash(plain) == PyObject_Hash(key) &&
+              PyObject_RichCompareBool(plain, key, Py_EQ) == 1;
+  Py_XDECREF(plain);
+  Py_XDECREF(key);
+  PyErr_Clear();
+  if (!same) Py_CLEAR(g_key_type);  // plain tuples from here on
+  return same;
+}
+
+struct FastKernel final : c10::OperatorKernel {
+  PyObject* op;    // owned: the key's head
+  PyObject* name;  // owned: str(op)
+  std::vector<ArgSpec> args;
+  size_t n_returns;
+
+  // 1: done, results on the stack; 0: the Python kernel's call; -1: a Python
+  // error (cleared by the caller, which then also hands the call to Python).
+  int run(torch::jit::Stack* stack) {
+    int flag;
+    if (!truthy_global(g_fused_dict, s_active, &flag)) return -1;
+    if (flag) return 0;
+    if (!truthy_global(g_aco_dict, s_outstanding, &flag)) return -1;
+    if (flag) return 0;
+    if (!truthy_global(g_executor_dict, s_launch_blocking, &flag)) return -1;
+    if (flag) return 0;
+
+    const size_t n = args.size();
+    const c10::IValue* iv = stack->data() + (stack->size() - n);
+    PyObject* key = PyList_New(1);
+    PyObject* dyn = PyList_New(0);
+    PyObject* slot_data = PyList_New(0);
+    int rc = key && dyn && slot_data ? 1 : -1;
+    if (rc > 0) PyList_SET_ITEM(key, 0, Py_NewRef(op));
+    Classifier c;
+    c.key = key;
+    c.dyn = dyn;
+    c.slot_data = slot_data;
+    try {
+      for (size_t i = 0; i < n && rc > 0; ++i) rc = argument(c, args[i], iv[i]);
+    } catch (const std::exception&) {
+      rc = 0;
+    }
+    PyObject* result = nullptr;
+    if (rc > 0 && c.device < 0) rc = 0;  // no tpu tensor: _factory_device decides
+    if (rc > 0) rc = finish_key(c.device, key);
+    PyObject* tkey = rc > 0 ? make_key(key) : nullptr;
+    if (rc > 0 && !tkey) rc = -1;
+    PyObject* cache = nullptr;
+    FastSpec* spec = nullptr;
+    if (rc > 0) {
+      cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
+      PyObject* entry = cache ? PyDict_GetItemWithError(cache, tkey) : nullptr;  // borrowed
+      if (!entry) {
+        rc = PyErr_Occurred() ? -1 : 0;  // a miss: Python compiles
+      } else {
+        Py_INCREF(entry);
+        spec = entry_spec(entry);
+        Py_DECREF(entry);  // the cache holds it, and it holds the capsule
+        if (!spec) rc = PyErr_Occurred() ? -1 : 0;
+        else if (spec->outs.size() != n_returns) rc = 0;
+      }
+    }
+    if (rc > 0) rc = execute(spec, c, &result);
+    if (rc > 0) rc = account(cache, tkey);
+    if (rc > 0) rc = push_results(spec, result, c.device, stack);
+    Py_XDECREF(result);
+    Py_XDECREF(tkey);
+    Py_XDECREF(key);
+    Py_XDECREF(dyn);
+    Py_XDECREF(slot_data);
+    return rc;
+  }
+
+  int argument(Classifier& c, const ArgSpec& a, const c10::IValue& v) {
+    if (a.conv != C_TENSOR && a.conv != C_SCALAR && v.isNone())
+      return PyList_Append(c.key, Py_None) < 0 ? -1 : 1;
+    switch (a.conv) {
+      case C_TENSOR: {
+        if (v.isNone()) return a.kind == OT ? (PyList_Append(c.key, Py_None) < 0 ? -1 : 1) : 0;
+        if (!v.isTensor()) return 0;
+        const at::Tensor& t = v.toTensor();
+        if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+          PyObject* s = wrapped_number(t);
+          if (!s) return 0;
+          int r = c.scalar(s);
+          Py_DECREF(s);
+          return r;
+        }
+        return c.tensor_value(t);
+      }
+      case C_SCALAR: {
+        if (v.isNone()) return a.kind == OS ? (PyList_Append(c.key, Py_None) < 0 ? -1 : 1) : 0;
+        PyObject* s = scalar_ivalue(v);
+        if (!s) return PyErr_Occurred() ? -1 : 0;
+        int r = c.scalar(s);
+        Py_DECREF(s);
+        return r;
+      }
+      default:
+        break;
+    }
+    PyObject* s = nullptr;
+    switch (a.conv) {
+      case C_STATIC_INT:
+        if (!v.isInt()) return 0;
+        s = PyLong_FromLongLong(v.toInt());
+        break;
+      case C_STATIC_FLOAT:
+        if (!v.isDouble()) return 0;
+        s = PyFloat_FromDouble(v.toDouble());
+        break;
+      case C_STATIC_BOOL:
+        if (!v.isBool()) return 0;
+        s = Py_NewRef(v.toBool() ? Py_True : Py_False);
+        break;
+      case C_STATIC_STR: {
+        if (!v.isString()) return 0;
+        auto str = v.toStringRef();
+        s = PyUnicode_FromStringAndSize(str.data(), static_cast<Py_ssize_t>(str.size()));
+        break;
+      }
+      case C_STATIC_DTYPE:
+        if (!v.isInt()) return 0;
+        s = Py_NewRef(reinterpret_cast<PyObject*>(
+            torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+        break;
+      case C_STATIC_INTLIST: {
+        if (!v.isIntList()) return 0;
+        auto list = v.toIntList();
+        s = PyTuple_New(static_cast<Py_ssize_t>(list.size()));
+        for (size_t i = 0; s && i < list.size(); ++i) {
+          PyObject* x = PyLong_FromLongLong(list.get(i));
+          if (!x) {
+            Py_CLEAR(s);
+            break;
+          }
+          PyTuple_SET_ITEM(s, static_cast<Py_ssize_t>(i), x);
+        }
+        break;
+      }
+      case C_STATIC_SCALAR:
+        s = scalar_ivalue(v);
+        if (!s) return PyErr_Occurred() ? -1 : 0;
+        break;
+      default:
+        return 0;
+    }
+    if (!s) return -1;
+    int r = PyList_Append(c.key, s);
+    Py_DECREF(s);
+    return r < 0 ? -1 : 1;
+  }
+
+  // The key's context parts, as _Runner.__call__ appends them.
+  int finish_key(long device, PyObject* key) {
+    PyObject* d = PyLong_FromLong(device);
+    if (!d) return -1;
+    int r = PyList_Append(key, d);
+    Py_DECREF(d);
+    if (r < 0) return -1;
+    PyObject* dt = reinterpret_cast<PyObject*>(
+        torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    if (PyList_Append(key, dt) < 0) return -1;
+    PyObject* tok = g_precision_state != Py_None ? PyObject_GetAttr(g_precision_state, s_value)
+                                                 : PyObject_CallNoArgs(g_precision_fn);
+    if (!tok) return -1;
+    r = PyList_Append(key, tok);
+    Py_DECREF(tok);
+    if (r < 0) return -1;
+    PyObject* level = PyDict_GetItemWithError(g_olevel_dict, s_level);
+    if (!level) return PyErr_Occurred() ? -1 : 0;
+    return PyList_Append(key, level) < 0 ? -1 : 1;
+  }
+
+  int execute(FastSpec* spec, Classifier& c, PyObject** result) {
+    if (!g_compiled_type || Py_TYPE(spec->compiled) != reinterpret_cast<PyTypeObject*>(g_compiled_type))
+      return 0;
+    Py_ssize_t ns = PyList_GET_SIZE(c.slot_data);
+    PyObject* arrays = PyList_New(ns);
+    if (!arrays) return -1;
+    for (Py_ssize_t i = 0; i < ns; ++i) {
+      PyObject* raw = dd_get(PyList_GET_ITEM(c.slot_data, i), DD_RAW);
+      if (!raw) {
+        Py_DECREF(arrays);
+        return -1;
+      }
+      PyList_SET_ITEM(arrays, i, raw);
+      if (Py_TYPE(raw) != reinterpret_cast<PyTypeObject*>(g_array_type)) {
+        Py_DECREF(arrays);  // a deferred value: Python resolves or launches it
+        return 0;
+      }
+    }
+    PyObject* dev = PyLong_FromLong(c.device);
+    if (!dev) {
+      Py_DECREF(arrays);
+      return -1;
+    }
+    if (!spec->fn) {  // Compiled._call: JAX's C++ call path, made by its first call
+      PyObject* fn = PyObject_GetAttr(spec->compiled, s_call);
+      if (fn && fn != Py_None) spec->fn = fn;
+      else Py_XDECREF(fn);
+      PyErr_Clear();
+    }
+    if (!spec->fn) {  // not called yet: call() calls it the first time
+      PyObject* a[4] = {spec->compiled, arrays, c.dyn, dev};
+      *result = call(nullptr, a, 4);
+    } else {
+      // call()'s work, with the entry's executable call path at hand.
+      Py_ssize_t nd = PyList_GET_SIZE(c.dyn);
+      PyObject* inputs = PyList_New(nd);
+      for (Py_ssize_t i = 0; inputs && i < nd; ++i) {
+        PyObject* v = device_scalar(PyList_GET_ITEM(c.dyn, i), dev);
+        if (!v) Py_CLEAR(inputs);
+        else PyList_SET_ITEM(inputs, i, v);
+      }
+      if (inputs) {
+        PyObject* a[2] = {arrays, inputs};
+        *result = PyObject_Vectorcall(spec->fn, a, 2, nullptr);
+        Py_DECREF(inputs);
+        if (*result) ++n_call;
+      }
+    }
+    Py_DECREF(dev);
+    Py_DECREF(arrays);
+    return *result ? 1 : -1;
+  }
+
+  // STATS.requests/hits/per_op and the LRU order, as _Runner.__call__ does on a hit.
+  int account(PyObject* cache, PyObject* tkey) {
+    PyObject* stats = PyDict_GetItemWithError(g_executor_dict, s_stats);  // borrowed
+    if (!stats || !add_one(stats, s_requests) || !add_one(stats, s_hits)) return -1;
+    // OrderedDict.move_to_end, looked up once per cache type.
+    static PyTypeObject* mte_type = nullptr;
+    static PyObject* mte = nullptr;
+    if (Py_TYPE(cache) != mte_type) {
+      PyObject* m = PyObject_GetAttr(reinterpret_cast<PyObject*>(Py_TYPE(cache)), s_move_to_end);
+      if (!m) return -1;
+      Py_XSETREF(mte, m);
+      mte_type = Py_TYPE(cache);
+    }
+    PyObject* mte_args[2] = {cache, tkey};
+    PyObject* moved = PyObject_Vectorcall(mte, mte_args, 2, nullptr);
+    if (!moved) return -1;
+    Py_DECREF(moved);
+    PyObject* per_op = PyObject_GetAttr(stats, s_per_op);
+    if (!per_op) return -1;
+    int r = -1;
+    if (PyDict_Check(per_op)) {
+      PyObject* v = PyDict_GetItemWithError(per_op, name);
+      PyObject* w = v ? PyNumber_Add(v, g_one)
+                      : (PyErr_Occurred() ? nullptr : PyLong_FromLong(1));
+      if (w) {
+        r = PyDict_SetItem(per_op, name, w) < 0 ? -1 : 1;
+        Py_DECREF(w);
+      }
+    }
+    Py_DECREF(per_op);
+    return r;
+  }
+
+  int push_results(FastSpec* spec, PyObject* result, long device, torch::jit::Stack* stack) {
+    // The program returns (outs, new_bases); the entry writes no storage.
+    PyObject* outs = PySequence_Check(result) && PySequence_Size(result) == 2
+                         ? PySequence_GetItem(result, 0)
+                         : nullptr;
+    if (!outs) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "unexpected executable result");
+      return -1;
+    }
+    PyObject* fast = PySequence_Fast(outs, "executable outputs");
+    Py_DECREF(outs);
+    if (!fast) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != static_cast<Py_ssize_t>(spec->outs.size())) {
+      Py_DECREF(fast);
+      PyErr_SetString(PyExc_RuntimeError, "executable returned another number of outputs");
+      return -1;
+    }
+    PyObject* index = PyLong_FromLong(device);
+    std::vector<at::Tensor> made;
+    int r = index ? 1 : -1;
+    for (size_t i = 0; r > 0 && i < spec->outs.size(); ++i) {
+      const OutSpec& o = spec->outs[i];
+      PyObject* data = device_data(PySequence_Fast_GET_ITEM(fast, i), index, o, name);
+      if (!data) {
+        r = -1;
+        break;
+      }
+      at::Tensor t = make_tensor(o.sizes, o.strides, o.dtype, static_cast<c10::DeviceIndex>(device),
+                                 o.nbytes);
+      PyObject* storage = THPStorage_Wrap(t.storage());
+      r = storage && PyObject_SetAttr(storage, s_tpu, data) == 0 ? 1 : -1;
+      Py_XDECREF(storage);
+      Py_DECREF(data);
+      made.push_back(std::move(t));
+    }
+    Py_XDECREF(index);
+    Py_DECREF(fast);
+    if (r < 0) return -1;
+    torch::jit::drop(*stack, args.size());
+    for (auto& t : made) torch::jit::push(*stack, std::move(t));
+    return 1;
+  }
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      int rc = run(stack);
+      if (rc < 0) PyErr_Clear();  // the Python kernel redoes the call and raises its error
+      if (rc > 0) ++n_kernel;
+      else ++n_kernel_fallback;
+      PyGILState_Release(gil);
+      if (rc > 0) return;
+    }
+    handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+  }
+};
+
+// The conversion of one schema argument, or -1 where the kernel does not
+// handle that type (the op then keeps only its Python kernel).
+int conv_of(long kind, const c10::Argument& arg) {
+  c10::TypePtr t = arg.real_type();  // (type() says int for a ScalarType)
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  switch (kind) {
+    case T:
+    case OT:
+      return t->kind() == c10::TypeKind::TensorType ? C_TENSOR : -1;
+    case S:
+    case OS:
+      return t->kind() == c10::TypeKind::NumberType ? C_SCALAR : -1;
+    case X:
+      break;
+    default:
+      return -1;
+  }
+  switch (t->kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+      return C_STATIC_INT;
+    case c10::TypeKind::FloatType:
+      return C_STATIC_FLOAT;
+    case c10::TypeKind::BoolType:
+      return C_STATIC_BOOL;
+    case c10::TypeKind::StringType:
+      return C_STATIC_STR;
+    case c10::TypeKind::ScalarTypeType:
+      return C_STATIC_DTYPE;
+    case c10::TypeKind::NumberType:
+      return C_STATIC_SCALAR;
+    case c10::TypeKind::ListType: {
+      auto e = t->castRaw<c10::ListType>()->getElementType()->kind();
+      return e == c10::TypeKind::IntType || e == c10::TypeKind::SymIntType ? C_STATIC_INTLIST : -1;
+    }
+    default:
+      return -1;
+  }
+}
+
+// register_kernel(schema_name, overload, op, name, kinds) -> bool
+PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyUnicode_Check(a[0]) || !PyUnicode_Check(a[1]) || !PyTuple_Check(a[4])) {
+    PyErr_SetString(PyExc_TypeError, "register_kernel(schema_name, overload, op, name, kinds)");
+    return nullptr;
+  }
+  if (!g_executor_dict) {
+    PyErr_SetString(PyExc_RuntimeError, "torch_tpu.runtime._native.setup_kernel() was not called");
+    return nullptr;
+  }
+  const char* schema_name = PyUnicode_AsUTF8(a[0]);
+  const char* overload = PyUnicode_AsUTF8(a[1]);
+  if (!schema_name || !overload) return nullptr;
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchema({schema_name, overload});
+    if (!handle) Py_RETURN_FALSE;
+    const auto& schema = handle->schema();
+    if (schema.is_mutable() || schema.is_vararg() || schema.returns().empty()) Py_RETURN_FALSE;
+    for (const auto& r : schema.returns())
+      if (r.type()->kind() != c10::TypeKind::TensorType || r.alias_info()) Py_RETURN_FALSE;
+    const auto& sargs = schema.arguments();
+    if (static_cast<size_t>(PyTuple_GET_SIZE(a[4])) != sargs.size()) Py_RETURN_FALSE;
+    auto kernel = std::make_unique<FastKernel>();
+    for (size_t i = 0; i < sargs.size(); ++i) {
+      long kind = PyLong_AsLong(PyTuple_GET_ITEM(a[4], static_cast<Py_ssize_t>(i)));
+      if (kind == -1 && PyErr_Occurred()) return nullptr;
+      int conv = conv_of(kind, sargs[i]);
+      if (conv < 0) Py_RETURN_FALSE;
+      kernel->args.push_back({kind, conv});
+    }
+    kernel->n_returns = schema.returns().size();
+    Py_hash_t op_hash = PyObject_Hash(a[2]);
+    if (op_hash == -1) return nullptr;
+    if (!g_op_hashes) g_op_hashes = new std::unordered_map<PyObject*, Py_hash_t>();
+    (*g_op_hashes)[a[2]] = op_hash;  // (the op lives as long as the kernel)
+    if (g_op_hashes->size() == 1) {
+      PyObject* sample = Py_BuildValue("[O(ii)OsO]", a[2], 64, 64, Py_None, "highest",
+                                       reinterpret_cast<PyObject*>(&PyLong_Type));
+      if (!sample) return nullptr;
+      setup_key_type(sample);
+      Py_DECREF(sample);
+    }
+    kernel->op = Py_NewRef(a[2]);
+    kernel->name = Py_NewRef(a[3]);
+    std::string qualified = std::string(schema_name).substr(std::string(schema_name).find("::") + 2);
+    if (*overload) qualified += std::string(".") + overload;
+    if (!g_lib)
+      g_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                 __FILE__, __LINE__);
+    g_lib->impl(qualified.c_str(),
+                torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_TRUE;
+}
+
+// setup_kernel(executor, fused, async_compile, opt_level, precision_state,
+//              precision_fn, spec_fn, array_type): what the kernel reads.
+PyObject* setup_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "setup_kernel(executor, fused, async_compile, opt_level, "
+                                     "precision_state, precision_fn, spec_fn, array_type)");
+    return nullptr;
+  }
+  PyObject* dicts[4];
+  for (int i = 0; i < 4; ++i) {
+    dicts[i] = PyModule_Check(a[i]) ? PyModule_GetDict(a[i]) : nullptr;
+    if (!dicts[i]) {
+      PyErr_SetString(PyExc_TypeError, "setup_kernel: expected modules");
+      return nullptr;
+    }
+  }
+  Py_XSETREF(g_executor_dict, Py_NewRef(dicts[0]));
+  Py_XSETREF(g_fused_dict, Py_NewRef(dicts[1]));
+  Py_XSETREF(g_aco_dict, Py_NewRef(dicts[2]));
+  Py_XSETREF(g_olevel_dict, Py_NewRef(dicts[3]));
+  Py_XSETREF(g_precision_state, Py_NewRef(a[4]));
+  Py_XSETREF(g_precision_fn, Py_NewRef(a[5]));
+  Py_XSETREF(g_spec_fn, Py_NewRef(a[6]));
+  Py_XSETREF(g_array_type, Py_NewRef(a[7]));
   Py_RETURN_NONE;
 }
 
 PyObject* calls(PyObject*, PyObject*) {
-  return Py_BuildValue("{sKsKsKsKsK}", "classify", (unsigned long long)n_classify,
+  return Py_BuildValue("{sKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
                        "wrap", (unsigned long long)n_wrap, "new_tensor",
-                       (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call);
+                       (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call,
+                       "kernel", (unsigned long long)n_kernel, "kernel_fallback",
+                       (unsigned long long)n_kernel_fallback, "hashed_keys",
+                       PyBool_FromLong(g_key_type != nullptr));
 }
 
 PyMethodDef methods[] = {
@@ -526,6 +1303,13 @@ PyMethodDef methods[] = {
      "call(compiled, arrays, dyn, device): run an executor entry's executable"},
     {"setup_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_call)),
      METH_FASTCALL, "setup_call(Compiled, scalar_array): what call() needs from JAX."},
+    {"register_kernel",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
+     "register_kernel(schema_name, overload, op, name, kinds): the C++ kernel in front of the "
+     "op's Python kernel (which must be registered for PrivateUse2); False: not handled"},
+    {"setup_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_kernel)),
+     METH_FASTCALL, "setup_kernel(executor, fused, async_compile, opt_level, precision_state, "
+     "precision_fn, spec_fn, array_type): what the C++ kernel reads"},
     {"calls", calls, METH_NOARGS, "Call counters of the fast paths (tests read them)."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -545,6 +1329,24 @@ PyMODINIT_FUNC PyInit__native() {
   s_dtype = PyUnicode_InternFromString("dtype");
   s_shape = PyUnicode_InternFromString("shape");
   s_call = PyUnicode_InternFromString("_call");
+  g_one = PyLong_FromLong(1);
+  {
+    const char* names[6] = {"raw", "index", "shape", "dtype", "sig", "origin"};
+    for (int i = 0; i < 6; ++i) g_dd_names[i] = PyUnicode_InternFromString(names[i]);
+  }
+  s_stats = PyUnicode_InternFromString("STATS");
+  s_cache = PyUnicode_InternFromString("_CACHE");
+  s_launch_blocking = PyUnicode_InternFromString("LAUNCH_BLOCKING");
+  s_active = PyUnicode_InternFromString("ACTIVE");
+  s_outstanding = PyUnicode_InternFromString("OUTSTANDING");
+  s_level = PyUnicode_InternFromString("LEVEL");
+  s_fast = PyUnicode_InternFromString("fast");
+  s_raw = PyUnicode_InternFromString("raw");
+  s_requests = PyUnicode_InternFromString("requests");
+  s_hits = PyUnicode_InternFromString("hits");
+  s_per_op = PyUnicode_InternFromString("per_op");
+  s_move_to_end = PyUnicode_InternFromString("move_to_end");
+  s_value = PyUnicode_InternFromString("value");
   PyObject* m = PyModule_Create(&module_def);
   // The torch it was compiled against: runtime/fastpath.py uses it with no other.
   if (m && PyModule_AddStringConstant(m, "TORCH_VERSION", TORCH_TPU_TORCH_VERSION) < 0) {

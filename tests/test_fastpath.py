@@ -20,9 +20,18 @@ FORCED_PURE = os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "f
 native = pytest.mark.skipif(FORCED_PURE, reason="TORCH_TPU_NATIVE=0 forces the pure-Python path")
 
 
+NO_KERNEL = os.environ.get("TORCH_TPU_NATIVE_KERNEL", "").strip().lower() in (
+    "0", "false", "no", "off")
+
+
+def _delta(before, after):
+    return {k: after[k] - before[k] for k in after}
+
+
 @native
 def test_native_extension_is_loaded_and_on_the_hot_path():
     assert fastpath.ACTIVE, f"native fast path not loaded: {fastpath.REASON}"
+    assert fastpath.KERNEL or NO_KERNEL, "the native kernel is not in front of the Python kernels"
     assert executor._fast_classify is fastpath.NATIVE.classify
     assert storage._NATIVE is fastpath.NATIVE
     assert executor._call is fastpath.NATIVE.call
@@ -30,16 +39,158 @@ def test_native_extension_is_loaded_and_on_the_hot_path():
     a = torch.ones(3, 3, device="tpu")
     b = torch.ones(3, 3, device="tpu")
     (a + b).cpu()  # compiled (a miss, maybe in the background) and done before counting
+    (a + b).cpu()
     before = fastpath.NATIVE.calls()
     for _ in range(5):
         c = a + b
-    after = fastpath.NATIVE.calls()
-    # Every call's key came from C++ and every result tensor was made there.
-    assert after["classify"] - before["classify"] == 5
-    assert after["classify_fallback"] == before["classify_fallback"]
-    assert after["wrap"] - before["wrap"] == 5
-    assert after["call"] - before["call"] == 5
+    d = _delta(before, fastpath.NATIVE.calls())
+    if fastpath.KERNEL:
+        # Every call ran in the C++ kernel: no Python kernel, no fallback.
+        assert d["kernel"] == 5 and d["kernel_fallback"] == 0 and d["call"] == 5
+        assert d["classify"] == 0 and d["classify_fallback"] == 0
+    else:
+        # Every call's key came from C++ and every result tensor was made there.
+        assert d["classify"] == 5 and d["classify_fallback"] == 0
+        assert d["wrap"] == 5 and d["call"] == 5
     assert torch.equal(c.cpu(), torch.full((3, 3), 2.0))
+    # The Python kernel (the runner) still uses the native classifier and wrap.
+    before = fastpath.NATIVE.calls()
+    c = executor.runner_for(aten.add.Tensor)(a, b)
+    d = _delta(before, fastpath.NATIVE.calls())
+    assert d["classify"] == 1 and d["wrap"] == 1 and d["call"] == 1
+    assert torch.equal(c.cpu(), torch.full((3, 3), 2.0))
+
+
+kernel = pytest.mark.skipif(FORCED_PURE or NO_KERNEL or not fastpath.KERNEL,
+                            reason="the native kernel is off")
+
+
+def _hits_and_runs(op_name, fn, n=4):
+    """Run fn n times after a warm-up; the executor's counters and the
+    native kernel's over those n calls, and the last result."""
+    fn().cpu()
+    fn().cpu()
+    stats = executor.STATS
+    h, r, m, per = stats.hits, stats.requests, stats.misses, stats.per_op[op_name]
+    before = fastpath.NATIVE.calls()
+    for _ in range(n):
+        out = fn()
+    d = _delta(before, fastpath.NATIVE.calls())
+    return (stats.hits - h, stats.requests - r, stats.misses - m, stats.per_op[op_name] - per,
+            d, out)
+
+
+@kernel
+@pytest.mark.parametrize("case", ["add", "alpha", "wrapped_int", "wrapped_float", "mul_bool",
+                                  "sum_dim", "sum_dtype", "matmul", "relu", "var_mean",
+                                  "gelu_tanh", "same_storage", "clamp_none"])
+def test_native_kernel_runs_hits_as_the_python_kernel(case):
+    """Cache hits run in the C++ kernel, with the Python kernel's key (the
+    same cache entry: no miss), statistics and values."""
+    xc, yc = torch.randn(4, 5), torch.randn(4, 5)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    fn, ref, name = {
+        "add": (lambda a, b: a + b, None, "aten.add.Tensor"),
+        "alpha": (lambda a, b: torch.add(a, b, alpha=2.5), None, "aten.add.Tensor"),
+        "wrapped_int": (lambda a, b: a + 3, None, "aten.add.Tensor"),
+        "wrapped_float": (lambda a, b: a * 0.25, None, "aten.mul.Tensor"),
+        "mul_bool": (lambda a, b: (a > 0) * (b > 0), None, "aten.mul.Tensor"),
+        "sum_dim": (lambda a, b: a.sum(1, keepdim=True), None, "aten.sum.dim_IntList"),
+        "sum_dtype": (lambda a, b: a.sum(0, dtype=torch.float64), None, "aten.sum.dim_IntList"),
+        "matmul": (lambda a, b: a @ b.t(), None, "aten.mm.default"),
+        "relu": (lambda a, b: torch.relu(a), None, "aten.relu.default"),
+        "var_mean": (lambda a, b: torch.var_mean(a, 1)[1], None, "aten.var_mean.correction"),
+        "gelu_tanh": (lambda a, b: torch.nn.functional.gelu(a, approximate="tanh"), None,
+                      "aten.gelu.default"),
+        "same_storage": (lambda a, b: a * a, None, "aten.mul.Tensor"),
+        "clamp_none": (lambda a, b: a.clamp(None, 0.5), None, "aten.clamp.default"),
+    }[case]
+    if case == "matmul":  # b.t() is a view: its mm runs in Python; a plain operand:
+        yt = yc.t().contiguous().to("tpu")
+        fn = lambda a, b: a @ yt  # noqa: E731
+        expected = xc @ yc.t()
+    else:
+        expected = fn(xc, yc)
+    hits, requests, misses, per_op, d, out = _hits_and_runs(name, lambda: fn(x, y))
+    ops_per_call = 3 if case == "mul_bool" else 1  # (a > 0) and (b > 0) too
+    assert misses == 0 and hits == requests == 4 * ops_per_call and per_op == 4
+    assert d["kernel"] == 4 * ops_per_call and d["kernel_fallback"] == 0, d
+    got = out.cpu()
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected)
+    assert storage.data_of(out).origin == name
+
+
+@kernel
+def test_native_kernel_results_are_python_results():
+    """A result made by the kernel: the storage, DeviceData and tensor the
+    Python kernel makes (storage.wrap), and usable everywhere a tpu tensor is."""
+    x = torch.randn(3, 4).to("tpu")
+    (x + x).cpu()
+    before = fastpath.NATIVE.calls()
+    k = x + x
+    assert _delta(before, fastpath.NATIVE.calls())["kernel"] == 1
+    p = executor.runner_for(aten.add.Tensor)(x, x)
+    dk, dp = storage.data_of(k), storage.data_of(p)
+    assert type(dk) is storage.DeviceData
+    for f in ("index", "shape", "dtype", "sig", "origin"):
+        assert getattr(dk, f) == getattr(dp, f), f
+    assert dk.array.shape == dp.array.shape and dk.array.dtype == dp.array.dtype
+    assert (k.shape, k.stride(), k.dtype, k.device, k.storage_offset()) == (
+        p.shape, p.stride(), p.dtype, p.device, p.storage_offset())
+    assert k.untyped_storage().nbytes() == p.untyped_storage().nbytes()
+    assert k.data_ptr() != p.data_ptr() != x.data_ptr()
+    assert torch.equal(k.cpu(), p.cpu())
+    k[0] = 7.0  # a view write into a kernel-made storage
+    assert torch.equal(k.cpu()[0], torch.full((4,), 7.0))
+
+
+@kernel
+@pytest.mark.parametrize("case", ["miss", "view", "cpu_scalar", "fused", "launch_blocking",
+                                  "autograd", "inplace", "deferred"])
+def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
+    """Calls the kernel does not run itself reach the Python kernel, which
+    gives its usual results."""
+    import torch_tpu
+    from torch_tpu.runtime import async_compile
+
+    xc = torch.randn(6, 5)
+    x = xc.to("tpu")
+    (x + x).cpu()
+    (x + x).cpu()
+    before = fastpath.NATIVE.calls()
+    if case == "miss":
+        out = x + torch.ones(6, 5, dtype=torch.float64).to("tpu")
+        expected = xc.double() + 1.0
+    elif case == "view":
+        out, expected = x[1:] + x[:5], xc[1:] + xc[:5]
+    elif case == "cpu_scalar":
+        out, expected = x + torch.tensor(2.0), xc + 2.0
+    elif case == "fused":
+        with torch_tpu.fused():
+            out = x + x
+            expected = xc + xc
+            out = out.cpu()
+    elif case == "launch_blocking":
+        monkeypatch.setattr(executor, "LAUNCH_BLOCKING", True)
+        out, expected = x + x, xc + xc
+    elif case == "autograd":
+        w = x.clone().requires_grad_()
+        out = w + w
+        out.sum().backward()
+        assert torch.equal(w.grad.cpu(), torch.full((6, 5), 2.0))
+        expected = xc + xc
+    elif case == "inplace":
+        y = x.clone()
+        y.add_(x)
+        out, expected = y, xc + xc
+    else:  # an input whose value is a Deferred one (asynchronous compilation's)
+        monkeypatch.setattr(async_compile, "OUTSTANDING", 1)
+        out, expected = x + x, xc + xc
+    d = _delta(before, fastpath.NATIVE.calls())
+    if case in ("miss", "view", "cpu_scalar", "fused", "launch_blocking", "deferred"):
+        assert d["kernel_fallback"] >= 1 and d["kernel"] == 0, d
+    torch.testing.assert_close(out.cpu(), expected)
 
 
 @native

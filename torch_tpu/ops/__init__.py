@@ -31,20 +31,23 @@ def install() -> None:
     _libs.append(lib)
     registered = set()
     for op, fn in core.KERNELS.items():
-        lib.impl(op, fn, "PrivateUse1")
+        if getattr(fn, "hits_as_runner", False):  # behind the native kernel, as a runner is
+            executor.install_kernel(lib, op, executor.runner_for(op), fn)
+        else:
+            lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
     for op in list(registry.LOWERINGS):
         if op in registered:
             continue
         runner = executor.runner_for(op)
-        lib.impl(op, runner.__call__, "PrivateUse1")
+        executor.install_kernel(lib, op, runner)  # PrivateUse1, maybe behind the C++ kernel
         registered.add(op)
         # The in-place and out= forms run through the same lowering.
         for variant in _variants(op):
             if variant not in registered and variant not in registry.LOWERINGS:
                 r = executor.runner_for(variant)
                 if r is not None:
-                    lib.impl(variant, r.__call__, "PrivateUse1")
+                    executor.install_kernel(lib, variant, r)
                     registered.add(variant)
     # The device's one PrivateUse1 fallback was registered with the device
     # (torch_tpu.device.registration): it now hands every op with no kernel

@@ -577,6 +577,9 @@ def _cpu_error_kernel(op):
             raise err
 
     kernel.__name__ = str(op)
+    # A cache hit is the runner's call (the rewording above is for its misses):
+    # the native kernel may run hits itself (executor.install_kernel).
+    kernel.hits_as_runner = True
     return kernel
 
 

@@ -150,7 +150,7 @@ class _Plan:
 
 class _Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
-                 "program", "fused_specs")
+                 "program", "fused_specs", "fast")
     # Set only for eager (data-dependent) lowerings, which run without jit.
     eager_fn: Callable[..., Any]
 
@@ -168,6 +168,9 @@ class _Entry:
         # bigger trace (runtime.fused), and its output specs there.
         self.program = None
         self.fused_specs = None
+        # What the native kernel needs to run a hit of this entry (_fast_spec,
+        # made on its first hit there), False where it never does.
+        self.fast = None
 
 
 def _device_mismatch(op_name, a, b):
@@ -269,6 +272,57 @@ def _call_python(compiled, arrays, dyn, device):
 # scalars (runtime/fastpath.py), and results made in one C++ step; else Python.
 _call = _NATIVE.call if _NATIVE is not None else _call_python
 _wrap_array = _NATIVE.wrap if _NATIVE is not None else st.wrap
+
+
+def _fast_spec(entry):
+    """What the native kernel (csrc/fastpath.cpp) needs to run a cache hit of
+    `entry` itself: (executable, ((dtype, shape) of each result, ...)); None
+    while its executable is still compiling; False for an entry whose hits
+    take _Runner.__call__'s other branches (an eager lowering, a memory check
+    per call, storages it writes, results that are not all tensors)."""
+    compiled = entry.compiled
+    if compiled is None or entry.check or entry.writes:
+        return False
+    if type(compiled) is not jax.stages.Compiled:
+        return None if type(compiled) is _aco.PendingExecutable else False
+    metas = entry.out_meta
+    if not metas or not all(isinstance(m, torch.Tensor) for m in metas):
+        return False
+    return compiled, tuple((m.dtype, tuple(m.shape)) for m in metas)
+
+
+_KERNEL_READY: list = []
+
+
+def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
+    """Register `kernel` (default: `runner`) as `op`'s PrivateUse1 kernel:
+    behind the native C++ kernel (runtime/fastpath.py KERNEL), which runs the
+    op's cache hits itself and hands every other call to `kernel`, registered
+    for the PrivateUse2 key for that; `kernel` alone where the native kernel
+    does not handle the op (in-place, out=, random, list or non-tensor
+    results). A `kernel` other than the runner must do exactly the runner's
+    call on a cache hit."""
+    from . import fastpath
+
+    if kernel is None:
+        kernel = runner.__call__
+    low = runner.lowering
+    native = _NATIVE
+    if (native is not None and fastpath.KERNEL and runner.functional is None and not low.mutates and not runner.rng
+            and not low.eager and not runner.returns_nothing):
+        if not _KERNEL_READY:
+            from .. import precision
+
+            native.setup_kernel(sys.modules[__name__], fused, _aco, _olevel,
+                                precision._jax_precision_state, precision.cache_token,
+                                _fast_spec, type(jnp.zeros(())))
+            _KERNEL_READY.append(True)
+        lib.impl(op, kernel, "PrivateUse2")
+        schema = op._schema
+        if native.register_kernel(schema.name, schema.overload_name, runner.plan.op,
+                                  runner.plan.name, runner.plan.kinds):
+            return
+    lib.impl(op, kernel, "PrivateUse1")
 
 
 def _classify(plan, vals, sig):

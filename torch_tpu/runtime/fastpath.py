@@ -41,6 +41,13 @@ else:
 
 ACTIVE = NATIVE is not None
 
+# The native kernel (executor.install_kernel): ops' cache hits run in C++ from
+# the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
+# keeps the Python kernels in front (the rest of the native path stays).
+KERNEL = (ACTIVE and hasattr(NATIVE, "register_kernel")
+          and os.environ.get("TORCH_TPU_NATIVE_KERNEL", "").strip().lower()
+          not in ("0", "false", "no", "off"))
+
 
 def _scalar_array(value: object, index: int) -> object:
     """`value`, a Python scalar input of an executable, as the device array a
