@@ -93,6 +93,7 @@ class Stats:
         self.recorded = 0        # ops recorded
         self.flushes = 0         # non-empty traces run
         self.programs = 0        # distinct fused programs compiled
+        self.donated = 0         # input buffers given to fused programs (donation)
 
 
 STATS = Stats()
@@ -369,21 +370,37 @@ def flush() -> None:
                 live.append(pos)
                 live_nodes.append(n)
         plan = tuple((entry, refs) for entry, refs, _, _, _ in tr.ops)
-        key = (programs.ProgramKind.FUSED, plan, tuple(live), _olevel.LEVEL)
+        shapes: dict = {}
+        for n in live_nodes:
+            k = (n.shape, n.dtype)
+            shapes[k] = shapes.get(k, 0) + 1
+        donate = _donatable(tr.ext, shapes)
+        key = (programs.ProgramKind.FUSED, plan, tuple(live), donate, _olevel.LEVEL)
         device = tr.ops[0][4]
         dyns = _device_scalars([dyn for _, _, dyn, _, _ in tr.ops], device)
         STATS.flushes += 1
         try:
-            misses = programs.STATS.misses
-            args = (tr.ext, dyns, _zero(device))
-            fn = programs.get_or_compile(key, _program(tr, live, device), args,
-                                         name="fused eager program")
-            if programs.STATS.misses != misses:
+            ext = tr.ext
+            if donate:
+                gone = set(donate)
+                args = ([ext[i] for i in donate], [a for i, a in enumerate(ext) if i not in gone],
+                        dyns, _zero(device))
+            else:
+                args = ([], ext, dyns, _zero(device))
+            fn = programs.lookup(key)
+            if fn is None:
+                fn = _compile(key, _program(tr, live, device, donate), args, donate, device)
                 STATS.programs += 1
+            if donate:
+                STATS.donated += len(donate)
+                del ext  # the donated arrays' last references are the trace's and args'
+                tr.ext.clear()
+                tr.ext_ids.clear()
             try:
                 values = fn(*args)
             except jax.errors.JaxRuntimeError as e:
-                raise _attribute(tr, e) from None
+                raise _attribute(tr, e, args) from None
+            del args
         except BaseException as e:
             tr.error = e
             tr.ops.clear()
@@ -441,12 +458,75 @@ def _device_scalars(dyns: list, device: int) -> list:
     return out
 
 
-def _program(tr: _Trace, live: list[int], device: int) -> Any:
-    """The fused program: each recorded op's program, inlined in order."""
+# TORCH_TPU_DONATE=0 turns buffer donation off (here and for compiled graphs).
+_DONATE = os.environ.get("TORCH_TPU_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _donatable(ext: list, outputs: dict) -> tuple:
+    """The external inputs whose buffers the fused program may take over (donate).
+
+    An array that only the trace still references: the old value of a storage
+    the trace overwrote (a parameter, a gradient or an optimizer state updated
+    in place), or of a tensor that died since it was read. Nothing can read it
+    after the flush, so XLA may write the new values into its buffer instead
+    of allocating fresh ones and copying (~4 bytes x 3 x parameters for an
+    AdamW step). Another reference keeps it: a storage still holding it (a
+    copy_ between storages may share one array object), a user's handle, the
+    cached scalars. Views, `.detach()` and the autograd graph reach arrays
+    only through storages, so they count too. References are Python's
+    (getrefcount, as compiled graphs check, compile/backend._can_donate): two
+    jax.Array objects sharing one buffer would not be seen, which no storage
+    does (each op, transfer and copy_ gives a fresh array or the same object).
+    `outputs`: how many of the program's outputs have each (shape, dtype);
+    only a buffer that one of them can
+    take is donated (JAX warns about the others).
+    """
+    if not _DONATE:
+        return ()
+    getref = sys.getrefcount
+    jarray = _ARRAY_TYPE
+    out = []
+    for i in range(len(ext)):
+        a = ext[i]
+        if type(a) is jarray and getref(a) <= 3:  # ext's slot, `a` and the argument
+            k = (a.shape, a.dtype)
+            if outputs.get(k, 0) > 0:  # XLA can write an output of its size into it
+                outputs[k] -= 1
+                out.append(i)
+    return tuple(out)
+
+
+_ARRAY_TYPE = type(jnp.zeros(()))
+
+
+def _compile(key: tuple, fn: Any, args: tuple, donate: tuple, device: int) -> Any:
+    """Compile the fused program (donating its first argument's buffers) and cache it."""
+    kwargs: dict[str, Any] = {}
+    if donate:
+        kwargs["donate_argnums"] = (0,)
+    if not args[0] and not args[1]:
+        # No device inputs (factories only): place the outputs explicitly.
+        kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(platform.jax_device(device))
+    compiled = programs.compile("fused eager program", key, fn, args, **kwargs)
+    programs.insert(key, compiled)
+    return compiled
+
+
+def _program(tr: _Trace, live: list[int], device: int, donate: tuple = ()) -> Any:
+    """The fused program: each recorded op's program, inlined in order.
+
+    Its inputs: the donated external arrays, the other external arrays (each
+    list in `ext`'s order), the ops' dynamic inputs and the barrier's zero."""
     steps = [(entry.program, refs, name, entry.fused_specs[2]) for entry, refs, _, name, _ in tr.ops]
     live = list(live)
+    n = len(tr.ext)
+    gone = set(donate)
+    # Where each external input is: (0, i) in the donated list, (1, i) in the kept one.
+    where = [(0, donate.index(i)) if i in gone else (1, i - sum(1 for d in donate if d < i))
+             for i in range(n)]
 
-    def fused(ext, dyns, zero):
+    def fused(donated, kept, dyns, zero):
+        ext = [donated[j] if k == 0 else kept[j] for k, j in where]
         vals: list[Any] = []
         for (program, refs, name, barrier), dyn in zip(steps, dyns):
             arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
@@ -458,10 +538,6 @@ def _program(tr: _Trace, live: list[int], device: int) -> Any:
                 vals.append(_rounded(v, zero) if b else v)
         return [vals[p] for p in live]
 
-    if not tr.ext:
-        # No device inputs (factories only): place the outputs explicitly.
-        return jax.jit(fused, out_shardings=jax.sharding.SingleDeviceSharding(
-            platform.jax_device(device)))
     return fused
 
 
@@ -495,13 +571,20 @@ def _named(e: BaseException, name: str) -> BaseException:
         return RuntimeError(text + note)
 
 
-def _attribute(tr: _Trace, err: BaseException) -> BaseException:
+def _attribute(tr: _Trace, err: BaseException, args: tuple) -> BaseException:
     """The error of the fused program's run, attributed to the recorded op that
     causes it: the ops run again one by one (their own executables, the same
-    inputs) until one fails."""
+    inputs) until one fails. Not when the run took donated inputs' buffers
+    (the replay has no inputs): then the message names the trace's ops."""
+    names = ", ".join(dict.fromkeys(op[3] for op in tr.ops))
+    generic = _named(oom.translate(err, "fused eager program", tr.ops[0][4]),
+                     f"fused eager program of {names}")
+    if args[0]:
+        return generic
+    ext = args[1]
     vals: list[Any] = []
     for entry, refs, dyn, name, device in tr.ops:
-        arrays = [vals[r] if r >= 0 else tr.ext[-1 - r] for r in refs]
+        arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
         try:
             outs, bases = entry.compiled(arrays, dyn)
             oom.ready(list(outs) + list(bases), name, device)
@@ -509,9 +592,7 @@ def _attribute(tr: _Trace, err: BaseException) -> BaseException:
             return _named(oom.translate(e, name, device, entry.nbytes), name)
         vals.extend(outs)
         vals.extend(bases)
-    names = ", ".join(dict.fromkeys(op[3] for op in tr.ops))
-    return _named(oom.translate(err, "fused eager program", tr.ops[0][4]),
-                  f"fused eager program of {names}")
+    return generic
 
 
 def _from_env() -> None:
