@@ -437,8 +437,9 @@ def _device_scalars(dyns: list, device: int) -> list:
     """
     out = []
     cache = _SCALARS
+    missing: dict = {}  # key -> [(conv list, position)]: sent in one transfer
     for dyn in dyns:
-        conv = []
+        conv: list[Any] = []
         for v in dyn:
             t = type(v)
             if t in _SCALAR_TYPES:
@@ -446,15 +447,32 @@ def _device_scalars(dyns: list, device: int) -> list:
                 k = (t, v, device) if v or t is not float else (t, str(v), device)
                 a = cache.get(k)
                 if a is None:
-                    if len(cache) >= _SCALARS_MAX:
-                        cache.clear()
-                    try:
-                        a = cache[k] = jax.device_put(v, platform.jax_device(device))
-                    except OverflowError:  # an int beyond int64: as it is
-                        a = v
-                v = a
+                    missing.setdefault(k, []).append((conv, len(conv)))
+                else:
+                    v = a
             conv.append(v)
         out.append(conv)
+    if missing:
+        # Values new to the cache (an optimizer's per-step bias corrections,
+        # a changed learning rate): one batched device_put for all of them.
+        if len(cache) + len(missing) > _SCALARS_MAX:
+            cache.clear()
+        keys = list(missing)
+        vals = [places[0][0][places[0][1]] for places in missing.values()]
+        try:
+            arrays = jax.device_put(vals, platform.jax_device(device))
+        except OverflowError:  # an int beyond int64 among them: one by one
+            arrays = []
+            for v in vals:
+                try:
+                    arrays.append(jax.device_put(v, platform.jax_device(device)))
+                except OverflowError:  # as it is
+                    arrays.append(v)
+        for k, a in zip(keys, arrays):
+            if type(a) not in _SCALAR_TYPES:
+                cache[k] = a
+            for conv, i in missing[k]:
+                conv[i] = a
     return out
 
 
