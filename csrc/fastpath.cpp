@@ -616,11 +616,10 @@ PyObject* g_precision_state = nullptr; // jax config state (its .value) or None
 PyObject* g_precision_fn = nullptr;    // precision.cache_token
 PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
 PyObject* g_array_type = nullptr;      // jax's ArrayImpl
-PyObject *s_stats, *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
-    *s_raw, *s_requests, *s_hits, *s_per_op, *s_move_to_end, *s_value;
+PyObject *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
+    *s_raw, *s_move_to_end, *s_value;
 uint64_t n_kernel = 0, n_kernel_fallback = 0;
 
-PyObject* g_one = nullptr;  // the int 1
 torch::Library* g_lib = nullptr;
 
 bool truthy_global(PyObject* dict, PyObject* name, int* out) {
@@ -633,17 +632,6 @@ bool truthy_global(PyObject* dict, PyObject* name, int* out) {
   if (t < 0) return false;
   *out = t;
   return true;
-}
-
-bool add_one(PyObject* obj, PyObject* name) {
-  PyObject* v = PyObject_GetAttr(obj, name);
-  if (!v) return false;
-  PyObject* w = PyNumber_Add(v, g_one);
-  Py_DECREF(v);
-  if (!w) return false;
-  int rc = PyObject_SetAttr(obj, name, w);
-  Py_DECREF(w);
-  return rc == 0;
 }
 
 // DeviceData(array, index, dtype, origin) for a result whose shape and
@@ -847,9 +835,14 @@ bool setup_key_type(PyObject* sample) {
   return same;
 }
 
+struct FastKernel;
+std::vector<FastKernel*> g_kernels;  // every registered kernel (they live as long as g_lib)
+uint64_t g_pending_hits = 0;         // hits not yet handed to programs.STATS
+
 struct FastKernel final : c10::OperatorKernel {
   PyObject* op;    // owned: the key's head
   PyObject* name;  // owned: str(op)
+  uint64_t hits = 0;  // hits since the last take_stats()
   std::vector<ArgSpec> args;
   size_t n_returns;
 
@@ -1065,10 +1058,10 @@ struct FastKernel final : c10::OperatorKernel {
     return *result ? 1 : -1;
   }
 
-  // STATS.requests/hits/per_op and the LRU order, as _Runner.__call__ does on a hit.
+  // STATS.requests/hits/per_op and the LRU order, as _Runner.__call__ does on
+  // a hit. The counts stay in C++ (this kernel's `hits`, g_pending_hits) until
+  // programs.CacheStats reads them (take_stats): no Python objects per call.
   int account(PyObject* cache, PyObject* tkey) {
-    PyObject* stats = PyDict_GetItemWithError(g_executor_dict, s_stats);  // borrowed
-    if (!stats || !add_one(stats, s_requests) || !add_one(stats, s_hits)) return -1;
     // OrderedDict.move_to_end, looked up once per cache type.
     static PyTypeObject* mte_type = nullptr;
     static PyObject* mte = nullptr;
@@ -1082,20 +1075,9 @@ struct FastKernel final : c10::OperatorKernel {
     PyObject* moved = PyObject_Vectorcall(mte, mte_args, 2, nullptr);
     if (!moved) return -1;
     Py_DECREF(moved);
-    PyObject* per_op = PyObject_GetAttr(stats, s_per_op);
-    if (!per_op) return -1;
-    int r = -1;
-    if (PyDict_Check(per_op)) {
-      PyObject* v = PyDict_GetItemWithError(per_op, name);
-      PyObject* w = v ? PyNumber_Add(v, g_one)
-                      : (PyErr_Occurred() ? nullptr : PyLong_FromLong(1));
-      if (w) {
-        r = PyDict_SetItem(per_op, name, w) < 0 ? -1 : 1;
-        Py_DECREF(w);
-      }
-    }
-    Py_DECREF(per_op);
-    return r;
+    ++hits;
+    ++g_pending_hits;
+    return 1;
   }
 
   int push_results(FastSpec* spec, PyObject* result, long device, torch::jit::Stack* stack) {
@@ -1244,8 +1226,10 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
     if (!g_lib)
       g_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                  __FILE__, __LINE__);
+    FastKernel* raw = kernel.get();
     g_lib->impl(qualified.c_str(),
                 torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    g_kernels.push_back(raw);
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
@@ -1280,6 +1264,37 @@ PyObject* setup_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// take_stats() -> None, or (hits, {op name: hits}) since the last call, which
+// then start again from zero: programs.CacheStats adds them to its counters
+// whenever they are read (requests and hits count alike: every kernel call it
+// counts is a hit).
+PyObject* take_stats(PyObject*, PyObject*) {
+  if (!g_pending_hits) Py_RETURN_NONE;
+  PyObject* per_op = PyDict_New();
+  if (!per_op) return nullptr;
+  for (FastKernel* k : g_kernels) {
+    if (!k->hits) continue;
+    PyObject* prev = PyDict_GetItemWithError(per_op, k->name);  // borrowed
+    if (!prev && PyErr_Occurred()) {
+      Py_DECREF(per_op);
+      return nullptr;
+    }
+    unsigned long long n = k->hits + (prev ? PyLong_AsUnsignedLongLong(prev) : 0);
+    PyObject* v = PyLong_FromUnsignedLongLong(n);
+    if (!v || PyDict_SetItem(per_op, k->name, v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(per_op);
+      return nullptr;
+    }
+    Py_DECREF(v);
+  }
+  PyObject* r = Py_BuildValue("(KN)", static_cast<unsigned long long>(g_pending_hits), per_op);
+  if (!r) return nullptr;
+  for (FastKernel* k : g_kernels) k->hits = 0;
+  g_pending_hits = 0;
+  return r;
+}
+
 PyObject* calls(PyObject*, PyObject*) {
   return Py_BuildValue("{sKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
@@ -1310,6 +1325,8 @@ PyMethodDef methods[] = {
     {"setup_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_kernel)),
      METH_FASTCALL, "setup_kernel(executor, fused, async_compile, opt_level, precision_state, "
      "precision_fn, spec_fn, array_type): what the C++ kernel reads"},
+    {"take_stats", take_stats, METH_NOARGS,
+     "take_stats() -> None or (hits, {op name: hits}) of the C++ kernel since the last call"},
     {"calls", calls, METH_NOARGS, "Call counters of the fast paths (tests read them)."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -1329,12 +1346,10 @@ PyMODINIT_FUNC PyInit__native() {
   s_dtype = PyUnicode_InternFromString("dtype");
   s_shape = PyUnicode_InternFromString("shape");
   s_call = PyUnicode_InternFromString("_call");
-  g_one = PyLong_FromLong(1);
   {
     const char* names[6] = {"raw", "index", "shape", "dtype", "sig", "origin"};
     for (int i = 0; i < 6; ++i) g_dd_names[i] = PyUnicode_InternFromString(names[i]);
   }
-  s_stats = PyUnicode_InternFromString("STATS");
   s_cache = PyUnicode_InternFromString("_CACHE");
   s_launch_blocking = PyUnicode_InternFromString("LAUNCH_BLOCKING");
   s_active = PyUnicode_InternFromString("ACTIVE");
@@ -1342,9 +1357,6 @@ PyMODINIT_FUNC PyInit__native() {
   s_level = PyUnicode_InternFromString("LEVEL");
   s_fast = PyUnicode_InternFromString("fast");
   s_raw = PyUnicode_InternFromString("raw");
-  s_requests = PyUnicode_InternFromString("requests");
-  s_hits = PyUnicode_InternFromString("hits");
-  s_per_op = PyUnicode_InternFromString("per_op");
   s_move_to_end = PyUnicode_InternFromString("move_to_end");
   s_value = PyUnicode_InternFromString("value");
   PyObject* m = PyModule_Create(&module_def);

@@ -122,6 +122,34 @@ def test_native_kernel_runs_hits_as_the_python_kernel(case):
 
 
 @kernel
+def test_native_kernel_counts_reach_every_reader_of_the_statistics():
+    """The C++ kernel keeps its hit counts in C++; STATS's readers (the
+    counters, as_dict, debug.metrics) see them, and reset() drops them."""
+    import torch_tpu.debug.metrics as metrics
+
+    x = torch.randn(3, 3).to("tpu")
+    torch.relu(x).cpu()
+    torch.relu(x).cpu()
+    stats = executor.STATS
+    before = fastpath.NATIVE.calls()["kernel"]
+    d0 = stats.as_dict()
+    for _ in range(5):
+        torch.relu(x)
+    assert fastpath.NATIVE.calls()["kernel"] - before == 5
+    d1 = stats.as_dict()
+    assert d1["hits"] - d0["hits"] == 5 and d1["requests"] - d0["requests"] == 5
+    snap0 = metrics.snapshot()
+    torch.relu(x)
+    delta = metrics.diff(metrics.snapshot(), snap0)
+    assert delta["cache:hits"] == delta["op:aten.relu.default"] == 1, delta
+    torch.relu(x)
+    stats.reset()
+    assert stats.hits == stats.requests == 0 and not stats.per_op
+    torch.relu(x)
+    assert stats.hits == stats.requests == stats.per_op["aten.relu.default"] == 1
+
+
+@kernel
 def test_native_kernel_results_are_python_results():
     """A result made by the kernel: the storage, DeviceData and tensor the
     Python kernel makes (storage.wrap), and usable everywhere a tpu tensor is."""

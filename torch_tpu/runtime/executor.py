@@ -316,6 +316,8 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
             native.setup_kernel(sys.modules[__name__], fused, _aco, _olevel,
                                 precision._jax_precision_state, precision.cache_token,
                                 _fast_spec, type(jnp.zeros(())))
+            # Its hits are counted in C++ and read back with the statistics.
+            STATS.native_counts = getattr(native, "take_stats", None)
             _KERNEL_READY.append(True)
         lib.impl(op, kernel, "PrivateUse2")
         schema = op._schema

@@ -116,20 +116,68 @@ def key_name(key: tuple) -> str:
 
 
 class CacheStats:
-    """In-memory executable cache statistics (see torch_tpu.cache.stats)."""
+    """In-memory executable cache statistics (see torch_tpu.cache.stats).
+
+    `requests`, `hits` and `per_op` also count the native C++ kernel's cache
+    hits (csrc/fastpath.cpp), which it keeps in C++ rather than make Python
+    objects per call: `native_counts` (its take_stats) hands them over
+    whenever one of the three is read or written.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.native_counts: Any = None  # () -> None | (hits, {op name: hits})
         self.reset()
 
+    def _take_native(self) -> None:
+        taken = self.native_counts()
+        if taken is not None:
+            n, per_op = taken
+            self._requests += n
+            self._hits += n
+            self._per_op.update(per_op)
+
+    @property
+    def requests(self) -> int:
+        if self.native_counts is not None:
+            self._take_native()
+        return self._requests
+
+    @requests.setter
+    def requests(self, value: int) -> None:
+        self._requests = value
+
+    @property
+    def hits(self) -> int:
+        if self.native_counts is not None:
+            self._take_native()
+        return self._hits
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        self._hits = value
+
+    @property
+    def per_op(self) -> collections.Counter:
+        """Executions per op."""
+        if self.native_counts is not None:
+            self._take_native()
+        return self._per_op
+
+    @per_op.setter
+    def per_op(self, value: collections.Counter) -> None:
+        self._per_op = value
+
     def reset(self) -> None:
+        if self.native_counts is not None:
+            self.native_counts()  # the native kernel's counts so far: dropped too
         self.requests = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
         self.compile_seconds = 0.0
         self.disk_loads = 0                       # misses served by the disk tier
-        self.per_op: collections.Counter = collections.Counter()  # executions per op
+        self.per_op = collections.Counter()  # executions per op
         self.compiles_per_op: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
