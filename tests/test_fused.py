@@ -324,3 +324,29 @@ def test_env_var_values(monkeypatch):
         fused.set_default(False)  # flushes
     assert not fused.enabled() and fused.pending() == 0
     assert torch.equal(x.cpu(), torch.full((2,), 2.0))
+
+
+def test_backward_pass_starts_its_own_program():
+    """The forward pass runs while the backward pass is recorded: the first
+    op of a backward pass flushes the ops recorded outside one; the backward
+    pass and the optimizer step are one program (its donations need the
+    forward program's reads done, not the backward's)."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, 8, device="tpu")
+    with torch_tpu.fused():
+        loss = m(x).square().mean()
+        assert fused.pending() > 0
+        flushes = fused.STATS.flushes
+        loss.backward()
+        assert fused.STATS.flushes == flushes + 1  # the forward pass, at the backward's start
+        assert fused.pending() > 0  # the backward pass, recorded
+        opt.step()
+        assert fused.STATS.flushes == flushes + 2 and fused.pending() == 0
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 8)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ref(x.cpu()).square().mean().backward()
+    ref_opt.step()
+    assert torch.allclose(m.weight.detach().cpu(), ref.weight.detach(), atol=1e-6)

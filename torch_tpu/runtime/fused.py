@@ -65,6 +65,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from . import oom, platform, programs
@@ -102,9 +103,10 @@ STATS = Stats()
 class _Trace:
     """The ops recorded since the last flush."""
 
-    __slots__ = ("ops", "ext", "ext_ids", "nodes", "error")
+    __slots__ = ("ops", "ext", "ext_ids", "nodes", "error", "backward")
 
     def __init__(self) -> None:
+        self.backward = False  # recording began inside a backward pass
         # (entry, refs, dyn, name, device) per op. refs: one per storage slot
         # of the op, >= 0 a node's position in `nodes`, < 0 an external
         # array (-1 - index into `ext`).
@@ -291,11 +293,21 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
     global _trace
     with _lock:
         tr = _trace
-        if tr is not None and tr.ops and tr.ops[0][4] != sig.device:
-            flush()  # one program runs on one device
+        backward = _graph_task() != -1
+        if tr is not None and tr.ops and (tr.ops[0][4] != sig.device
+                                          or (backward and not tr.backward)):
+            # One program runs on one device. And the first op of a backward
+            # pass after ops recorded outside one (a forward pass) flushes:
+            # the forward program runs while the backward pass is recorded,
+            # instead of the device idling until the whole step is recorded.
+            # Not at the backward pass's end: the optimizer step's program
+            # would wait for the backward one to release the parameters it
+            # donates. The split is the same every step.
+            flush()
             tr = None
         if tr is None:
             tr = _trace = _Trace()
+            tr.backward = backward
         ext, ids = tr.ext, tr.ext_ids
         refs = []
         for d in sig.slot_data:
@@ -411,6 +423,9 @@ def flush() -> None:
             n.value = v
             n.trace = None
 
+
+# -1 outside a backward pass (autograd's engine sets it on the thread running one).
+_graph_task = torch._C._current_graph_task_id
 
 _SCALARS: dict = {}
 _SCALARS_MAX = 4096
