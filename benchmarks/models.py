@@ -16,7 +16,8 @@ asynchronous dispatch is inside the measurement.
 eager and torch.compile(backend="tpu"), next to the same step written in
 pure JAX as one jax.jit with its parameters and AdamW state donated (the
 compute floor of this machine). Alternating rounds of steps, each step reading
-its loss; medians of the rounds.
+its loss; medians of the rounds: wall time, and the process's CPU time (all
+threads) per step, which other jobs' load changes less.
 """
 
 from __future__ import annotations
@@ -149,20 +150,28 @@ def mlp(rounds, steps):
         for _ in range(3):
             fn()
     times: dict = {k: [] for k in fns}
+    cpu: dict = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
                 fn()
             times[name].append((time.perf_counter() - t0) / steps * 1e3)
+            cpu[name].append((time.process_time() - c0) / steps * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"MLP step: {_LAYERS} x Linear {_W}, batch {_B}, AdamW; median of {rounds} rounds "
           f"of {steps} steps (ms per step); load {os.getloadavg()[0]:.1f}")
-    print("".join(f"{k:>12}" for k in med) + f"{'strict/fused':>14}{'fused/compiled':>16}"
-          f"{'fused/jax':>11}")
-    print("".join(f"{v:>12.2f}" for v in med.values())
+    print(f"{'':>10}" + "".join(f"{k:>12}" for k in med) + f"{'strict/fused':>14}"
+          f"{'fused/compiled':>16}{'fused/jax':>11}")
+    print(f"{'wall ms':>10}" + "".join(f"{v:>12.2f}" for v in med.values())
           + f"{med['strict'] / med['fused']:>14.2f}{med['fused'] / med['compiled']:>16.2f}"
           f"{med['fused'] / med['jax.jit']:>11.2f}")
+    # CPU time of the whole process (all threads): the work a step costs,
+    # which the load of other jobs changes less than the wall time.
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    print(f"{'cpu ms':>10}" + "".join(f"{v:>12.2f}" for v in cmed.values())
+          + f"{cmed['strict'] / cmed['fused']:>14.2f}{cmed['fused'] / cmed['compiled']:>16.2f}"
+          f"{cmed['fused'] / cmed['jax.jit']:>11.2f}")
 
 
 def main(argv=None):

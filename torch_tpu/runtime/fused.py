@@ -22,8 +22,11 @@ program, at the first of (`flush`):
   graph, an eager data-dependent op such as `nonzero`) — any read of
   `DeviceData.array` resolves the node, which flushes;
 - `torch.tpu.synchronize()`;
+- the first op of a backward pass after ops recorded outside one: the
+  forward program runs while the backward pass is recorded;
 - the end of `optimizer.step()` (a global optimizer hook), so a training
-  loop's trace is one step and repeats;
+  loop's traces are a step's forward pass and its backward pass with the
+  optimizer step, and repeat;
 - `TORCH_TPU_FUSED_MAX_OPS` recorded ops (default 2000);
 - leaving the mode.
 
@@ -42,6 +45,12 @@ cache (`programs.get_or_compile`) under the trace's signature: the sequence
 of the ops' executor entries and how each op's inputs connect. A loop whose
 trace repeats hits the cache every step; the number of distinct fused
 programs is bounded by the cache's size like every other program.
+
+Donation: an external input that only the trace still references (the old
+value of a parameter, gradient or optimizer state the trace overwrote in
+place) is donated, so XLA writes the new values into its buffer instead of
+allocating fresh ones (`_donatable`; the donation mask is part of the key;
+TORCH_TPU_DONATE=0 turns it off).
 
 Errors, like CUDA's asynchronous errors: a failure while the fused program
 runs is raised at the flush (the read, synchronize or step that triggered
