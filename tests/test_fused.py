@@ -350,3 +350,23 @@ def test_backward_pass_starts_its_own_program():
     ref(x.cpu()).square().mean().backward()
     ref_opt.step()
     assert torch.allclose(m.weight.detach().cpu(), ref.weight.detach(), atol=1e-6)
+
+
+def test_ops_first_seen_in_fused_mode_compile_only_the_fused_program():
+    """A cold fused step compiles the fused program, not each op's own one
+    too (fused.LazyExecutable); a later strict call of such an op compiles
+    it then and gives the fused values."""
+    x = torch.randn(3, 11, 17).to("tpu")  # shapes no other test uses
+    counts = programs.STATS.compiles_per_op
+    before = counts["aten.atan2.default"]
+    fused_before = _fused_programs()
+    with torch_tpu.fused():
+        y = torch.atan2(x, x.abs() + 0.5)
+    got = y.cpu()
+    assert _fused_programs() == fused_before + 1
+    assert counts["aten.atan2.default"] == before  # lowered, not compiled
+    want = torch.atan2(x, x.abs() + 0.5)  # strict: compiled now
+    assert counts["aten.atan2.default"] == before + 1
+    assert torch.equal(got, want.cpu())
+    assert torch.equal(torch.atan2(x, x.abs() + 0.5).cpu(), got)  # and hit from then on
+    assert counts["aten.atan2.default"] == before + 1

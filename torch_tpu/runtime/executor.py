@@ -706,8 +706,10 @@ class _Runner:
                 jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
                     platform.jax_device(sig.device))
             try:
-                # XLA compiles in the background (runtime.async_compile).
-                compiled = (_aco.compile if _aco.ENABLED and not LAUNCH_BLOCKING else _compile)(
+                # XLA compiles in the background (runtime.async_compile); in
+                # fused mode at the first call only (fused.LazyExecutable).
+                compiled = (fused.compile_later if fused.ACTIVE else _aco.compile
+                            if _aco.ENABLED and not LAUNCH_BLOCKING else _compile)(
                     name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
             except (TypeError, ValueError):
                 # JAX rejected the lowering's input (a dtype or shape PyTorch's

@@ -9,7 +9,8 @@ In strict eager mode (the default) every op runs at once as its own cached
 executable. In fused mode the executor (`_Runner.__call__`) still does
 everything an op does up to running it: PyTorch's meta kernels check the
 arguments and give shapes and dtypes (so a bad call raises at once, as in
-strict mode), the op's program is traced and compiled once per signature, a
+strict mode), the op's program is traced and lowered once per signature (XLA
+compiles it only if it is ever called on its own: `LazyExecutable`), a
 random op draws its key from the same stream. Then, instead of running, the
 op is *recorded* (`record`): its results and the storages it writes get
 `_Node` values (a `storage.Deferred`) that stand for arrays not computed yet.
@@ -343,11 +344,86 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
             n = _Node(shape, dtype, tr, len(nodes))
             nodes.append(weakref.ref(n))
             bases.append(n)
+        c = entry.compiled
+        if type(c) is LazyExecutable and c.entry is None:
+            c.entry = entry
         tr.ops.append((entry, tuple(refs), sig.dyn, name, sig.device))
         STATS.recorded += 1
         if len(tr.ops) >= MAX_OPS:
             flush()
         return outs, bases
+
+
+class LazyExecutable:
+    """An op's executable when the op is first seen in fused mode: lowered
+    now (so JAX's errors for a bad input, the specs and the disk-cache key are
+    strict mode's), compiled by XLA at its first call only. Fused mode inlines
+    the op's program into the fused one and never calls it, so a cold fused
+    step does not compile every op twice; a later strict call of the op (or
+    the error replay at a flush) compiles it then, through the disk tier, and
+    hands the executable to its entry (and the native kernel)."""
+
+    __slots__ = ("name", "key", "lowered", "level", "trace_s", "compiled", "entry",
+                 "_torch_tpu_bytes", "_torch_tpu_specs")
+
+    def __init__(self, name: str, key: Any, lowered: Any, level: int, trace_s: float,
+                 specs: tuple) -> None:
+        self.name = name
+        self.key = key
+        self.lowered = lowered
+        self.level = level
+        self.trace_s = trace_s
+        self.compiled: Any = None
+        self.entry: Any = None  # set by `record`, which follows the entry's build
+        self._torch_tpu_bytes = max(programs._DEFAULT_FOOTPRINT, programs._MIN_FOOTPRINT)
+        self._torch_tpu_specs = specs
+
+    def __call__(self, *args: Any) -> Any:
+        c = self.compiled
+        if c is None:
+            c = self._compile()
+        return c(*args)
+
+    def _compile(self) -> Any:
+        from . import async_compile as aco
+
+        with _lock:
+            if self.compiled is not None:
+                return self.compiled
+            p = aco.PendingExecutable(self.name)
+            p._torch_tpu_specs = self._torch_tpu_specs
+            with programs.STATS.lock:
+                programs.STATS.misses += 1
+                programs.STATS.compiles_per_op[self.name] += 1
+            aco._compile_task(p, self.name, self.key, self.lowered, self.level, self.trace_s)
+            c = p.result()  # raises the compile's error, the op named
+            self.compiled, self.lowered = c, None
+            entry = self.entry
+            if entry is not None and entry.compiled is self:
+                entry.compiled = c
+                entry.fast = None  # the native kernel may run its hits now
+            return c
+
+
+def compile_later(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> LazyExecutable:
+    """The executor's compile for an op built while ops are recorded (`LazyExecutable`)."""
+    import time
+
+    from . import async_compile as aco
+    from . import gc_pause
+
+    level = _olevel.LEVEL
+    t0 = time.perf_counter()
+    gc_pause.begin()
+    try:
+        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+    finally:
+        gc_pause.end()
+    trace_s = time.perf_counter() - t0
+    for listener in programs.LOWERED_LISTENERS:
+        listener(name, key, lowered)
+    specs = aco._specs_of(lowered.out_info, aco._committed(lowered))
+    return LazyExecutable(name, key, lowered, level, trace_s, specs)
 
 
 def abstract(data: st.DeviceData) -> Any:
