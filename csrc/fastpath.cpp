@@ -55,7 +55,28 @@
 namespace {
 
 // Argument kinds: executor._KIND_OF_TYPE's values (_T, _OT, ... in order).
-enum Kind : long { T = 0, OT, LT, LOT, S, OS, X, G, LS };
+enum Kind : long { T = 0, OT, LT, LOT, S, OS, X, G, LS, S1 };
+
+// programs.KeyTag.ONE (borrowed from the module; looked up once): the key
+// part of an alpha (kind S1) that is the int 1, which is not an input then.
+PyObject* g_tag_one = nullptr;
+PyObject* tag_one() {
+  if (g_tag_one) return g_tag_one;
+  PyObject* mod = PyImport_ImportModule("torch_tpu.runtime.programs");
+  PyObject* tags = mod ? PyObject_GetAttrString(mod, "KeyTag") : nullptr;
+  PyObject* one = tags ? PyObject_GetAttrString(tags, "ONE") : nullptr;
+  Py_XDECREF(tags);
+  Py_XDECREF(mod);
+  g_tag_one = one;  // (kept for the process)
+  return one;
+}
+
+bool is_int_one(PyObject* v) {
+  if (!PyLong_CheckExact(v)) return false;
+  int overflow = 0;
+  long x = PyLong_AsLongAndOverflow(v, &overflow);
+  return !overflow && x == 1;
+}
 
 PyObject* s_key;
 PyObject* s_dyn;
@@ -278,6 +299,12 @@ struct Classifier {
         return static_value(v);
       case S:
         return scalar(v);
+      case S1: {
+        if (!is_int_one(v)) return scalar(v);
+        PyObject* one = tag_one();
+        if (!one) return -1;
+        return PyList_Append(key, one) < 0 ? -1 : 1;
+      }
       default:
         break;
     }
@@ -574,7 +601,7 @@ PyObject* setup(PyObject*, PyObject* arg) {
 // mode, pending asynchronous compiles, LAUNCH_BLOCKING, any Python error)
 // redispatches to the Python kernel, which stays the definition of behaviour.
 
-enum Conv : int { C_TENSOR, C_SCALAR, C_STATIC_INT, C_STATIC_FLOAT, C_STATIC_BOOL,
+enum Conv : int { C_TENSOR, C_SCALAR, C_SCALAR1, C_STATIC_INT, C_STATIC_FLOAT, C_STATIC_BOOL,
                   C_STATIC_STR, C_STATIC_DTYPE, C_STATIC_INTLIST, C_STATIC_SCALAR };
 
 struct ArgSpec {
@@ -905,7 +932,7 @@ struct FastKernel final : c10::OperatorKernel {
   }
 
   int argument(Classifier& c, const ArgSpec& a, const c10::IValue& v) {
-    if (a.conv != C_TENSOR && a.conv != C_SCALAR && v.isNone())
+    if (a.conv != C_TENSOR && a.conv != C_SCALAR && a.conv != C_SCALAR1 && v.isNone())
       return PyList_Append(c.key, Py_None) < 0 ? -1 : 1;
     switch (a.conv) {
       case C_TENSOR: {
@@ -921,6 +948,13 @@ struct FastKernel final : c10::OperatorKernel {
         }
         return c.tensor_value(t);
       }
+      case C_SCALAR1:
+        if (v.isInt() && v.toInt() == 1) {  // (a Python bool is isBool: an input)
+          PyObject* one = tag_one();
+          if (!one) return -1;
+          return PyList_Append(c.key, one) < 0 ? -1 : 1;
+        }
+        [[fallthrough]];
       case C_SCALAR: {
         if (v.isNone()) return a.kind == OS ? (PyList_Append(c.key, Py_None) < 0 ? -1 : 1) : 0;
         PyObject* s = scalar_ivalue(v);
@@ -1149,6 +1183,8 @@ int conv_of(long kind, const c10::Argument& arg) {
     case S:
     case OS:
       return t->kind() == c10::TypeKind::NumberType ? C_SCALAR : -1;
+    case S1:
+      return t->kind() == c10::TypeKind::NumberType ? C_SCALAR1 : -1;
     case X:
       break;
     default:

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from torch_tpu.runtime import executor, fastpath, storage
+from torch_tpu.runtime import executor, fastpath, programs, storage
 
 aten = torch.ops.aten
 FORCED_PURE = os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
@@ -251,6 +251,33 @@ def test_cached_device_scalars_give_cpus_values_without_recompiling():
     assert fastpath._scalar_array(2**70, 0) == 2**70  # no array holds it: the value
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32])
+def test_alpha_one_is_part_of_the_program(dtype):
+    """alpha == 1 (the int: every call that leaves it out) is in the key, not a
+    runtime input: the executable takes the tensors alone; other alphas share
+    one program per Python type. Values match CPU either way."""
+    x = (torch.randn(4, 5) * 8).to(dtype)
+    y = (torch.randn(4, 5) * 8).to(dtype)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    plan = executor._Plan(aten.add.Tensor)
+    sig = _python_signature(plan, plan.bind((xt, yt), {}))
+    assert sig.dyn == [] and sig.key[-1] is programs.KeyTag.ONE
+    assert _python_signature(plan, plan.bind((xt, yt, True), {})).dyn == [True]
+    for fn in (torch.add, torch.sub):
+        assert torch.equal(fn(xt, yt).cpu(), fn(x, y))
+        misses = executor.STATS.misses
+        for alpha in (2, 3, 1):
+            got, want = fn(xt, yt, alpha=alpha).cpu(), fn(x, y, alpha=alpha)
+            if alpha == 1 or not dtype.is_floating_point or dtype == torch.float32:
+                assert torch.equal(got, want)
+            else:  # (half types with alpha 3 differ from CPU by an ulp, as before alpha 1 was baked)
+                torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+        assert executor.STATS.misses - misses <= 1  # alpha=2 once; 3 shares it; 1 is cached
+    if dtype.is_floating_point:
+        torch.testing.assert_close(torch.add(xt, yt, alpha=0.5).cpu(), torch.add(x, y, alpha=0.5),
+                                   rtol=1e-2, atol=1e-2)
+
+
 def _python_signature(plan, vals):
     sig = executor._Signature(plan)
     executor._classify(plan, vals, sig)
@@ -263,14 +290,18 @@ def _native_signature(plan, vals):
 
 
 @native
-@pytest.mark.parametrize("case", ["binary", "alpha", "same_storage", "wrapped_number", "static",
-                                  "device_arg", "optional_none", "int_list", "bool_dtype"])
+@pytest.mark.parametrize("case", ["binary", "alpha", "alpha_one", "alpha_true", "alpha_int",
+                                  "same_storage", "wrapped_number", "static", "device_arg",
+                                  "optional_none", "int_list", "bool_dtype"])
 def test_native_signature_is_the_python_one(case):
     x = torch.randn(4, 5).to("tpu")
     y = torch.randn(4, 5).to("tpu")
     op, args = {
         "binary": (aten.mul.Tensor, (x, y)),
         "alpha": (aten.add.Tensor, (x, y, 2.5)),
+        "alpha_one": (aten.add.Tensor, (x, y, 1)),
+        "alpha_true": (aten.add.Tensor, (x, y, True)),
+        "alpha_int": (aten.sub.Tensor, (x, y, 3)),
         "same_storage": (aten.add.Tensor, (x, x)),
         "wrapped_number": (aten.add.Tensor, (x, 3)),
         "static": (aten.sum.dim_IntList, (x, [1], True)),

@@ -68,6 +68,7 @@ class KeyTag(str, enum.Enum):
 
     RNG = "rng"          # a random op: a fresh PRNG key is a runtime input
     CPU_SCALAR = "c"     # (KeyTag.CPU_SCALAR, dtype): a 0-dim CPU tensor argument
+    ONE = "1"            # a Scalar alpha that is the int 1: in the program, not an input
 
     __hash__ = str.__hash__  # (see ProgramKind)
 
