@@ -918,3 +918,116 @@ def put(x, index, source, accumulate=False):
             return flat.at[index].max(src, mode="drop").reshape(x.shape)
         return flat.at[index].add(src, mode="drop").reshape(x.shape)
     return flat.at[index].set(src, mode="drop").reshape(x.shape)
+
+
+# -- memory overlap of indexing writes --------------------------------------------
+#
+# CPU's kernels check the tensor they write: an in-place index_add_/index_copy_/
+# scatter*_/put_/masked_scatter_ into an expanded tensor (one element stored for
+# several) raises (at::assert_no_internal_overlap), index_fill_/index_put_/
+# masked_fill_ only warn that it is deprecated; and the written tensor may not
+# share memory with the index or the source (at::assert_no_overlap). tpu keeps
+# those rules: the lowering itself would compute some answer for either case.
+
+# op base name -> (an expanded written tensor: "error" or "warn", the arguments
+# checked against the written tensor).
+_WRITE_RULES = {
+    "index_add": ("error", ("index", "source")),
+    "index_copy": ("error", ("index", "source")),
+    "index_fill": ("warn", ("index",)),
+    "scatter": ("error", ("index", "src")),
+    "scatter_add": ("error", ("index", "src")),
+    "scatter_reduce": ("error", ("index", "src")),
+    "put": ("error", ("index", "source")),
+    "masked_scatter": ("error", ()),
+    "index_put": ("warn", ("indices", "values")),
+    "_index_put_impl": ("warn", ("indices", "values")),
+    "masked_fill": ("warn", ()),
+}
+# CPU's in-place scatter_(..., src, reduce=) (only that overload) also warns,
+# once per process:
+_SCATTER_REDUCE_WARNED: list = []
+_SCATTER_REDUCE_TEXT = ("The reduce argument of torch.scatter with Tensor src is deprecated and will "
+                        "be removed in a future PyTorch release. Use torch.scatter_reduce instead "
+                        "for more reduction options.")
+_WARN_EXAMPLE = {"index_put": "tensor[indices] = tensor", "_index_put_impl": "tensor[indices] = tensor"}
+
+
+def _write_checked_kernel(op, base, written_name, rule):
+    """`op`'s kernel (or runner) behind CPU's overlap checks of the tensor it writes."""
+    internal, checked = rule
+    names = [a.name for a in op._schema.arguments]
+    inner = core.KERNELS.get(op)
+    runner = None
+    label = base.lstrip("_") if base == "_index_put_impl" else base
+    warn_text = (f"Use of {label}_ on expanded tensors is deprecated. Please clone() the tensor "
+                 "before performing this operation. This also applies to advanced indexing e.g. "
+                 f"{_WARN_EXAMPLE.get(base, 'tensor[mask] = scalar')}")
+
+    def kernel(*args, **kwargs):
+        nonlocal runner
+        if op is aten.scatter_.reduce and not _SCATTER_REDUCE_WARNED:
+            _SCATTER_REDUCE_WARNED.append(True)  # TORCH_WARN_ONCE: once per process
+            _warn_user(_SCATTER_REDUCE_TEXT)
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        written = bound.get(written_name)
+        if isinstance(written, torch.Tensor):
+            if internal == "warn":
+                if any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride())):
+                    _warn_user(warn_text)
+            try:
+                inputs = tuple(t for name in checked for t in _tensor_args(bound.get(name)))
+                if internal == "error":
+                    _check_written(written, *inputs)
+                else:
+                    _check_written_inputs(written, inputs)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e} ({op})") from None
+        if inner is not None:
+            return inner(*args, **kwargs)
+        if runner is None:
+            from ..runtime import executor
+
+            runner = executor.runner_for(op)
+        return runner(*args, **kwargs)
+
+    kernel.__name__ = str(op)
+    return kernel
+
+
+def _tensor_args(v):
+    if isinstance(v, torch.Tensor):
+        return (v,)
+    if isinstance(v, (list, tuple)):
+        return tuple(t for t in v if isinstance(t, torch.Tensor))
+    return ()
+
+
+def _check_written_inputs(written, inputs):
+    from ..runtime import executor
+
+    for t in inputs:
+        if executor._overlaps(written, t):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to "
+                "tensor refer to a single memory location. Please clone() the tensor before "
+                "performing the operation.")
+
+
+def _install_write_checks():
+    for base, rule in _WRITE_RULES.items():
+        for name, written in ((base + "_", "self"), (base, "out")):
+            packet = getattr(aten, name, None)
+            if packet is None:
+                continue
+            for ov in packet.overloads():
+                op = getattr(packet, ov)
+                args = op._schema.arguments
+                if not args or not any(a.name == written and a.alias_info is not None
+                                       and a.alias_info.is_write for a in args):
+                    continue  # the functional overload writes nothing
+                core.KERNELS[op] = _write_checked_kernel(op, base, written, rule)
+
+
+_install_write_checks()
