@@ -748,19 +748,13 @@ _INDEX_REDUCE_DTYPES = frozenset({
 def _check_written(written, *inputs):
     """CPU's at::assert_no_internal_overlap(written) and
     at::assert_no_overlap(written, input) for each input."""
-    from ..runtime import executor
 
     if any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride())):
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor refers to "
             "a single memory location. Please clone() the tensor before performing the "
             "operation.")
-    for t in inputs:
-        if executor._overlaps(written, t):
-            raise RuntimeError(
-                "unsupported operation: some elements of the input tensor and the written-to "
-                "tensor refer to a single memory location. Please clone() the tensor before "
-                "performing the operation.")
+    _check_written_inputs(written, inputs)
 
 
 def _index_reduce_check(op):

@@ -196,9 +196,9 @@ def attach(entry: Any) -> None:
             p.entry = entry
 
 
-def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> PendingExecutable:  # noqa: A001
-    """`programs.compile`, with XLA's compile in the pool: trace and lower
-    `fn` here (raising what JAX raises for bad input), then return at once."""
+def lower(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> tuple[Any, int, float]:
+    """Trace and lower `fn` on this thread (JAX raises bad input here), telling
+    `programs.LOWERED_LISTENERS`: (lowered, optimization level, seconds)."""
     import jax
 
     level = _olevel.LEVEL
@@ -211,6 +211,13 @@ def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> Pendi
     trace_s = time.perf_counter() - t0
     for listener in programs.LOWERED_LISTENERS:
         listener(name, key, lowered)
+    return lowered, level, trace_s
+
+
+def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> PendingExecutable:  # noqa: A001
+    """`programs.compile`, with XLA's compile in the pool: trace and lower
+    `fn` here (raising what JAX raises for bad input), then return at once."""
+    lowered, level, trace_s = lower(name, key, fn, args, **jit_kwargs)
     # Counted now, so that a miss is seen as soon as it happened.
     programs.STATS.misses += 1
     programs.STATS.compiles_per_op[name] += 1

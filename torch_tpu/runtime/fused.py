@@ -407,21 +407,9 @@ class LazyExecutable:
 
 def compile_later(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> LazyExecutable:
     """The executor's compile for an op built while ops are recorded (`LazyExecutable`)."""
-    import time
-
     from . import async_compile as aco
-    from . import gc_pause
 
-    level = _olevel.LEVEL
-    t0 = time.perf_counter()
-    gc_pause.begin()
-    try:
-        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
-    finally:
-        gc_pause.end()
-    trace_s = time.perf_counter() - t0
-    for listener in programs.LOWERED_LISTENERS:
-        listener(name, key, lowered)
+    lowered, level, trace_s = aco.lower(name, key, fn, args, **jit_kwargs)
     specs = aco._specs_of(lowered.out_info, aco._committed(lowered))
     return LazyExecutable(name, key, lowered, level, trace_s, specs)
 
