@@ -944,7 +944,7 @@ _SCATTER_REDUCE_WARNED: list = []
 _SCATTER_REDUCE_TEXT = ("The reduce argument of torch.scatter with Tensor src is deprecated and will "
                         "be removed in a future PyTorch release. Use torch.scatter_reduce instead "
                         "for more reduction options.")
-_WARN_EXAMPLE = {"index_put": "tensor[indices] = tensor", "_index_put_impl": "tensor[indices] = tensor"}
+_WARN_EXAMPLE = {"index_put": "tensor[indices] = tensor"}
 
 
 def _write_checked_kernel(op, base, written_name, rule):
@@ -953,10 +953,10 @@ def _write_checked_kernel(op, base, written_name, rule):
     names = [a.name for a in op._schema.arguments]
     inner = core.KERNELS.get(op)
     runner = None
-    label = base.lstrip("_") if base == "_index_put_impl" else base
+    label = "index_put" if base == "_index_put_impl" else base  # CPU's text names index_put_
     warn_text = (f"Use of {label}_ on expanded tensors is deprecated. Please clone() the tensor "
                  "before performing this operation. This also applies to advanced indexing e.g. "
-                 f"{_WARN_EXAMPLE.get(base, 'tensor[mask] = scalar')}")
+                 f"{_WARN_EXAMPLE.get(label, 'tensor[mask] = scalar')}")
 
     def kernel(*args, **kwargs):
         nonlocal runner
