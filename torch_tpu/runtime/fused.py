@@ -68,8 +68,6 @@ import os
 import sys
 import threading
 import warnings
-import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -111,33 +109,45 @@ STATS = Stats()
 
 
 class _Trace:
-    """The ops recorded since the last flush."""
+    """The ops recorded since the last flush (on one device)."""
 
-    __slots__ = ("ops", "ext", "ext_ids", "nodes", "error", "backward")
+    __slots__ = ("ops", "dyns", "ext", "ext_ids", "nodes", "error", "backward", "device")
 
-    def __init__(self) -> None:
-        self.backward = False  # recording began inside a backward pass
-        # (entry, refs, dyn, name, device) per op. refs: one per storage slot
-        # of the op, >= 0 a node's position in `nodes`, < 0 an external
-        # array (-1 - index into `ext`).
+    def __init__(self, device: int, backward: bool) -> None:
+        self.device = device
+        self.backward = backward  # recording began inside a backward pass
+        # (entry, refs, name) per op: the fused program's signature as it is
+        # recorded (the flush's key is `tuple(ops)`, no per-flush rebuilding).
+        # refs: one per storage slot of the op, >= 0 a node's position in
+        # `nodes`, < 0 an external array (-1 - index into `ext`).
         self.ops: list[tuple] = []
+        self.dyns: list[list] = []  # each op's dynamic inputs (sig.dyn)
         self.ext: list[jax.Array] = []
         self.ext_ids: dict[int, int] = {}
-        self.nodes: list[weakref.ref] = []
+        # Every node made, held strongly (a weak reference per node cost more
+        # than the flush's reference count of each, `_live`).
+        self.nodes: list[_Node] = []
         self.error: BaseException | None = None
 
 
 class _Node(st.Deferred):
     """One value a recorded op produces: a result or a written storage's new array."""
 
-    __slots__ = ("shape", "dtype", "trace", "pos", "value", "__weakref__")
+    __slots__ = ("spec", "trace", "pos", "value")
 
-    def __init__(self, shape, dtype, trace, pos):
-        self.shape = shape
-        self.dtype = dtype
+    def __init__(self, spec, trace, pos):
+        self.spec = spec  # (shape, jax dtype), shared by the entry's nodes (_specs)
         self.trace = trace
         self.pos = pos
         self.value = None
+
+    @property
+    def shape(self) -> tuple:
+        return self.spec[0]
+
+    @property
+    def dtype(self) -> Any:
+        return self.spec[1]
 
     def resolve(self) -> jax.Array:
         v = self.value
@@ -184,21 +194,28 @@ def _launch_blocking() -> bool:
         "1", "true", "yes", "on")
 
 
-@contextlib.contextmanager
-def mode(enabled: bool = True) -> Iterator[None]:
+class mode(contextlib.ContextDecorator):
     """`torch_tpu.fused()`: record eager ops inside, run them as fused programs.
 
     `fused(False)` runs strict eager inside an outer fused region. Leaving
-    either flushes what was recorded.
+    either flushes what was recorded. (A class, not a generator context
+    manager: entering and leaving cost a third as much, which a short fused
+    region, a few ops per `with`, pays every time.)
     """
-    with _lock:
-        if _modes and _modes[-1] and not enabled:
-            flush()
-        _modes.append(bool(enabled))
-        _set_active()
-    try:
-        yield
-    finally:
+
+    __slots__ = ("enabled",)
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+
+    def __enter__(self) -> None:
+        with _lock:
+            if _modes and _modes[-1] and not self.enabled:
+                flush()
+            _modes.append(self.enabled)
+            _set_active()
+
+    def __exit__(self, *exc: Any) -> None:
         with _lock:
             _modes.pop()
             _set_active()
@@ -245,10 +262,15 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _specs(entry: Any, sig: Any) -> tuple:
-    """(shape, jax dtype) of each value the op's program returns: its results,
-    then its written storages' new arrays; and for each, whether it needs the
-    rounding barrier (`_rounded`). Once per entry, from the program itself
-    (its jaxpr), so they match what the fused program computes."""
+    """The recording template of `entry`, made at its first recording (the
+    executor's cache entry is per op and input signature, so every later
+    recording reuses it instead of inferring shapes again):
+    (specs, n, barrier). specs: (shape, jax dtype) of each value the op's
+    program returns, its results then its written storages' new arrays
+    (each tuple is the `spec` of the nodes made for it); n: how many are
+    results; barrier: for each, whether it needs the rounding barrier
+    (`_rounded`). From the program itself (its jaxpr), so they match what
+    the fused program computes."""
     specs = entry.fused_specs
     if specs is None:
         ins = [jax.ShapeDtypeStruct(d.shape, st.TORCH_TO_JAX[d.dtype]) for d in sig.slot_data]
@@ -257,9 +279,12 @@ def _specs(entry: Any, sig: Any) -> tuple:
         n = len(avals) - len(entry.writes)
         barrier = tuple(jnp.issubdtype(a.dtype, jnp.floating) and _needs_barrier(closed.jaxpr, v)
                         for a, v in zip(avals, closed.jaxpr.outvars))
-        specs = entry.fused_specs = (tuple((tuple(a.shape), a.dtype) for a in avals[:n]),
-                                     tuple((tuple(a.shape), a.dtype) for a in avals[n:]),
-                                     barrier)
+        specs = entry.fused_specs = (tuple((tuple(a.shape), a.dtype) for a in avals), n, barrier)
+        c = entry.compiled
+        if type(c) is LazyExecutable and c.entry is None:
+            # Built for this recording (the executor builds, then records):
+            # a later compile hands the executable to the entry.
+            c.entry = entry
     return specs
 
 
@@ -295,17 +320,20 @@ def _needs_barrier(jaxpr: Any, var: Any, depth: int = 0) -> bool:
     return False  # an input of the program: the op that produced it rounded it
 
 
-def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
+def record(entry: Any, sig: Any, name: str) -> tuple:
     """Record one op instead of running it: (results, new storage values) as nodes.
 
-    Called by the executor where strict mode calls `entry.compiled`.
+    Called by the executor where strict mode calls `entry.compiled`. The hot
+    path of fused mode: everything per op and input signature is in the
+    entry's template (`_specs`), the trace's signature is the list of
+    (entry, refs, name) it appends, and the flush reads the rest.
     """
     global _trace
     with _lock:
         tr = _trace
-        backward = _graph_task() != -1
-        if tr is not None and tr.ops and (tr.ops[0][4] != sig.device
-                                          or (backward and not tr.backward)):
+        if tr is None:
+            tr = _trace = _Trace(sig.device, _graph_task() != -1)
+        elif tr.device != sig.device or (not tr.backward and _graph_task() != -1):
             # One program runs on one device. And the first op of a backward
             # pass after ops recorded outside one (a forward pass) flushes:
             # the forward program runs while the backward pass is recorded,
@@ -314,15 +342,13 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
             # would wait for the backward one to release the parameters it
             # donates. The split is the same every step.
             flush()
-            tr = None
-        if tr is None:
-            tr = _trace = _Trace()
-            tr.backward = backward
-        ext, ids = tr.ext, tr.ext_ids
+            tr = _trace = _Trace(sig.device, _graph_task() != -1)
+        ext = tr.ext
+        ids = tr.ext_ids
         refs = []
         for d in sig.slot_data:
             raw = d.raw
-            if type(raw) is _Node and raw.trace is tr and raw.value is None:
+            if type(raw) is _Node and raw.trace is tr:  # pending in this trace
                 refs.append(raw.pos)
                 continue
             if isinstance(raw, st.Deferred):
@@ -332,24 +358,23 @@ def record(entry: Any, sig: Any, name: str) -> tuple[list, list]:
                 i = ids[id(raw)] = len(ext)
                 ext.append(raw)
             refs.append(-1 - i)
-        out_specs, base_specs, _ = _specs(entry, sig)
+        specs, n, _ = entry.fused_specs or _specs(entry, sig)
         nodes = tr.nodes
-        outs = []
-        for shape, dtype in out_specs:
-            n = _Node(shape, dtype, tr, len(nodes))
-            nodes.append(weakref.ref(n))
-            outs.append(n)
-        bases = []
-        for shape, dtype in base_specs:
-            n = _Node(shape, dtype, tr, len(nodes))
-            nodes.append(weakref.ref(n))
-            bases.append(n)
-        c = entry.compiled
-        if type(c) is LazyExecutable and c.entry is None:
-            c.entry = entry
-        tr.ops.append((entry, tuple(refs), sig.dyn, name, sig.device))
+        pos = len(nodes)
+        if n == 1 and len(specs) == 1:  # one result, no written storage: most ops
+            node = _Node(specs[0], tr, pos)
+            nodes.append(node)
+            outs: tuple = (node,)
+            bases: tuple = ()
+        else:
+            made = [_Node(spec, tr, pos + i) for i, spec in enumerate(specs)]
+            nodes.extend(made)
+            outs, bases = tuple(made[:n]), tuple(made[n:])
+        ops = tr.ops
+        ops.append((entry, tuple(refs), name))
+        tr.dyns.append(sig.dyn)
         STATS.recorded += 1
-        if len(tr.ops) >= MAX_OPS:
+        if len(ops) >= MAX_OPS:
             flush()
         return outs, bases
 
@@ -447,22 +472,15 @@ def flush() -> None:
         _trace = None
         if not tr.ops:
             return
-        live = []
-        live_nodes = []
-        for pos, ref in enumerate(tr.nodes):
-            n = ref()
-            if n is not None:
-                live.append(pos)
-                live_nodes.append(n)
-        plan = tuple((entry, refs) for entry, refs, _, _, _ in tr.ops)
-        shapes: dict = {}
-        for n in live_nodes:
-            k = (n.shape, n.dtype)
-            shapes[k] = shapes.get(k, 0) + 1
-        donate = _donatable(tr.ext, shapes)
-        key = (programs.ProgramKind.FUSED, plan, tuple(live), donate, _olevel.LEVEL)
-        device = tr.ops[0][4]
-        dyns = _device_scalars([dyn for _, _, dyn, _, _ in tr.ops], device)
+        nodes, tr.nodes = tr.nodes, []
+        live_nodes = _live(nodes)
+        del nodes  # the dead nodes go (and their reference to the trace)
+        live = tuple([n.pos for n in live_nodes])
+        plan = tuple(tr.ops)
+        donate = _donatable(tr.ext, live_nodes)
+        key = (programs.ProgramKind.FUSED, plan, live, donate, _olevel.LEVEL)
+        device = tr.device
+        dyns = _device_scalars(tr.dyns, device)
         STATS.flushes += 1
         try:
             ext = tr.ext
@@ -489,12 +507,33 @@ def flush() -> None:
         except BaseException as e:
             tr.error = e
             tr.ops.clear()
+            tr.dyns.clear()
             tr.ext.clear()
             tr.ext_ids.clear()
             raise
         for n, v in zip(live_nodes, values):
             n.value = v
             n.trace = None
+
+
+def _live(nodes: list) -> list:
+    """The nodes referenced from outside the trace (a storage, a result not
+    returned yet, a node being resolved): the fused program's outputs. The
+    others' tensors died; they are temporaries inside the program."""
+    getref = sys.getrefcount
+    dead = _DEAD
+    return [n for n in nodes if getref(n) > dead]
+
+
+def _refcounts(nodes: list) -> list:
+    getref = sys.getrefcount
+    return [getref(n) for n in nodes]
+
+
+# What `_live` counts for a node only its trace's list holds (the list, the
+# comprehension's variable, getrefcount's argument: 3 on CPython 3.11),
+# measured by the same construct rather than assumed.
+_DEAD = _refcounts([object()])[0]
 
 
 # -1 outside a backward pass (autograd's engine sets it on the thread running one).
@@ -527,6 +566,9 @@ def _device_scalars(dyns: list, device: int) -> list:
     cache = _SCALARS
     missing: dict = {}  # key -> [(conv list, position)]: sent in one transfer
     for dyn in dyns:
+        if not dyn:  # most ops: nothing to convert
+            out.append(dyn)
+            continue
         conv: list[Any] = []
         for v in dyn:
             t = type(v)
@@ -568,7 +610,7 @@ def _device_scalars(dyns: list, device: int) -> list:
 _DONATE = os.environ.get("TORCH_TPU_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _donatable(ext: list, outputs: dict) -> tuple:
+def _donatable(ext: list, live_nodes: list) -> tuple:
     """The external inputs whose buffers the fused program may take over (donate).
 
     An array that only the trace still references: the old value of a storage
@@ -583,18 +625,22 @@ def _donatable(ext: list, outputs: dict) -> tuple:
     (getrefcount, as compiled graphs check, compile/backend._can_donate): two
     jax.Array objects sharing one buffer would not be seen, which no storage
     does (each op, transfer and copy_ gives a fresh array or the same object).
-    `outputs`: how many of the program's outputs have each (shape, dtype);
-    only a buffer that one of them can
-    take is donated (JAX warns about the others).
+    Only a buffer that one of the program's outputs (`live_nodes`) can take
+    (same shape and dtype) is donated (JAX warns about the others).
     """
     if not _DONATE:
         return ()
     getref = sys.getrefcount
     jarray = _ARRAY_TYPE
     out = []
+    outputs: dict | None = None  # (shape, dtype) -> outputs left to take a buffer
     for i in range(len(ext)):
         a = ext[i]
         if type(a) is jarray and getref(a) <= 3:  # ext's slot, `a` and the argument
+            if outputs is None:  # only when some input is donatable at all
+                outputs = {}
+                for n in live_nodes:
+                    outputs[n.spec] = outputs.get(n.spec, 0) + 1
             k = (a.shape, a.dtype)
             if outputs.get(k, 0) > 0:  # XLA can write an output of its size into it
                 outputs[k] -= 1
@@ -623,7 +669,7 @@ def _program(tr: _Trace, live: list[int], device: int, donate: tuple = ()) -> An
 
     Its inputs: the donated external arrays, the other external arrays (each
     list in `ext`'s order), the ops' dynamic inputs and the barrier's zero."""
-    steps = [(entry.program, refs, name, entry.fused_specs[2]) for entry, refs, _, name, _ in tr.ops]
+    steps = [(entry.program, refs, name, entry.fused_specs[2]) for entry, refs, name in tr.ops]
     live = list(live)
     n = len(tr.ext)
     gone = set(donate)
@@ -682,14 +728,15 @@ def _attribute(tr: _Trace, err: BaseException, args: tuple) -> BaseException:
     causes it: the ops run again one by one (their own executables, the same
     inputs) until one fails. Not when the run took donated inputs' buffers
     (the replay has no inputs): then the message names the trace's ops."""
-    names = ", ".join(dict.fromkeys(op[3] for op in tr.ops))
-    generic = _named(oom.translate(err, "fused eager program", tr.ops[0][4]),
+    names = ", ".join(dict.fromkeys(op[2] for op in tr.ops))
+    device = tr.device
+    generic = _named(oom.translate(err, "fused eager program", device),
                      f"fused eager program of {names}")
     if args[0]:
         return generic
     ext = args[1]
     vals: list[Any] = []
-    for entry, refs, dyn, name, device in tr.ops:
+    for (entry, refs, name), dyn in zip(tr.ops, tr.dyns):
         arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
         try:
             outs, bases = entry.compiled(arrays, dyn)
