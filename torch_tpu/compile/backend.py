@@ -76,6 +76,7 @@ class _GraphCacheStats:
         self.runs = 0             # graph programs executed (one per compiled-graph call)
         self.lowered = 0          # graph specializations traced, lowered and compiled/loaded by XLA
         self.disk_loads = 0       # ... loaded from the graph tier instead (nothing traced)
+        self.prebuilt = 0         # backward programs compiled ahead, at the forward's first call
         self.backend_seconds = 0.0        # in tpu_backend: AOTAutograd + graph setup
         self.lower_compile_seconds = 0.0  # tracing + lowering + XLA compile (or executable load)
         self.load_seconds = 0.0           # graph-tier loads
@@ -96,7 +97,7 @@ def cache_stats() -> dict:
             "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
             "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls,
             "runs": s.runs,
-            "lowered": s.lowered, "disk_loads": s.disk_loads,
+            "lowered": s.lowered, "disk_loads": s.disk_loads, "prebuilt": s.prebuilt,
             "backend_seconds": s.backend_seconds,
             "lower_compile_seconds": s.lower_compile_seconds, "load_seconds": s.load_seconds}
 
@@ -195,6 +196,12 @@ class CompiledGraph:
         self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
         self.eager = False
         self.consts = None
+        # A forward graph's backward graph (linked by tpu_backend), whose
+        # program is compiled in the background from the forward's first call
+        # on (`_prebuild_backward`); the futures wait in the backward's
+        # `prebuilt`, by specialization token.
+        self.backward_graph = None
+        self.prebuilt = {}
         with _lock:
             GRAPH_STATS.graphs += 1
 
@@ -551,9 +558,119 @@ class CompiledGraph:
         token = (_precision_token(), self.level(), layouts, tuple(a.shape for a in arrays))
         entry = self.executables.get(token)
         if entry is None:
-            entry = self.executables[token] = self._build(
-                arrays, ints, self.consts, self.signature(arrays, ints) + (layouts,), layouts)
+            if self.backward_graph is not None:
+                self._prebuild_backward(arrays, layouts)
+            if self.prebuilt:
+                entry = _prebuilt_entry(self.prebuilt.pop(token, None))
+                if entry is not None:
+                    with _lock:
+                        GRAPH_STATS.prebuilt += 1
+            if entry is None:
+                entry = self._build(arrays, ints, self.consts,
+                                    self.signature(arrays, ints) + (layouts,), layouts)
+            self.executables[token] = entry
         return self._execute(entry, args, arrays)
+
+    # -- compiling the backward while the forward compiles -------------------
+
+    def _prebuild_backward(self, arrays, layouts):
+        """Compile the backward graph's program on a background thread.
+
+        Called once, at this forward graph's first call, before its own
+        program is built: the backward's inputs are this graph's saved
+        outputs and the tangents, whose shapes, dtypes and layouts follow
+        from this graph's inputs and the fake values AOTAutograd traced with.
+        XLA compiles outside the GIL, so the backward program compiles while
+        the forward's compiles and runs and the host goes on (loss.backward()
+        then finds it ready). A prediction that turns out wrong (another
+        layout at the backward's first call) only costs the unused compile:
+        the backward then builds its program as before.
+        """
+        bw, self.backward_graph = self.backward_graph, None
+        if (bw is None or bw.eager or bw.symbolic or bw.int_pos or bw.executables
+                or padding.SPECS or not _prebuild_enabled()):
+            return
+        try:
+            predicted = bw._inputs_from_forward(self, arrays, layouts)
+        except Exception:  # nothing we can predict: the backward builds on its first call
+            predicted = None
+        if predicted is None:
+            return
+        b_arrays, b_layouts = predicted[0], tuple(predicted[1])
+        if bw.consts is None:
+            bw.consts = [_const_value(v, bw.device) for _, v in bw.program.constants]
+        precision = _precision_token()
+        token = (precision, bw.level(), b_layouts, tuple(tuple(a.shape) for a in b_arrays))
+        key = bw.signature(b_arrays, []) + (b_layouts,)
+        matmul = jax.config.jax_default_matmul_precision
+
+        def build():
+            if _precision_token() != precision:  # a thread-local precision context
+                with jax.default_matmul_precision(matmul):
+                    return bw._build(b_arrays, [], bw.consts, key, b_layouts)
+            return bw._build(b_arrays, [], bw.consts, key, b_layouts)
+
+        bw.prebuilt[token] = _prebuild_pool().submit(build)
+
+    def _inputs_from_forward(self, fw, fw_arrays, fw_layouts):
+        """(arrays, layouts) this backward graph will read at its first call,
+        as `read_storages` will give them: arrays are the forward's own input
+        arrays or abstract values; None where a case is not foreseen."""
+        sharding = None
+        for a in fw_arrays:
+            if isinstance(a, jax.Array) and getattr(a, "committed", False):
+                sharding = a.sharding
+                break
+        if sharding is None:
+            return None
+        saved = {}
+        for i, n in enumerate(fw.output_nodes):
+            if i >= fw.n_user_outputs and isinstance(n, torch.fx.Node):
+                saved.setdefault(n.name, i)
+        fw_index = {p: k for k, p in enumerate(fw.tensor_pos)}
+        arrays, layouts = [], []
+        for p in self.tensor_pos:
+            node = self.program.placeholders[p]
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor) or val.dtype is torch.complex32:
+                return None
+            i = saved.get(node.name)
+            if i is None:
+                # A tangent: a new, plain tensor (AOTAutograd makes it so).
+                if not node.name.startswith("tangents") or not _plain_fake(val):
+                    return None
+                arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in val.shape),
+                                                   st.jax_dtype(val.dtype), sharding=sharding))
+                layouts.append(None)
+                continue
+            spec = fw.out_specs[i]
+            if spec[0] == "array":
+                out = fw.output_nodes[i].meta.get("val")
+                if (not isinstance(out, torch.Tensor) or not _plain_fake(out)
+                        or out.dtype is not spec[2] or not _plain_fake(val)):
+                    return None
+                arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in out.shape),
+                                                   st.jax_dtype(spec[2]), sharding=sharding))
+                layouts.append(None)
+            elif spec[0] == "input":
+                k = fw_index[spec[1]]
+                arrays.append(fw_arrays[k])
+                layouts.append(fw_layouts[k])
+            elif spec[0] == "input_view":
+                k = fw_index[spec[1]]
+                if fw_layouts[k] is not None or fw.specs[spec[1]].dtype is not val.dtype:
+                    return None
+                size, stride, offset = spec[2][0], spec[2][1], spec[2][2]
+                arr = fw_arrays[k]
+                if (size == tuple(arr.shape) and offset == 0
+                        and _contiguous(size, stride)):
+                    layouts.append(None)
+                else:
+                    layouts.append((val.dtype, tuple(size), tuple(stride), offset))
+                arrays.append(arr)
+            else:
+                return None
+        return arrays, layouts
 
     def _unpad_inputs(self, args, arrays):
         """Saved activations a padded graph produced padded, for an unpadded graph."""
@@ -645,6 +762,56 @@ _VIEW_OPS = {
 
 def _donation_enabled() -> bool:
     return os.environ.get("TORCH_TPU_DONATE", "1") not in ("0", "false", "False")
+
+
+def _prebuild_enabled() -> bool:
+    """TORCH_TPU_PREBUILD_BACKWARD=0: backward programs compile at their first
+    call, after the forward's (as AOTAutograd's lazy backward does)."""
+    return os.environ.get("TORCH_TPU_PREBUILD_BACKWARD", "1") not in ("0", "false", "False")
+
+
+_PREBUILD_POOL = []
+
+
+def _prebuild_pool():
+    """One thread for backward programs compiled ahead (see _prebuild_backward)."""
+    if not _PREBUILD_POOL:
+        with _lock:
+            if not _PREBUILD_POOL:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _PREBUILD_POOL.append(ThreadPoolExecutor(
+                    1, thread_name_prefix="torch_tpu-prebuild"))
+    return _PREBUILD_POOL[0]
+
+
+def _prebuilt_entry(future):
+    """The entry a background build made, or None (none, or it failed: the
+    caller builds again, and a lowering error then raises where it always did)."""
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception:
+        return None
+
+
+def _contiguous(size, stride) -> bool:
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _plain_fake(t: torch.Tensor) -> bool:
+    """Is fake tensor `t` laid out as a new tensor of its shape is?"""
+    try:
+        return (int(t.storage_offset()) == 0
+                and _contiguous([int(d) for d in t.shape], [int(d) for d in t.stride()]))
+    except (TypeError, ValueError):  # symbolic sizes
+        return False
 
 
 class _LoadedProgram:
@@ -867,9 +1034,12 @@ def _partition_fn(options):
     return partitioners.default_partition
 
 
-def _compiler(kind, options, packaged=False):
+def _compiler(kind, options, packaged=False, made=None):
     def compile_graph(gm, example_inputs):
-        return CompiledGraph(gm, example_inputs, kind, options)
+        graph = CompiledGraph(gm, example_inputs, kind, options)
+        if made is not None:
+            made.append(graph)
+        return graph
 
     if packaged:
         # TORCH_TPU_PRECOMPILE: graphs AOTAutograd can bundle into packages.
@@ -900,9 +1070,14 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
             options["opt_level"], 'torch.compile(backend="tpu"): options["opt_level"]')
     # TORCH_TPU_PRECOMPILE: only graphs of frames dynamo is packaging.
     packaged = _artifacts is not None and _artifacts.packaged(gm)
+    # Static training graphs: AOTAutograd hands over the backward graph at
+    # once (not at the first backward call), so that its program compiles
+    # in the background from the forward's first call (_prebuild_backward).
+    prebuild = not packaged and _prebuild_enabled()
+    made = [] if prebuild else None
     aot = aot_autograd(
-        fw_compiler=_compiler("forward", options, packaged),
-        bw_compiler=_compiler("backward", options, packaged),
+        fw_compiler=_compiler("forward", options, packaged, made),
+        bw_compiler=_compiler("backward", options, packaged, made),
         inference_compiler=_compiler("inference", options, packaged),
         decompositions=_decompositions(),
         partition_fn=_partition_fn(options),
@@ -912,7 +1087,16 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         if packaged:
             with _artifacts.aot_context():
                 return aot(gm, example_inputs)
-        return aot(gm, example_inputs)
+        if not prebuild:
+            return aot(gm, example_inputs)
+        from torch._functorch import config as functorch_config
+
+        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+            compiled = aot(gm, example_inputs)
+        kinds = [g.kind for g in made]
+        if kinds == ["forward", "backward"] and not made[0].symbolic:
+            made[0].backward_graph = made[1]
+        return compiled
     finally:
         with _lock:
             GRAPH_STATS.backend_seconds += time.perf_counter() - t0
