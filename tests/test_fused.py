@@ -104,6 +104,74 @@ def test_strict_region_inside_fused():
     assert torch.equal(z.cpu(), torch.full((3,), 3.0))
 
 
+def test_fused_works_as_a_decorator():
+    x = torch.arange(4.0).to("tpu")
+
+    @torch_tpu.fused()
+    def f(t):
+        y = t * 2 + 1
+        assert fused.enabled() and fused.pending() == 2
+        return y
+
+    for _ in range(2):  # the same object entered again
+        out = f(x)
+        assert fused.pending() == 0 and not fused.enabled()
+        assert torch.equal(out.cpu(), torch.arange(4.0) * 2 + 1)
+
+
+def test_only_values_still_referenced_are_program_outputs(monkeypatch):
+    """A value whose tensors all died before the flush is no output of the
+    fused program (the flush counts references to each recorded value); one
+    held in any way (a tensor in a list, a local) is, with strict's value."""
+    keys = []
+    lookup = programs.lookup
+
+    def spy(key):
+        keys.append(key)
+        return lookup(key)
+
+    monkeypatch.setattr(programs, "lookup", spy)
+    x = torch.arange(6.0).to("tpu")
+    with torch_tpu.fused():
+        a = x + 1           # value 0: kept
+        b = a * 2           # value 1: dies
+        c = b - 1           # value 2: dies
+        kept = [c * 3]      # value 3: held by a list only
+        d = c.abs()         # value 4: kept
+        del b, c
+    assert keys and keys[-1][0] is programs.ProgramKind.FUSED
+    assert keys[-1][2] == (0, 3, 4)
+    want = torch.arange(6.0) + 1
+    assert torch.equal(a.cpu(), want)
+    assert torch.equal(kept[0].cpu(), (want * 2 - 1) * 3)
+    assert torch.equal(d.cpu(), (want * 2 - 1).abs())
+
+
+def test_recording_reuses_each_op_template(monkeypatch):
+    """An op's output shapes and rounding barriers come from its program once
+    per executor entry (op and input signature), not at every recording."""
+    traced = []
+    make_jaxpr = jax.make_jaxpr
+
+    def spy(*args, **kwargs):
+        traced.append(1)
+        return make_jaxpr(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "make_jaxpr", spy)
+    x = torch.randn(7, 13).to("tpu")  # shapes no other test records
+    outs = []
+    for i in range(4):
+        with torch_tpu.fused():
+            y = torch.atan2(x, x + 0.5)
+        outs.append(y.cpu())
+        if i == 0:
+            first = len(traced)
+            assert first >= 1, "the first recording did not make the template"
+    assert len(traced) == first
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert torch.equal(outs[0], torch.atan2(x, x + 0.5).cpu())
+
+
 def test_views_and_inplace_alias():
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     x = base.to("tpu")
