@@ -269,20 +269,25 @@ def phases(first, before=None):
     eager = sum(e["seconds"] for e in s["per_entry"] if not e["name"].startswith("graph"))
     out = {"first": first, "aot": g["backend_seconds"],
            "graphs": g["lower_compile_seconds"] + g["load_seconds"], "eager": eager,
-           "lowered": g["lowered"], "loaded": g["disk_loads"],
+           "lowered": g["lowered"], "loaded": g["disk_loads"], "prebuilt": g.get("prebuilt", 0),
            "compile": s["compile_seconds"],
            "trace": sum(e["trace_seconds"] for e in s["per_entry"]),
            "by_source": s["compile_seconds_by_source"]}
     if before is not None:
-        for k in ("aot", "graphs", "eager", "lowered", "loaded", "compile", "trace"):
+        for k in ("aot", "graphs", "eager", "lowered", "loaded", "prebuilt", "compile", "trace"):
             out[k] -= before[k]
     out["dynamo"] = out["first"] - out["aot"] - out["graphs"] - out["eager"]
     return out
 
 
 def _phase_line(p):
+    # A backward program compiled in the background (backend._prebuild_backward)
+    # overlaps the other phases: "graphs" then counts seconds of two threads
+    # and "dynamo" (the rest of the wall time) comes out too small.
+    bg = (f", {p['prebuilt']} of them compiled in the background (overlapping: graphs "
+          f"counts both threads)" if p.get("prebuilt") else "")
     return (f"dynamo {p['dynamo']:.2f} s, aot {p['aot']:.2f} s, graphs {p['graphs']:.2f} s "
-            f"({p['lowered']} lowered, {p['loaded']} loaded without lowering), "
+            f"({p['lowered']} lowered, {p['loaded']} loaded without lowering{bg}), "
             f"eager {p['eager']:.2f} s")
 
 
@@ -510,6 +515,13 @@ def main(argv=None):
     t_tpu = _timeit(step, sync, n)
     first_jax, jstep, jsync = jax_step()
     t_jax = _timeit(jstep, jsync, n)
+    # The load changes between rows on a shared machine: torch.compile and
+    # JAX also timed alternately (3 rounds), the ratio per round.
+    plain_rounds = []
+    for _ in range(3):
+        a = _timeit(step, sync, n)
+        b = _timeit(jstep, jsync, n)
+        plain_rounds.append((a[0] / b[0], a[1] / b[1], a[0], b[0]))
     _, cstep, csync = torch_step("cpu")
     rows.append(("torch_tpu compiled (backend='tpu')", t_tpu, first_tpu))
     if not args.no_whole_step:
@@ -561,6 +573,9 @@ def main(argv=None):
         print(f"{name:40s} {med * 1e3:11.2f} /{best * 1e3:8.2f} {f}")
     print(f"step time torch_tpu / JAX: {t_tpu[0] / t_jax[0]:.2f} median, "
           f"{t_tpu[1] / t_jax[1]:.2f} min (target <= 1.1)")
+    print("torch.compile / JAX step time, alternating rounds (median, min ratios; ms): " +
+          "; ".join(f"{r[0]:.2f}, {r[1]:.2f} ({r[2] * 1e3:.2f} vs {r[3] * 1e3:.2f})"
+                    for r in plain_rounds))
     print(f"first call torch_tpu / jax.jit: {first_tpu / first_jax:.2f}, in CPU seconds "
           f"{main_phases['cpu'] / jstep.first_cpu:.2f} (target <= 2); "
           f"torch_tpu first step {first_tpu:.2f} s (CPU {main_phases['cpu']:.2f} s) = "
