@@ -767,21 +767,18 @@ def _donation_enabled() -> bool:
 def _prebuild_enabled() -> bool:
     """Compile backward programs ahead (see CompiledGraph._prebuild_backward)?
 
-    ``TORCH_TPU_PREBUILD_BACKWARD=1`` yes, ``0`` no (the backward compiles at
-    its first call, as AOTAutograd's lazy backward does). Unset: yes on hosts
-    with 4 CPUs or more. XLA:CPU compiles on its own threads, so on 2 cores
-    the two compiles only share the same cores: measured on the compile
-    benchmark's MLP, 2 CPUs at load 2-3, first call 0.78-0.86 s with it and
-    0.75-0.95 s without (no gain), and a backward that is never called (a
-    forward with grad-requiring parameters outside no_grad) would still be
-    compiled.
+    Opt-in, ``TORCH_TPU_PREBUILD_BACKWARD=1``; by default the backward
+    compiles at its first call, as AOTAutograd's lazy backward does. Why not
+    by default: XLA:CPU compiles on its own threads, so on 2 cores the two
+    compiles only share the same cores (the compile benchmark's MLP, 2 CPUs
+    at load 2-3: first call 0.78-0.86 s with it, 0.75-0.95 s without); a
+    backward that is never called (a forward with grad-requiring parameters
+    outside no_grad) would still be compiled; and the backward's compile may
+    finish first, so `torch_tpu.debug.last_graphs()` and the compile log can
+    list it before the forward. It is meant for hosts with cores to spare.
     """
     raw = os.environ.get("TORCH_TPU_PREBUILD_BACKWARD", "").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    return (os.cpu_count() or 1) >= 4
+    return raw in ("1", "true", "yes", "on")
 
 
 _PREBUILD_POOL = []
