@@ -584,7 +584,8 @@ class CompiledGraph:
         the forward's compiles and runs and the host goes on (loss.backward()
         then finds it ready). A prediction that turns out wrong (another
         layout at the backward's first call) only costs the unused compile:
-        the backward then builds its program as before.
+        the backward then builds its program as before. Opt-in: see
+        `_prebuild_enabled`.
         """
         bw, self.backward_graph = self.backward_graph, None
         if (bw is None or bw.eager or bw.symbolic or bw.int_pos or bw.executables
