@@ -45,6 +45,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -645,7 +647,7 @@ PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
 PyObject* g_array_type = nullptr;      // jax's ArrayImpl
 PyObject *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
     *s_raw, *s_move_to_end, *s_value;
-uint64_t n_kernel = 0, n_kernel_fallback = 0;
+uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0;
 
 torch::Library* g_lib = nullptr;
 
@@ -863,7 +865,9 @@ bool setup_key_type(PyObject* sample) {
 }
 
 struct FastKernel;
-std::vector<FastKernel*> g_kernels;  // every registered kernel (they live as long as g_lib)
+std::vector<FastKernel*> g_kernels;
+bool g_unboxed = true;  // TORCH_TPU_NATIVE_UNBOXED=0: boxed kernels only
+const at::Tensor kNotGiven;  // run()'s "this argument is in iv[]" marker  // every registered kernel (they live as long as g_lib)
 uint64_t g_pending_hits = 0;         // hits not yet handed to programs.STATS
 
 struct FastKernel final : c10::OperatorKernel {
@@ -875,7 +879,10 @@ struct FastKernel final : c10::OperatorKernel {
 
   // 1: done, results on the stack; 0: the Python kernel's call; -1: a Python
   // error (cleared by the caller, which then also hands the call to Python).
-  int run(torch::jit::Stack* stack) {
+  // The call's arguments: `tens[i]`, where set, is argument i as the
+  // unboxed kernel received it (a tensor, or null for None); else iv[i].
+  // On success the results are in `made`.
+  int run(const c10::IValue* iv, const at::Tensor* const* tens, std::vector<at::Tensor>& made) {
     int flag;
     if (!truthy_global(g_fused_dict, s_active, &flag)) return -1;
     if (flag) return 0;
@@ -885,7 +892,6 @@ struct FastKernel final : c10::OperatorKernel {
     if (flag) return 0;
 
     const size_t n = args.size();
-    const c10::IValue* iv = stack->data() + (stack->size() - n);
     PyObject* key = PyList_New(1);
     PyObject* dyn = PyList_New(0);
     PyObject* slot_data = PyList_New(0);
@@ -896,7 +902,9 @@ struct FastKernel final : c10::OperatorKernel {
     c.dyn = dyn;
     c.slot_data = slot_data;
     try {
-      for (size_t i = 0; i < n && rc > 0; ++i) rc = argument(c, args[i], iv[i]);
+      for (size_t i = 0; i < n && rc > 0; ++i)
+        rc = tens && tens[i] != &kNotGiven ? tensor_arg(c, args[i], tens[i])
+                                           : argument(c, args[i], iv[i]);
     } catch (const std::exception&) {
       rc = 0;
     }
@@ -922,7 +930,7 @@ struct FastKernel final : c10::OperatorKernel {
     }
     if (rc > 0) rc = execute(spec, c, &result);
     if (rc > 0) rc = account(cache, tkey);
-    if (rc > 0) rc = push_results(spec, result, c.device, stack);
+    if (rc > 0) rc = push_results(spec, result, c.device, made);
     Py_XDECREF(result);
     Py_XDECREF(tkey);
     Py_XDECREF(key);
@@ -935,19 +943,10 @@ struct FastKernel final : c10::OperatorKernel {
     if (a.conv != C_TENSOR && a.conv != C_SCALAR && a.conv != C_SCALAR1 && v.isNone())
       return PyList_Append(c.key, Py_None) < 0 ? -1 : 1;
     switch (a.conv) {
-      case C_TENSOR: {
-        if (v.isNone()) return a.kind == OT ? (PyList_Append(c.key, Py_None) < 0 ? -1 : 1) : 0;
+      case C_TENSOR:
+        if (v.isNone()) return tensor_arg(c, a, nullptr);
         if (!v.isTensor()) return 0;
-        const at::Tensor& t = v.toTensor();
-        if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) {
-          PyObject* s = wrapped_number(t);
-          if (!s) return 0;
-          int r = c.scalar(s);
-          Py_DECREF(s);
-          return r;
-        }
-        return c.tensor_value(t);
-      }
+        return tensor_arg(c, a, &v.toTensor());
       case C_SCALAR1:
         if (v.isInt() && v.toInt() == 1) {  // (a Python bool is isBool: an input)
           PyObject* one = tag_one();
@@ -1016,6 +1015,21 @@ struct FastKernel final : c10::OperatorKernel {
     int r = PyList_Append(c.key, s);
     Py_DECREF(s);
     return r < 0 ? -1 : 1;
+  }
+
+  // A tensor argument (null: None).
+  int tensor_arg(Classifier& c, const ArgSpec& a, const at::Tensor* t) {
+    if (a.conv != C_TENSOR) return 0;
+    if (!t || !t->defined())
+      return a.kind == OT ? (PyList_Append(c.key, Py_None) < 0 ? -1 : 1) : 0;
+    if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
+      PyObject* s = wrapped_number(*t);
+      if (!s) return 0;
+      int r = c.scalar(s);
+      Py_DECREF(s);
+      return r;
+    }
+    return c.tensor_value(*t);
   }
 
   // The key's context parts, as _Runner.__call__ appends them.
@@ -1114,7 +1128,7 @@ struct FastKernel final : c10::OperatorKernel {
     return 1;
   }
 
-  int push_results(FastSpec* spec, PyObject* result, long device, torch::jit::Stack* stack) {
+  int push_results(FastSpec* spec, PyObject* result, long device, std::vector<at::Tensor>& made) {
     // The program returns (outs, new_bases); the entry writes no storage.
     PyObject* outs = PySequence_Check(result) && PySequence_Size(result) == 2
                          ? PySequence_GetItem(result, 0)
@@ -1132,7 +1146,7 @@ struct FastKernel final : c10::OperatorKernel {
       return -1;
     }
     PyObject* index = PyLong_FromLong(device);
-    std::vector<at::Tensor> made;
+    made.clear();
     int r = index ? 1 : -1;
     for (size_t i = 0; r > 0 && i < spec->outs.size(); ++i) {
       const OutSpec& o = spec->outs[i];
@@ -1151,25 +1165,71 @@ struct FastKernel final : c10::OperatorKernel {
     }
     Py_XDECREF(index);
     Py_DECREF(fast);
-    if (r < 0) return -1;
-    torch::jit::drop(*stack, args.size());
-    for (auto& t : made) torch::jit::push(*stack, std::move(t));
-    return 1;
+    return r;
+  }
+
+  // Run the call in C++ (true, results in `made`), or false: the caller
+  // hands it to the Python kernel.
+  bool try_run(const c10::IValue* iv, const at::Tensor* const* tens, std::vector<at::Tensor>& made) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = run(iv, tens, made);
+    if (rc < 0) PyErr_Clear();  // the Python kernel redoes the call and raises its error
+    if (rc > 0) ++n_kernel, n_unboxed += tens != nullptr;
+    else ++n_kernel_fallback;
+    PyGILState_Release(gil);
+    return rc > 0;
   }
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    {
-      PyGILState_STATE gil = PyGILState_Ensure();
-      int rc = run(stack);
-      if (rc < 0) PyErr_Clear();  // the Python kernel redoes the call and raises its error
-      if (rc > 0) ++n_kernel;
-      else ++n_kernel_fallback;
-      PyGILState_Release(gil);
-      if (rc > 0) return;
+    std::vector<at::Tensor> made;
+    if (try_run(stack->data() + (stack->size() - args.size()), nullptr, made)) {
+      torch::jit::drop(*stack, args.size());
+      for (auto& t : made) torch::jit::push(*stack, std::move(t));
+      return;
     }
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
   }
 };
+
+// The unboxed kernel: for the common signatures below, the kernel the
+// dispatcher calls with the op's C++ arguments. A boxed kernel would have
+// them copied onto an IValue stack first, and copying a tensor that Python
+// holds takes the GIL (its PyObject is increfed) while the dispatcher runs
+// without it: twice per binary op, before this kernel takes the GIL itself.
+c10::IValue iv_of(const at::Tensor&) { return c10::IValue(); }
+c10::IValue iv_of(const c10::Scalar& s) { return c10::IValue(s); }
+c10::IValue iv_of(std::optional<at::ScalarType> d) { return d ? c10::IValue(*d) : c10::IValue(); }
+const at::Tensor* tensor_of(const at::Tensor& t) { return &t; }
+const at::Tensor* tensor_of(const c10::Scalar&) { return &kNotGiven; }
+const at::Tensor* tensor_of(std::optional<at::ScalarType>) { return &kNotGiven; }
+
+template <class... A>
+torch::CppFunction unboxed_kernel(FastKernel* k, const c10::OperatorHandle& handle) {
+  auto typed = handle.typed<at::Tensor(A...)>();
+  return torch::CppFunction([k, typed](A... a) -> at::Tensor {
+    c10::IValue iv[] = {iv_of(a)...};
+    const at::Tensor* tens[] = {tensor_of(a)...};
+    std::vector<at::Tensor> made;
+    if (k->try_run(iv, tens, made)) return std::move(made[0]);
+    return typed.redispatch(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), a...);
+  });
+}
+
+// The schema's argument types as letters (T tensor, S scalar, D optional
+// dtype, ? anything else), to pick an unboxed signature.
+std::string signature_letters(const c10::FunctionSchema& schema) {
+  std::string out;
+  for (const auto& arg : schema.arguments()) {
+    const c10::TypePtr& t = arg.real_type();
+    if (t->kind() == c10::TypeKind::TensorType) out += 'T';
+    else if (t->kind() == c10::TypeKind::NumberType) out += 'S';
+    else if (auto opt = t->cast<c10::OptionalType>();
+             opt && opt->getElementType()->kind() == c10::TypeKind::ScalarTypeType)
+      out += 'D';
+    else out += '?';
+  }
+  return out;
+}
 
 // The conversion of one schema argument, or -1 where the kernel does not
 // handle that type (the op then keeps only its Python kernel).
@@ -1263,8 +1323,31 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
       g_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                  __FILE__, __LINE__);
     FastKernel* raw = kernel.get();
-    g_lib->impl(qualified.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    static const bool unboxed_env = [] {
+      const char* v = std::getenv("TORCH_TPU_NATIVE_UNBOXED");
+      return !(v && (std::string(v) == "0" || std::string(v) == "false"));
+    }();
+    g_unboxed = unboxed_env;
+    std::string letters = signature_letters(schema);
+    using T = const at::Tensor&;
+    using S = const c10::Scalar&;
+    using D = std::optional<at::ScalarType>;
+    if (schema.returns().size() == 1 && g_unboxed &&
+        (letters == "T" || letters == "TT" || letters == "TTS" || letters == "TS" ||
+         letters == "TSS" || letters == "TD")) {
+      kernel.release();  // lives as long as the library, as the boxed ones do
+      const c10::OperatorHandle& h = *handle;
+      g_lib->impl(qualified.c_str(),
+                  letters == "T"     ? unboxed_kernel<T>(raw, h)
+                  : letters == "TT"  ? unboxed_kernel<T, T>(raw, h)
+                  : letters == "TTS" ? unboxed_kernel<T, T, S>(raw, h)
+                  : letters == "TS"  ? unboxed_kernel<T, S>(raw, h)
+                  : letters == "TSS" ? unboxed_kernel<T, S, S>(raw, h)
+                                     : unboxed_kernel<T, D>(raw, h));
+    } else {
+      g_lib->impl(qualified.c_str(),
+                  torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    }
     g_kernels.push_back(raw);
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -1332,12 +1415,13 @@ PyObject* take_stats(PyObject*, PyObject*) {
 }
 
 PyObject* calls(PyObject*, PyObject*) {
-  return Py_BuildValue("{sKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
+  return Py_BuildValue("{sKsKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
                        "wrap", (unsigned long long)n_wrap, "new_tensor",
                        (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call,
                        "kernel", (unsigned long long)n_kernel, "kernel_fallback",
-                       (unsigned long long)n_kernel_fallback, "hashed_keys",
+                       (unsigned long long)n_kernel_fallback, "unboxed",
+                       (unsigned long long)n_unboxed, "hashed_keys",
                        PyBool_FromLong(g_key_type != nullptr));
 }
 

@@ -418,3 +418,66 @@ def test_contiguous_empty_strided_is_a_plain_storage():
     x = torch.randn(3, 4)
     y = torch.empty_like(x, device="tpu").copy_(x)
     assert storage.layout_of(y, storage.data_of(y)) is None and torch.equal(y.cpu(), x)
+
+
+UNBOXED_OFF = os.environ.get("TORCH_TPU_NATIVE_UNBOXED", "").strip().lower() in ("0", "false")
+
+
+@kernel
+@pytest.mark.skipif(UNBOXED_OFF, reason="TORCH_TPU_NATIVE_UNBOXED=0 keeps boxed kernels only")
+@pytest.mark.parametrize("case", ["add", "add_alpha", "add_number", "mul", "matmul", "relu",
+                                  "sum", "sum_dtype", "mul_scalar"])
+def test_common_signatures_take_the_unboxed_kernel(case):
+    """Ops of the common signatures (tensor, tensor and scalar arguments) are
+    served by the unboxed kernel, which never boxes its arguments, with the
+    Python kernel's values; its misses and errors still reach Python."""
+    xc, yc = torch.randn(6, 6), torch.randn(6, 6)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    fns = {
+        "add": lambda a, b: a + b, "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
+        "add_number": lambda a, b: a + 2.5, "mul": lambda a, b: a * b,
+        "matmul": lambda a, b: a @ b, "relu": lambda a, b: torch.relu(a),
+        "sum": lambda a, b: a.sum(), "sum_dtype": lambda a, b: a.sum(dtype=torch.float64),
+        "mul_scalar": lambda a, b: aten.mul.Scalar(a, 3),
+    }
+    fn = fns[case]
+    fn(x, y).cpu()  # compiles: the Python kernel
+    before = fastpath.NATIVE.calls()
+    out = fn(x, y)
+    d = _delta(before, fastpath.NATIVE.calls())
+    assert d["unboxed"] == 1 and d["kernel"] == 1, d
+    torch.testing.assert_close(out.cpu(), fn(xc, yc))
+    assert out.dtype == fn(xc, yc).dtype and out.shape == fn(xc, yc).shape
+
+
+@kernel
+@pytest.mark.skipif(UNBOXED_OFF, reason="TORCH_TPU_NATIVE_UNBOXED=0 keeps boxed kernels only")
+def test_unboxed_kernel_hands_errors_to_the_python_kernel():
+    x = torch.randn(6, 5, device="tpu")
+    (x + x).cpu()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        x + torch.randn(4, 5, device="tpu")
+    before = fastpath.NATIVE.calls()
+    out = x + x  # the kernel is still in place after an error
+    assert _delta(before, fastpath.NATIVE.calls())["unboxed"] == 1
+    torch.testing.assert_close(out.cpu(), x.cpu() * 2)
+
+
+@kernel
+def test_boxed_kernels_alone_give_the_same_results():
+    """TORCH_TPU_NATIVE_UNBOXED=0 registers only boxed kernels: same values,
+    no unboxed call."""
+    code = (
+        "import torch, torch_tpu\n"
+        "from torch_tpu.runtime import fastpath\n"
+        "x = torch.arange(12.).reshape(3, 4).to('tpu')\n"
+        "for _ in range(3): r = (torch.add(x, x, alpha=2) * x).relu().sum(); r.cpu()\n"
+        "c = fastpath.NATIVE.calls()\n"
+        "assert c['unboxed'] == 0 and c['kernel'] > 0, c\n"
+        "print(r.item())\n")
+    env = dict(os.environ, TORCH_TPU_NATIVE_UNBOXED="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    xc = torch.arange(12.).reshape(3, 4)
+    assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()
