@@ -575,8 +575,9 @@ class _Runner:
         # ... and at another XLA optimization level.
         sig.key.append(_olevel.LEVEL)
         key = tuple(sig.key)
-        STATS.requests += 1
+        STATS.count_request()
         entry = _CACHE.get(key)
+        hit = entry is not None
         if entry is None:
             if recipes is None:  # the same slots and dyn indices as `sig`'s
                 recipes = _classify(plan, vals, _Signature(plan))
@@ -584,11 +585,10 @@ class _Runner:
             if entry is None:  # out= tensors were resized: the signature changed
                 return self(*args, **kwargs)
         else:
-            STATS.hits += 1
             _CACHE.move_to_end(key)
             if entry.check:
                 oom.check(plan.name, entry.nbytes, sig.device)
-        STATS.per_op[plan.name] += 1
+        STATS.count_run(plan.name, hit)
         if fused.ACTIVE and entry.program is not None:  # recorded, run later (runtime.fused)
             outs, new_bases = fused.record(entry, sig, plan.name)
         elif _aco.OUTSTANDING and _aco.deferred(entry, sig):  # runtime.async_compile

@@ -169,6 +169,15 @@ class CacheStats:
     def per_op(self, value: collections.Counter) -> None:
         self._per_op = value
 
+    # The executor's per-call counting: plain additions, without the
+    # properties' hand-over of the native counts (sums commute; readers take them).
+    def count_request(self) -> None:
+        self._requests += 1
+
+    def count_run(self, name: str, hit: bool) -> None:
+        self._hits += hit
+        self._per_op[name] += 1
+
     def reset(self) -> None:
         if self.native_counts is not None:
             self.native_counts()  # the native kernel's counts so far: dropped too
