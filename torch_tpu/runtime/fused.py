@@ -68,6 +68,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -142,7 +143,7 @@ class _Node(st.Deferred):
         self.value = None
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple:  # type: ignore[override]  # read-only: the entry's shared spec
         return self.spec[0]
 
     @property
@@ -664,7 +665,7 @@ def _compile(key: tuple, fn: Any, args: tuple, donate: tuple, device: int) -> An
     return compiled
 
 
-def _program(tr: _Trace, live: list[int], device: int, donate: tuple = ()) -> Any:
+def _program(tr: _Trace, live: Sequence[int], device: int, donate: tuple = ()) -> Any:
     """The fused program: each recorded op's program, inlined in order.
 
     Its inputs: the donated external arrays, the other external arrays (each
