@@ -947,12 +947,7 @@ def _whole_reshape(layout, array) -> bool:
         return False
     if int(np.prod(sizes, dtype=np.int64)) != int(np.prod(array.shape, dtype=np.int64)):
         return False
-    expected = 1
-    for size, stride in zip(reversed(sizes), reversed(strides)):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
+    return _contiguous(sizes, strides)
 
 
 def _can_donate(graph, donate_idx, args, donated) -> bool:
