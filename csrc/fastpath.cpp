@@ -22,8 +22,8 @@
 //       scalar inputs as cached device arrays (no conversion per call).
 //   next_address(nbytes) -> int
 //       the virtual address counter (storage._address_for) both share.
-//   register_kernel(schema_name, overload, op, name, kinds) -> bool
-//       a boxed C++ kernel for the op at PrivateUse1 that runs its cache hits
+//   register_kernel(schema_name, overload, op, name, kinds, unboxed) -> bool
+//       a C++ kernel (unboxed for the common signatures where `unboxed`) for the op at PrivateUse1 that runs its cache hits
 //       from the dispatcher without entering Python-level kernel code (see
 //       "the C++ kernel" below); every other call goes to the op's Python
 //       kernel, which executor.install_kernel registered for PrivateUse2.
@@ -45,7 +45,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -865,9 +864,8 @@ bool setup_key_type(PyObject* sample) {
 }
 
 struct FastKernel;
-std::vector<FastKernel*> g_kernels;
-bool g_unboxed = true;  // TORCH_TPU_NATIVE_UNBOXED=0: boxed kernels only
-const at::Tensor kNotGiven;  // run()'s "this argument is in iv[]" marker  // every registered kernel (they live as long as g_lib)
+std::vector<FastKernel*> g_kernels;  // every registered kernel (they live as long as g_lib)
+const at::Tensor kNotGiven;          // run()'s "this argument is in iv[]" marker
 uint64_t g_pending_hits = 0;         // hits not yet handed to programs.STATS
 
 struct FastKernel final : c10::OperatorKernel {
@@ -877,11 +875,10 @@ struct FastKernel final : c10::OperatorKernel {
   std::vector<ArgSpec> args;
   size_t n_returns;
 
-  // 1: done, results on the stack; 0: the Python kernel's call; -1: a Python
+  // 1: done, results in `made`; 0: the Python kernel's call; -1: a Python
   // error (cleared by the caller, which then also hands the call to Python).
-  // The call's arguments: `tens[i]`, where set, is argument i as the
-  // unboxed kernel received it (a tensor, or null for None); else iv[i].
-  // On success the results are in `made`.
+  // The call's arguments: `tens[i]`, unless it is &kNotGiven, is argument i
+  // as the unboxed kernel received it (a tensor, or null for None); else iv[i].
   int run(const c10::IValue* iv, const at::Tensor* const* tens, std::vector<at::Tensor>& made) {
     int flag;
     if (!truthy_global(g_fused_dict, s_active, &flag)) return -1;
@@ -1273,10 +1270,11 @@ int conv_of(long kind, const c10::Argument& arg) {
   }
 }
 
-// register_kernel(schema_name, overload, op, name, kinds) -> bool
+// register_kernel(schema_name, overload, op, name, kinds, unboxed) -> bool
 PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyUnicode_Check(a[0]) || !PyUnicode_Check(a[1]) || !PyTuple_Check(a[4])) {
-    PyErr_SetString(PyExc_TypeError, "register_kernel(schema_name, overload, op, name, kinds)");
+  if (nargs != 6 || !PyUnicode_Check(a[0]) || !PyUnicode_Check(a[1]) || !PyTuple_Check(a[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "register_kernel(schema_name, overload, op, name, kinds, unboxed)");
     return nullptr;
   }
   if (!g_executor_dict) {
@@ -1323,16 +1321,13 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
       g_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                  __FILE__, __LINE__);
     FastKernel* raw = kernel.get();
-    static const bool unboxed_env = [] {
-      const char* v = std::getenv("TORCH_TPU_NATIVE_UNBOXED");
-      return !(v && (std::string(v) == "0" || std::string(v) == "false"));
-    }();
-    g_unboxed = unboxed_env;
+    int unboxed = PyObject_IsTrue(a[5]);
+    if (unboxed < 0) return nullptr;
     std::string letters = signature_letters(schema);
     using T = const at::Tensor&;
     using S = const c10::Scalar&;
     using D = std::optional<at::ScalarType>;
-    if (schema.returns().size() == 1 && g_unboxed &&
+    if (schema.returns().size() == 1 && unboxed &&
         (letters == "T" || letters == "TT" || letters == "TTS" || letters == "TS" ||
          letters == "TSS" || letters == "TD")) {
       kernel.release();  // lives as long as the library, as the boxed ones do
@@ -1440,7 +1435,7 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "setup_call(Compiled, scalar_array): what call() needs from JAX."},
     {"register_kernel",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
-     "register_kernel(schema_name, overload, op, name, kinds): the C++ kernel in front of the "
+     "register_kernel(schema_name, overload, op, name, kinds, unboxed): the C++ kernel in front of the "
      "op's Python kernel (which must be registered for PrivateUse2); False: not handled"},
     {"setup_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_kernel)),
      METH_FASTCALL, "setup_kernel(executor, fused, async_compile, opt_level, precision_state, "

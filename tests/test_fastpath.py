@@ -420,7 +420,7 @@ def test_contiguous_empty_strided_is_a_plain_storage():
     assert storage.layout_of(y, storage.data_of(y)) is None and torch.equal(y.cpu(), x)
 
 
-UNBOXED_OFF = os.environ.get("TORCH_TPU_NATIVE_UNBOXED", "").strip().lower() in ("0", "false")
+UNBOXED_OFF = not fastpath.UNBOXED
 
 
 @kernel

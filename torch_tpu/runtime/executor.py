@@ -328,7 +328,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
         lib.impl(op, kernel, "PrivateUse2")
         schema = op._schema
         if native.register_kernel(schema.name, schema.overload_name, runner.plan.op,
-                                  runner.plan.name, runner.plan.kinds):
+                                  runner.plan.name, runner.plan.kinds, fastpath.UNBOXED):
             return
     lib.impl(op, kernel, "PrivateUse1")
 

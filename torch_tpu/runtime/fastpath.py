@@ -44,9 +44,14 @@ ACTIVE = NATIVE is not None
 # The native kernel (executor.install_kernel): ops' cache hits run in C++ from
 # the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
 # keeps the Python kernels in front (the rest of the native path stays).
-KERNEL = (ACTIVE and hasattr(NATIVE, "register_kernel")
-          and os.environ.get("TORCH_TPU_NATIVE_KERNEL", "").strip().lower()
-          not in ("0", "false", "no", "off"))
+def _switch_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+KERNEL = ACTIVE and hasattr(NATIVE, "register_kernel") and _switch_on("TORCH_TPU_NATIVE_KERNEL")
+# Ops with a common signature (tensors, Scalars, an optional dtype) get the
+# kernel unboxed; TORCH_TPU_NATIVE_UNBOXED=0 registers every one boxed.
+UNBOXED = KERNEL and _switch_on("TORCH_TPU_NATIVE_UNBOXED")
 
 
 def _scalar_array(value: object, index: int) -> object:
