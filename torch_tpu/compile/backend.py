@@ -38,7 +38,7 @@ import torch
 import torch.fx
 
 from ..ops import registry
-from ..runtime import executor, gc_pause, programs
+from ..runtime import async_compile, executor, gc_pause, programs
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
@@ -611,7 +611,9 @@ class CompiledGraph:
                     return bw._build(b_arrays, [], bw.consts, key, b_layouts)
             return bw._build(b_arrays, [], bw.consts, key, b_layouts)
 
-        bw.prebuilt[token] = _prebuild_pool().submit(build)
+        # The compile pool eager ops compile on (runtime.async_compile); not
+        # counted as outstanding work, which would defer eager ops.
+        bw.prebuilt[token] = async_compile.compile_pool().submit(build)
 
     def _inputs_from_forward(self, fw, fw_arrays, fw_layouts):
         """(arrays, layouts) this backward graph will read at its first call,
@@ -780,21 +782,6 @@ def _prebuild_enabled() -> bool:
     """
     raw = os.environ.get("TORCH_TPU_PREBUILD_BACKWARD", "").strip().lower()
     return raw in ("1", "true", "yes", "on")
-
-
-_PREBUILD_POOL = []
-
-
-def _prebuild_pool():
-    """One thread for backward programs compiled ahead (see _prebuild_backward)."""
-    if not _PREBUILD_POOL:
-        with _lock:
-            if not _PREBUILD_POOL:
-                from concurrent.futures import ThreadPoolExecutor
-
-                _PREBUILD_POOL.append(ThreadPoolExecutor(
-                    1, thread_name_prefix="torch_tpu-prebuild"))
-    return _PREBUILD_POOL[0]
 
 
 def _prebuilt_entry(future):

@@ -105,6 +105,12 @@ def _executors() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
     return _pools[0], _pools[1]
 
 
+def compile_pool() -> ThreadPoolExecutor:
+    """The compile threads, for other compile work done ahead (the compile
+    backend's backward programs); such work is not counted in OUTSTANDING."""
+    return _executors()[0]
+
+
 def _submit(pool: ThreadPoolExecutor, fn: Any, *args: Any) -> Future:
     global OUTSTANDING
     with _count_lock:
