@@ -45,6 +45,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -92,6 +93,7 @@ PyObject* g_device_data = nullptr;  // storage.DeviceData, given by setup()
 PyObject* g_compiled_type = nullptr;  // jax.stages.Compiled, given by setup_call()
 PyObject* g_scalar_array = nullptr;   // fastpath._scalar_array, given by setup_call()
 PyObject* g_scalars = nullptr;        // {(type, value, device): jax.Array or value}
+PyObject* g_empty_list = nullptr;     // the dyn list of a memo hit without Scalar inputs
 PyObject* s_call;
 constexpr Py_ssize_t kMaxScalars = 4096;
 
@@ -646,7 +648,8 @@ PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
 PyObject* g_array_type = nullptr;      // jax's ArrayImpl
 PyObject *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
     *s_raw, *s_move_to_end, *s_value;
-uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0;
+uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0;
+bool g_memo_on = true;  // fastpath.MEMO (TORCH_TPU_NATIVE_MEMO=0: off)
 
 torch::Library* g_lib = nullptr;
 
@@ -863,6 +866,152 @@ bool setup_key_type(PyObject* sample) {
   return same;
 }
 
+// -------------------------------------------------------------- the memo
+// Each kernel remembers its recent hits under a key of plain numbers made
+// from the C++ arguments (per argument: a tag, then the storage slot, dtype
+// and sizes of a tensor, the type of a Scalar, a static value; then the
+// device, default dtype and the identity of the precision token and the opt
+// level objects), so a repeated call builds no Python key, hashes no tuple
+// and looks nothing up in the executor's dict. A memo holds the entry and its
+// key; programs.py calls forget() whenever it drops or replaces an entry,
+// which empties every kernel's memo (the next hit goes through the dict
+// again). A call the memo cannot describe (a view, a string argument) takes
+// the dict path as before.
+constexpr uint32_t kMemoWords = 32;
+constexpr int kMemoSlots = 4;         // distinct storages a memoized call reads
+constexpr size_t kMemoMax = 64;       // memos per kernel (then it starts over)
+constexpr uint32_t kMoveEvery = 16;   // LRU order refreshed every 16 memo hits
+
+enum MemoTag : int64_t { M_NONE = -1, M_ONE = -2, M_INT = -3, M_FLOAT = -4, M_BOOL = -5,
+                         M_COMPLEX = -6, M_TENSOR = -7, M_VALUE = -8 };
+
+struct MemoKey {
+  uint32_t n = 0;
+  int64_t v[kMemoWords];
+  bool push(int64_t x) {
+    if (n >= kMemoWords) return false;
+    v[n++] = x;
+    return true;
+  }
+  bool operator==(const MemoKey& o) const {
+    return n == o.n && std::memcmp(v, o.v, n * sizeof(int64_t)) == 0;
+  }
+};
+
+struct MemoKeyHash {
+  size_t operator()(const MemoKey& k) const {
+    uint64_t h = 1469598103934665603ULL ^ k.n;
+    for (uint32_t i = 0; i < k.n; ++i) {
+      h ^= static_cast<uint64_t>(k.v[i]);
+      h *= 1099511628211ULL;
+      h ^= h >> 29;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Memo {
+  PyObject* entry;   // owned: the executor entry
+  PyObject* key;     // owned: its key in the executor cache
+  PyObject* prec;    // owned: the precision token and opt level the key
+  PyObject* level;   //   holds (owned, so their identity stays theirs)
+  FastSpec* spec;    // the entry's (its capsule lives as long as the entry)
+  uint32_t since_move = 0;
+};
+
+void memo_clear(std::unordered_map<MemoKey, Memo, MemoKeyHash>& memo) {
+  std::vector<PyObject*> drop;
+  for (auto& kv : memo) {
+    drop.push_back(kv.second.entry);
+    drop.push_back(kv.second.key);
+    drop.push_back(kv.second.prec);
+    drop.push_back(kv.second.level);
+  }
+  memo.clear();  // before the references go: a finalizer may call forget()
+  for (PyObject* o : drop) Py_XDECREF(o);
+}
+
+// One call's memo key and what a memo hit needs to run it.
+struct MemoCall {
+  MemoKey key;
+  long device = -1;
+  PyObject* datas[kMemoSlots];  // owned: DeviceData objects, in slot order
+  int ns = 0;
+  PyObject* dyn = nullptr;      // owned: the Scalar inputs (null: none yet)
+  PyObject* prec = nullptr;     // owned
+  PyObject* level = nullptr;    // borrowed from the opt_level module
+  ~MemoCall() {
+    for (int i = 0; i < ns; ++i) Py_DECREF(datas[i]);
+    Py_XDECREF(dyn);
+    Py_XDECREF(prec);
+  }
+
+  // 1: described; 0: not memoizable (the dict path decides); -1: error set.
+  int scalar(PyObject* s) {
+    int64_t tag = PyBool_Check(s) ? M_BOOL : PyLong_CheckExact(s) ? M_INT
+                  : PyFloat_CheckExact(s) ? M_FLOAT : PyComplex_CheckExact(s) ? M_COMPLEX : 0;
+    if (!tag || !key.push(tag)) return 0;
+    if (!dyn && !(dyn = PyList_New(0))) return -1;
+    return PyList_Append(dyn, s) < 0 ? -1 : 1;
+  }
+
+  int tensor(const at::Tensor& t) {
+    if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return 0;
+    if (t.is_conj() || t.is_neg() || t.storage_offset() != 0 || !t.is_contiguous()) return 0;
+    PyObject* storage = THPStorage_Wrap(t.storage());
+    if (!storage) return -1;
+    PyObject* data = PyObject_GetAttr(storage, s_tpu);
+    Py_DECREF(storage);
+    if (!data) {
+      PyErr_Clear();
+      return 0;
+    }
+    int rc = with_data(t, data);
+    Py_DECREF(data);
+    return rc;
+  }
+
+  int with_data(const at::Tensor& t, PyObject* data) {
+    // The storage's whole array, as Classifier::with_data requires.
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    PyObject* data_dtype = dd_get(data, DD_DTYPE);
+    if (!data_dtype) return -1;
+    bool same = data_dtype == dtype;
+    Py_DECREF(data_dtype);
+    if (!same) return 0;
+    PyObject* shape = dd_get(data, DD_SHAPE);
+    if (!shape) return -1;
+    auto sizes = t.sizes();
+    same = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == static_cast<Py_ssize_t>(sizes.size());
+    for (size_t i = 0; same && i < sizes.size(); ++i)
+      same = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)) == sizes[i];
+    Py_DECREF(shape);
+    if (PyErr_Occurred()) return -1;
+    if (!same) return 0;
+    int slot = -1;
+    for (int i = 0; i < ns; ++i)
+      if (datas[i] == data) slot = i;
+    if (slot >= 0) return key.push(M_TENSOR) && key.push(slot) ? 1 : 0;
+    if (ns >= kMemoSlots) return 0;
+    PyObject* index_obj = dd_get(data, DD_INDEX);
+    if (!index_obj) return -1;
+    long index = PyLong_AsLong(index_obj);
+    Py_DECREF(index_obj);
+    if (index == -1 && PyErr_Occurred()) return -1;
+    if (device != index) {
+      if (device != -1) return 0;  // two devices: Python raises PyTorch's error
+      device = index;
+    }
+    datas[ns] = Py_NewRef(data);
+    slot = ns++;
+    bool ok = key.push(M_TENSOR) && key.push(slot) &&
+              key.push(static_cast<int64_t>(t.scalar_type())) &&
+              key.push(static_cast<int64_t>(sizes.size()));
+    for (size_t i = 0; ok && i < sizes.size(); ++i) ok = key.push(sizes[i]);
+    return ok ? 1 : 0;
+  }
+};
+
 struct FastKernel;
 std::vector<FastKernel*> g_kernels;  // every registered kernel (they live as long as g_lib)
 const at::Tensor kNotGiven;          // run()'s "this argument is in iv[]" marker
@@ -874,6 +1023,7 @@ struct FastKernel final : c10::OperatorKernel {
   uint64_t hits = 0;  // hits since the last take_stats()
   std::vector<ArgSpec> args;
   size_t n_returns;
+  std::unordered_map<MemoKey, Memo, MemoKeyHash> memo;  // recent hits (see "the memo")
 
   // 1: done, results in `made`; 0: the Python kernel's call; -1: a Python
   // error (cleared by the caller, which then also hands the call to Python).
@@ -887,6 +1037,19 @@ struct FastKernel final : c10::OperatorKernel {
     if (flag) return 0;
     if (!truthy_global(g_executor_dict, s_launch_blocking, &flag)) return -1;
     if (flag) return 0;
+
+    MemoCall mc;
+    int memoable = 0;
+    try {
+      if (g_memo_on) memoable = describe(iv, tens, mc);
+    } catch (const std::exception&) {
+      memoable = 0;
+    }
+    if (memoable < 0) return -1;
+    if (memoable > 0) {
+      auto it = memo.find(mc.key);
+      if (it != memo.end()) return run_memo(it->second, mc, made);
+    }
 
     const size_t n = args.size();
     PyObject* key = PyList_New(1);
@@ -911,29 +1074,152 @@ struct FastKernel final : c10::OperatorKernel {
     PyObject* tkey = rc > 0 ? make_key(key) : nullptr;
     if (rc > 0 && !tkey) rc = -1;
     PyObject* cache = nullptr;
+    PyObject* entry = nullptr;  // owned from here, whatever the call's Python code does
     FastSpec* spec = nullptr;
     if (rc > 0) {
       cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
-      PyObject* entry = cache ? PyDict_GetItemWithError(cache, tkey) : nullptr;  // borrowed
+      entry = cache ? PyDict_GetItemWithError(cache, tkey) : nullptr;
       if (!entry) {
         rc = PyErr_Occurred() ? -1 : 0;  // a miss: Python compiles
       } else {
         Py_INCREF(entry);
-        spec = entry_spec(entry);
-        Py_DECREF(entry);  // the cache holds it, and it holds the capsule
+        spec = entry_spec(entry);  // the entry holds the capsule
         if (!spec) rc = PyErr_Occurred() ? -1 : 0;
         else if (spec->outs.size() != n_returns) rc = 0;
       }
     }
-    if (rc > 0) rc = execute(spec, c, &result);
-    if (rc > 0) rc = account(cache, tkey);
-    if (rc > 0) rc = push_results(spec, result, c.device, made);
+    if (rc > 0)
+      rc = execute(spec, PySequence_Fast_ITEMS(c.slot_data), PyList_GET_SIZE(c.slot_data), c.dyn,
+                   c.device, &result);
+    if (rc > 0) rc = move_to_end(cache, tkey);
+    if (rc > 0) {
+      ++hits;
+      ++g_pending_hits;
+      rc = push_results(spec, result, c.device, made);
+    }
+    if (rc > 0 && memoable > 0) remember(mc, entry, tkey, spec);
+    Py_XDECREF(entry);
     Py_XDECREF(result);
     Py_XDECREF(tkey);
     Py_XDECREF(key);
     Py_XDECREF(dyn);
     Py_XDECREF(slot_data);
     return rc;
+  }
+
+  // A hit the memo knows: the entry's executable on this call's arrays.
+  int run_memo(Memo& m, MemoCall& mc, std::vector<at::Tensor>& made) {
+    // Python code runs below (the executable's call path) and may empty the
+    // memo: what the call needs is held here, and `m` is not used after.
+    PyObject* entry = Py_NewRef(m.entry);
+    PyObject* key = Py_NewRef(m.key);
+    FastSpec* spec = m.spec;
+    bool move = ++m.since_move >= kMoveEvery;
+    if (move) m.since_move = 0;
+    PyObject* result = nullptr;
+    int rc = execute(spec, mc.datas, mc.ns, mc.dyn ? mc.dyn : g_empty_list, mc.device, &result);
+    if (rc > 0 && move) {
+      PyObject* cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
+      rc = cache ? move_to_end(cache, key) : PyErr_Occurred() ? -1 : 0;
+    }
+    if (rc > 0) {
+      ++hits;
+      ++g_pending_hits;
+      rc = push_results(spec, result, mc.device, made);
+    }
+    if (rc > 0) ++n_memo;
+    Py_XDECREF(result);
+    Py_DECREF(key);
+    Py_DECREF(entry);
+    return rc;
+  }
+
+  void remember(MemoCall& mc, PyObject* entry, PyObject* tkey, FastSpec* spec) {
+    if (memo.size() >= kMemoMax) memo_clear(memo);
+    Memo m{Py_NewRef(entry), Py_NewRef(tkey), Py_NewRef(mc.prec), Py_NewRef(mc.level), spec, 0};
+    if (!memo.emplace(mc.key, m).second) {  // (looked up before the call: not there)
+      Py_DECREF(m.entry);
+      Py_DECREF(m.key);
+      Py_DECREF(m.prec);
+      Py_DECREF(m.level);
+    }
+  }
+
+  // The call's memo key (1), or 0 where the memo cannot describe it, or -1.
+  int describe(const c10::IValue* iv, const at::Tensor* const* tens, MemoCall& m) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      int rc = tens && tens[i] != &kNotGiven ? memo_tensor(m, args[i], tens[i])
+                                             : memo_value(m, args[i], iv[i]);
+      if (rc <= 0) return rc;
+    }
+    if (m.device < 0) return 0;
+    m.prec = g_precision_state != Py_None ? PyObject_GetAttr(g_precision_state, s_value)
+                                          : PyObject_CallNoArgs(g_precision_fn);
+    if (!m.prec) return -1;
+    m.level = PyDict_GetItemWithError(g_olevel_dict, s_level);  // borrowed
+    if (!m.level) return PyErr_Occurred() ? -1 : 0;
+    auto dt = c10::typeMetaToScalarType(c10::get_default_dtype());
+    return m.key.push(m.device) && m.key.push(static_cast<int64_t>(dt)) &&
+                   m.key.push(reinterpret_cast<intptr_t>(m.prec)) &&
+                   m.key.push(reinterpret_cast<intptr_t>(m.level))
+               ? 1
+               : 0;
+  }
+
+  int memo_tensor(MemoCall& m, const ArgSpec& a, const at::Tensor* t) {
+    if (a.conv != C_TENSOR) return 0;
+    if (!t || !t->defined()) return a.kind == OT && m.key.push(M_NONE) ? 1 : 0;
+    if (t->unsafeGetTensorImpl()->is_wrapped_number()) {
+      PyObject* s = wrapped_number(*t);
+      if (!s) return PyErr_Occurred() ? -1 : 0;
+      int r = m.scalar(s);
+      Py_DECREF(s);
+      return r;
+    }
+    return m.tensor(*t);
+  }
+
+  int memo_value(MemoCall& m, const ArgSpec& a, const c10::IValue& v) {
+    MemoKey& k = m.key;
+    if (a.conv != C_TENSOR && a.conv != C_SCALAR && a.conv != C_SCALAR1 && v.isNone())
+      return k.push(M_NONE) ? 1 : 0;
+    switch (a.conv) {
+      case C_TENSOR:
+        if (v.isNone()) return memo_tensor(m, a, nullptr);
+        return v.isTensor() ? memo_tensor(m, a, &v.toTensor()) : 0;
+      case C_SCALAR1:
+        if (v.isInt() && v.toInt() == 1) return k.push(M_ONE) ? 1 : 0;
+        [[fallthrough]];
+      case C_SCALAR: {
+        if (v.isNone()) return a.kind == OS && k.push(M_NONE) ? 1 : 0;
+        PyObject* s = scalar_ivalue(v);
+        if (!s) return PyErr_Occurred() ? -1 : 0;
+        int r = m.scalar(s);
+        Py_DECREF(s);
+        return r;
+      }
+      case C_STATIC_INT:
+      case C_STATIC_DTYPE:
+        return v.isInt() && k.push(M_VALUE) && k.push(v.toInt()) ? 1 : 0;
+      case C_STATIC_BOOL:
+        return v.isBool() && k.push(M_VALUE) && k.push(v.toBool()) ? 1 : 0;
+      case C_STATIC_FLOAT: {
+        if (!v.isDouble()) return 0;
+        double d = v.toDouble();
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        return k.push(M_VALUE) && k.push(bits) ? 1 : 0;
+      }
+      case C_STATIC_INTLIST: {
+        if (!v.isIntList()) return 0;
+        auto list = v.toIntList();
+        bool ok = k.push(M_VALUE) && k.push(static_cast<int64_t>(list.size()));
+        for (size_t i = 0; ok && i < list.size(); ++i) ok = k.push(list.get(i));
+        return ok ? 1 : 0;
+      }
+      default:
+        return 0;  // strings, static Scalars: the dict path
+    }
   }
 
   int argument(Classifier& c, const ArgSpec& a, const c10::IValue& v) {
@@ -1050,14 +1336,14 @@ struct FastKernel final : c10::OperatorKernel {
     return PyList_Append(key, level) < 0 ? -1 : 1;
   }
 
-  int execute(FastSpec* spec, Classifier& c, PyObject** result) {
+  int execute(FastSpec* spec, PyObject* const* datas, Py_ssize_t ns, PyObject* dyn, long device,
+              PyObject** result) {
     if (!g_compiled_type || Py_TYPE(spec->compiled) != reinterpret_cast<PyTypeObject*>(g_compiled_type))
       return 0;
-    Py_ssize_t ns = PyList_GET_SIZE(c.slot_data);
     PyObject* arrays = PyList_New(ns);
     if (!arrays) return -1;
     for (Py_ssize_t i = 0; i < ns; ++i) {
-      PyObject* raw = dd_get(PyList_GET_ITEM(c.slot_data, i), DD_RAW);
+      PyObject* raw = dd_get(datas[i], DD_RAW);
       if (!raw) {
         Py_DECREF(arrays);
         return -1;
@@ -1068,7 +1354,7 @@ struct FastKernel final : c10::OperatorKernel {
         return 0;
       }
     }
-    PyObject* dev = PyLong_FromLong(c.device);
+    PyObject* dev = PyLong_FromLong(device);
     if (!dev) {
       Py_DECREF(arrays);
       return -1;
@@ -1080,14 +1366,14 @@ struct FastKernel final : c10::OperatorKernel {
       PyErr_Clear();
     }
     if (!spec->fn) {  // not called yet: call() calls it the first time
-      PyObject* a[4] = {spec->compiled, arrays, c.dyn, dev};
+      PyObject* a[4] = {spec->compiled, arrays, dyn, dev};
       *result = call(nullptr, a, 4);
     } else {
       // call()'s work, with the entry's executable call path at hand.
-      Py_ssize_t nd = PyList_GET_SIZE(c.dyn);
+      Py_ssize_t nd = PyList_GET_SIZE(dyn);
       PyObject* inputs = PyList_New(nd);
       for (Py_ssize_t i = 0; inputs && i < nd; ++i) {
-        PyObject* v = device_scalar(PyList_GET_ITEM(c.dyn, i), dev);
+        PyObject* v = device_scalar(PyList_GET_ITEM(dyn, i), dev);
         if (!v) Py_CLEAR(inputs);
         else PyList_SET_ITEM(inputs, i, v);
       }
@@ -1103,10 +1389,11 @@ struct FastKernel final : c10::OperatorKernel {
     return *result ? 1 : -1;
   }
 
-  // STATS.requests/hits/per_op and the LRU order, as _Runner.__call__ does on
-  // a hit. The counts stay in C++ (this kernel's `hits`, g_pending_hits) until
-  // programs.CacheStats reads them (take_stats): no Python objects per call.
-  int account(PyObject* cache, PyObject* tkey) {
+  // The entry's place in the LRU order, as _Runner.__call__ keeps it on a
+  // hit. The hit counts stay in C++ (this kernel's `hits`, g_pending_hits)
+  // until programs.CacheStats reads them (take_stats): no Python objects per
+  // call.
+  int move_to_end(PyObject* cache, PyObject* tkey) {
     // OrderedDict.move_to_end, looked up once per cache type.
     static PyTypeObject* mte_type = nullptr;
     static PyObject* mte = nullptr;
@@ -1120,8 +1407,6 @@ struct FastKernel final : c10::OperatorKernel {
     PyObject* moved = PyObject_Vectorcall(mte, mte_args, 2, nullptr);
     if (!moved) return -1;
     Py_DECREF(moved);
-    ++hits;
-    ++g_pending_hits;
     return 1;
   }
 
@@ -1409,14 +1694,31 @@ PyObject* take_stats(PyObject*, PyObject*) {
   return r;
 }
 
+// forget(): every kernel's memo emptied (programs.py: an entry was dropped or
+// replaced, so a memo may hold one the executor cache no longer has).
+PyObject* forget(PyObject*, PyObject*) {
+  for (FastKernel* k : g_kernels) memo_clear(k->memo);
+  Py_RETURN_NONE;
+}
+
+// set_memo(on): whether kernels remember hits (fastpath.MEMO).
+PyObject* set_memo(PyObject*, PyObject* on) {
+  int t = PyObject_IsTrue(on);
+  if (t < 0) return nullptr;
+  g_memo_on = t;
+  if (!t) forget(nullptr, nullptr);
+  Py_RETURN_NONE;
+}
+
 PyObject* calls(PyObject*, PyObject*) {
-  return Py_BuildValue("{sKsKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
+  return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
                        "wrap", (unsigned long long)n_wrap, "new_tensor",
                        (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call,
                        "kernel", (unsigned long long)n_kernel, "kernel_fallback",
                        (unsigned long long)n_kernel_fallback, "unboxed",
-                       (unsigned long long)n_unboxed, "hashed_keys",
+                       (unsigned long long)n_unboxed, "memo", (unsigned long long)n_memo,
+                       "hashed_keys",
                        PyBool_FromLong(g_key_type != nullptr));
 }
 
@@ -1442,6 +1744,8 @@ PyMethodDef methods[] = {
      "precision_fn, spec_fn, array_type): what the C++ kernel reads"},
     {"take_stats", take_stats, METH_NOARGS,
      "take_stats() -> None or (hits, {op name: hits}) of the C++ kernel since the last call"},
+    {"forget", forget, METH_NOARGS, "Empty the C++ kernels' memos of recent hits."},
+    {"set_memo", set_memo, METH_O, "set_memo(on): whether the C++ kernels remember hits."},
     {"calls", calls, METH_NOARGS, "Call counters of the fast paths (tests read them)."},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -1474,6 +1778,7 @@ PyMODINIT_FUNC PyInit__native() {
   s_raw = PyUnicode_InternFromString("raw");
   s_move_to_end = PyUnicode_InternFromString("move_to_end");
   s_value = PyUnicode_InternFromString("value");
+  g_empty_list = PyList_New(0);
   PyObject* m = PyModule_Create(&module_def);
   // The torch it was compiled against: runtime/fastpath.py uses it with no other.
   if (m && PyModule_AddStringConstant(m, "TORCH_VERSION", TORCH_TPU_TORCH_VERSION) < 0) {

@@ -481,3 +481,134 @@ def test_boxed_kernels_alone_give_the_same_results():
     assert r.returncode == 0, r.stderr[-3000:]
     xc = torch.arange(12.).reshape(3, 4)
     assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()
+
+
+MEMO_OFF = not fastpath.MEMO
+memo = pytest.mark.skipif(FORCED_PURE or NO_KERNEL or MEMO_OFF or not fastpath.KERNEL,
+                          reason="the native kernel's memo is off")
+
+
+def _memo_calls(fn, n=3):
+    """fn's result, the memo hits and executor misses over n calls after the
+    warm-up (a compile, then a hit through the executor's dict)."""
+    fn().cpu()
+    fn().cpu()
+    misses, before = executor.STATS.misses, fastpath.NATIVE.calls()
+    for _ in range(n):
+        out = fn()
+    return out, _delta(before, fastpath.NATIVE.calls())["memo"], executor.STATS.misses - misses
+
+
+@memo
+@pytest.mark.parametrize("case", ["add", "alpha", "add_number", "same_storage", "sum_dtype",
+                                  "matmul", "sum_dim", "clamp_none"])
+def test_memo_serves_repeated_calls_with_cpus_values(case):
+    """A repeated call runs from the kernel's memo (no Python key, no dict
+    lookup): the same entry, no miss, CPU's values."""
+    xc, yc = torch.randn(5, 5), torch.randn(5, 5)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    fns = {
+        "add": lambda a, b: a + b, "alpha": lambda a, b: torch.add(a, b, alpha=3),
+        "add_number": lambda a, b: a + 2.5, "same_storage": lambda a, b: a * a,
+        "sum_dtype": lambda a, b: a.sum(dtype=torch.float64), "matmul": lambda a, b: a @ b,
+        "sum_dim": lambda a, b: a.sum(1, keepdim=True),
+        "clamp_none": lambda a, b: torch.clamp(a, min=-0.5),
+    }
+    fn = fns[case]
+    out, memo_hits, misses = _memo_calls(lambda: fn(x, y))
+    assert memo_hits == 3 and misses == 0, (memo_hits, misses)
+    ref = fn(xc, yc)
+    torch.testing.assert_close(out.cpu(), ref)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+
+
+@memo
+def test_memo_passes_each_calls_scalars():
+    """The memo keys a Scalar by its type: every call's value reaches the
+    program (one entry for all floats, as in the dict)."""
+    xc = torch.randn(4, 3)
+    x = xc.to("tpu")
+    _memo_calls(lambda: x * 1.5)
+    before, misses = fastpath.NATIVE.calls()["memo"], executor.STATS.misses
+    outs = {s: x * s for s in (0.5, -3.25, 7.0)}
+    outs_alpha = {s: torch.add(x, x, alpha=s) for s in (2, 5)}
+    assert executor.STATS.misses - misses == 1  # alpha: an int, compiled once
+    assert fastpath.NATIVE.calls()["memo"] - before >= 3
+    for s, out in outs.items():
+        torch.testing.assert_close(out.cpu(), xc * s)
+    for s, out in outs_alpha.items():
+        torch.testing.assert_close(out.cpu(), torch.add(xc, xc, alpha=s))
+
+
+@memo
+def test_memo_is_not_used_under_another_context():
+    """Matmul precision, the default dtype and views are part of the entry's
+    key: a call under another setting misses instead of reusing the memo."""
+    xc = torch.randn(8, 8)
+    x = xc.to("tpu")
+    _memo_calls(lambda: x @ x)
+    misses = executor.STATS.misses
+    with torch.tpu.matmul_precision("high"):
+        (x @ x).cpu()
+    assert executor.STATS.misses - misses == 1
+    _memo_calls(lambda: x + 1)
+    old = torch.get_default_dtype()
+    misses = executor.STATS.misses
+    try:
+        torch.set_default_dtype(torch.float64)
+        (x + 1).cpu()
+    finally:
+        torch.set_default_dtype(old)
+    assert executor.STATS.misses - misses == 1
+    before = fastpath.NATIVE.calls()["memo"]
+    v = x.view(64)[:32]  # a view: the dict path (the memo never describes views)
+    out = v + 1
+    assert fastpath.NATIVE.calls()["memo"] == before
+    torch.testing.assert_close(out.cpu(), xc.view(64)[:32] + 1)
+
+
+@memo
+def test_memo_forgets_entries_the_cache_drops(monkeypatch):
+    """An entry dropped from the executor cache (clear, discard, eviction)
+    is not run from the memo: the next call misses and compiles again."""
+    x = torch.randn(3, 7, device="tpu")
+    fn = lambda: torch.exp(x)  # noqa: E731
+    _memo_calls(fn)
+    misses = executor.STATS.misses
+    executor.clear_cache()
+    fn().cpu()
+    assert executor.STATS.misses - misses == 1
+    _memo_calls(fn)
+    key = next(k for k in programs._CACHE if k[0] is aten.exp.default)
+    misses = executor.STATS.misses
+    programs.discard(key)
+    fn().cpu()
+    assert executor.STATS.misses - misses == 1
+    _memo_calls(fn)
+    monkeypatch.setenv("TORCH_TPU_CACHE_SIZE", "1")
+    torch.sin(x).cpu()  # evicts every other entry
+    monkeypatch.delenv("TORCH_TPU_CACHE_SIZE")
+    misses = executor.STATS.misses
+    out = fn()
+    assert executor.STATS.misses - misses == 1
+    torch.testing.assert_close(out.cpu(), torch.exp(x.cpu()))
+
+
+@kernel
+def test_memo_off_gives_the_same_results():
+    """TORCH_TPU_NATIVE_MEMO=0: every hit goes through the executor's dict,
+    same values, no memo hit."""
+    code = (
+        "import torch, torch_tpu\n"
+        "from torch_tpu.runtime import fastpath\n"
+        "x = torch.arange(12.).reshape(3, 4).to('tpu')\n"
+        "for _ in range(3): r = (torch.add(x, x, alpha=2) * x).relu().sum(); r.cpu()\n"
+        "c = fastpath.NATIVE.calls()\n"
+        "assert not fastpath.MEMO and c['memo'] == 0 and c['kernel'] > 0, c\n"
+        "print(r.item())\n")
+    env = dict(os.environ, TORCH_TPU_NATIVE_MEMO="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    xc = torch.arange(12.).reshape(3, 4)
+    assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()

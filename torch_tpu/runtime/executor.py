@@ -324,6 +324,10 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
                                 _fast_spec, type(jnp.zeros(())))
             # Its hits are counted in C++ and read back with the statistics.
             STATS.native_counts = getattr(native, "take_stats", None)
+            # The kernel's memo of recent hits holds entries: emptied whenever
+            # the cache drops or replaces one.
+            programs.ON_DROP.append(native.forget)
+            native.set_memo(fastpath.MEMO)
             _KERNEL_READY.append(True)
         lib.impl(op, kernel, "PrivateUse2")
         schema = op._schema

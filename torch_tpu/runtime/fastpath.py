@@ -52,6 +52,10 @@ KERNEL = ACTIVE and hasattr(NATIVE, "register_kernel") and _switch_on("TORCH_TPU
 # Ops with a common signature (tensors, Scalars, an optional dtype) get the
 # kernel unboxed; TORCH_TPU_NATIVE_UNBOXED=0 registers every one boxed.
 UNBOXED = KERNEL and _switch_on("TORCH_TPU_NATIVE_UNBOXED")
+# Each kernel remembers its recent hits by a key of plain numbers, so a repeat
+# builds no Python key and looks up no dict; TORCH_TPU_NATIVE_MEMO=0 turns the
+# memo off (every hit goes through the executor's dict).
+MEMO = KERNEL and _switch_on("TORCH_TPU_NATIVE_MEMO")
 
 
 def _scalar_array(value: object, index: int) -> object:

@@ -320,6 +320,7 @@ def insert(key: Any, entry: Any) -> None:
     compiled = getattr(entry, "compiled", entry)
     nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
     old = _ENTRY_BYTES.pop(key, 0)
+    dropped = key in _CACHE
     _CACHE[key] = entry
     _ENTRY_BYTES[key] = nbytes
     _BYTES[0] += nbytes - old
@@ -329,6 +330,16 @@ def insert(key: Any, entry: Any) -> None:
         _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
         STATS.evictions += 1
         _SAMPLING[0] = False
+        dropped = True
+    if dropped:
+        _dropped()
+
+
+def discard(key: Any) -> None:
+    """Drop the entry cached under `key`, if any (its next call misses)."""
+    if _CACHE.pop(key, None) is not None:
+        _BYTES[0] -= _ENTRY_BYTES.pop(key, 0)
+        _dropped()
 
 
 def clear() -> None:
@@ -336,6 +347,19 @@ def clear() -> None:
     _CACHE.clear()
     _ENTRY_BYTES.clear()
     _BYTES[0] = 0
+    _dropped()
+
+
+# Called whenever an entry leaves _CACHE or is replaced: the native kernel
+# remembers recent hits with their entries (csrc/fastpath.cpp, "the memo")
+# and forgets them all then (executor.install_kernel registers it). Entries
+# leave only through insert, discard and clear.
+ON_DROP: list = []
+
+
+def _dropped() -> None:
+    for forget in ON_DROP:
+        forget()
 
 
 def memory_stats() -> dict:
