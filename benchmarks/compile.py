@@ -46,7 +46,11 @@ backend call: AOTAutograd's functionalization, decompositions and
 partitioning, plus the backend's graph set-up), "graphs" (our lowering to
 a jaxpr/StableHLO and XLA compilation, or a load from the persistent
 tiers) and "eager" (eager op executables compiled or loaded during the
-step). Timings on a shared machine vary by tens of percent; compare runs
+step). A garbage collection counts in the phase it interrupts: a full one
+(0.28 s before torch_tpu froze the import-time objects, see
+`torch_tpu.runtime.gc_pause.freeze`) fell in "graphs" in a cold process and
+in "dynamo" (an eager op's submit) in a warm one. Timings on a shared
+machine vary by tens of percent; compare runs
 made back to back.
 
 Whole step as one program (unless --no-whole-step): the same step through

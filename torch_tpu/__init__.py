@@ -38,6 +38,9 @@ _registration.register()
 from .device import module as tpu  # noqa: E402,F401
 from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu", lazily)
 from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
+from .runtime import gc_pause as _gc_pause  # noqa: E402
+
+_gc_pause.freeze()  # torch's and our modules: never cyclic garbage (see gc_pause.freeze)
 
 _load_lock = _threading.RLock()
 _loaded = False

@@ -86,3 +86,30 @@ def install_dynamo_hooks() -> None:
         callback_handler.register_start_callback(_on_compile_start)
     if _on_compile_end not in callback_handler.end_callbacks:
         callback_handler.register_end_callback(_on_compile_end)
+
+
+def _freeze_enabled() -> bool:
+    return os.environ.get("TORCH_TPU_GC_FREEZE", "1").strip().lower() not in (
+        "0", "false", "no", "off")
+
+
+def freeze() -> None:
+    """Move the objects alive now out of the collector's reach (`gc.freeze`).
+
+    Called once, when torch_tpu is imported (by ``import torch``'s backend
+    autoload): what is alive then is torch's and our modules, classes and
+    functions (~170k objects), which live as long as the process. A full
+    collection scans every tracked object that is not frozen: without this,
+    the one that lands in the compile benchmark's first compiled step scans
+    ~430k objects for ~0.28 s (a third of a warm process's first step), and
+    every later full collection pays the same. Frozen: warm first step 0.80 s -> 0.44-0.53 s,
+    gc over that step + 300 steps + a second compiled model 0.9 s -> 0.45 s.
+
+    Not done later (e.g. after JAX loads), when the user's objects are
+    alive: a frozen object in a reference cycle is never collected, and a
+    module in a cycle would keep its device tensors. Frozen objects are
+    still freed by reference counting. ``TORCH_TPU_GC_FREEZE=0`` turns this
+    off; nothing is frozen while the collector is off.
+    """
+    if _freeze_enabled() and gc.isenabled():
+        gc.freeze()
