@@ -177,6 +177,52 @@ PyObject* dd_get(PyObject* data, int which) {
 
 // ---------------------------------------------------------------- classify
 
+// The DeviceData on t's storage (a new reference), or null with no error
+// where there is none (Python raises its error for that tensor).
+PyObject* storage_data(const at::Tensor& t) {
+  PyObject* storage = THPStorage_Wrap(t.storage());
+  if (!storage) return nullptr;
+  PyObject* data = PyObject_GetAttr(storage, s_tpu);
+  Py_DECREF(storage);
+  if (!data) PyErr_Clear();
+  return data;
+}
+
+// Make data's device the call's: 1, or 0 for a second device (Python raises
+// PyTorch's error), or -1 with an error set.
+int take_device(PyObject* data, long& device) {
+  PyObject* index_obj = dd_get(data, DD_INDEX);
+  if (!index_obj) return -1;
+  long index = PyLong_AsLong(index_obj);
+  Py_DECREF(index_obj);
+  if (index == -1 && PyErr_Occurred()) return -1;
+  if (device != index) {
+    if (device != -1) return 0;
+    device = index;
+  }
+  return 1;
+}
+
+// Is t its storage's whole array (data's dtype and shape, contiguous from
+// offset 0)? 1 yes, 0 no (a view: Python's layout rules apply), -1 error.
+int whole_array(const at::Tensor& t, PyObject* data) {
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  PyObject* data_dtype = dd_get(data, DD_DTYPE);
+  if (!data_dtype) return -1;
+  bool same = data_dtype == dtype;
+  Py_DECREF(data_dtype);
+  if (!same || t.storage_offset() != 0 || !t.is_contiguous()) return 0;
+  PyObject* shape = dd_get(data, DD_SHAPE);
+  if (!shape) return -1;
+  auto sizes = t.sizes();
+  same = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == static_cast<Py_ssize_t>(sizes.size());
+  for (size_t i = 0; same && i < sizes.size(); ++i)
+    same = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)) == sizes[i];
+  Py_DECREF(shape);
+  if (PyErr_Occurred()) return -1;
+  return same ? 1 : 0;
+}
+
 struct Classifier {
   PyObject* key;        // borrowed lists of the signature
   PyObject* dyn;
@@ -200,29 +246,16 @@ struct Classifier {
     if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1)
       return 0;  // a CPU tensor (a 0-dim one is a scalar) or no storage: Python decides
     if (t.is_conj() || t.is_neg()) return 0;
-    PyObject* storage = THPStorage_Wrap(t.storage());
-    if (!storage) return -1;
-    PyObject* data = PyObject_GetAttr(storage, s_tpu);
-    Py_DECREF(storage);
-    if (!data) {
-      PyErr_Clear();
-      return 0;  // no device data: Python raises its error
-    }
+    PyObject* data = storage_data(t);
+    if (!data) return PyErr_Occurred() ? -1 : 0;  // no device data: Python raises its error
     int result = with_data(t, data);
     Py_DECREF(data);  // the signature's slot_data list holds it from here
     return result;
   }
 
   int with_data(const at::Tensor& t, PyObject* data) {
-    PyObject* index_obj = dd_get(data, DD_INDEX);
-    if (!index_obj) return -1;
-    long index = PyLong_AsLong(index_obj);
-    Py_DECREF(index_obj);
-    if (index == -1 && PyErr_Occurred()) return -1;
-    if (device != index) {
-      if (device != -1) return 0;  // two devices: Python raises PyTorch's error
-      device = index;
-    }
+    int rc = take_device(data, device);
+    if (rc <= 0) return rc;
     long slot = -1;
     for (size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] == data) {
@@ -236,44 +269,19 @@ struct Classifier {
       if (PyList_Append(slot_data, data) < 0) return -1;
       PyObject* sig = dd_get(data, DD_SIG);
       if (!sig) return -1;
-      int rc = PyList_Append(key, sig);
+      rc = PyList_Append(key, sig);
       Py_DECREF(sig);
       if (rc < 0) return -1;
     }
-    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-    PyObject* data_dtype = dd_get(data, DD_DTYPE);
-    if (!data_dtype) return -1;
-    bool same_dtype = data_dtype == dtype;
-    Py_DECREF(data_dtype);
-    if (same_dtype && t.storage_offset() == 0 && t.is_contiguous()) {
-      PyObject* shape = dd_get(data, DD_SHAPE);
-      if (!shape) return -1;
-      bool same_shape = PyTuple_Check(shape);
-      auto sizes = t.sizes();
-      if (same_shape && PyTuple_GET_SIZE(shape) == static_cast<Py_ssize_t>(sizes.size())) {
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-          if (s != sizes[i]) {
-            same_shape = false;
-            break;
-          }
-        }
-      } else {
-        same_shape = false;
-      }
-      Py_DECREF(shape);
-      if (PyErr_Occurred()) return -1;
-      if (same_shape) {
-        PyObject* s = PyLong_FromLong(slot);
-        if (!s) return -1;
-        int rc = PyList_Append(key, s);
-        Py_DECREF(s);
-        return rc < 0 ? -1 : 1;
-      }
-    }
     // A view: its key part and runtime inputs are _Signature.tensor's (the
     // layout rules live in Python, storage.view_layout): hand the call back.
-    return 0;
+    rc = whole_array(t, data);
+    if (rc <= 0) return rc;
+    PyObject* s = PyLong_FromLong(slot);
+    if (!s) return -1;
+    rc = PyList_Append(key, s);
+    Py_DECREF(s);
+    return rc < 0 ? -1 : 1;
   }
 
   int static_value(PyObject* v) {
@@ -957,54 +965,25 @@ struct MemoCall {
 
   int tensor(const at::Tensor& t) {
     if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return 0;
-    if (t.is_conj() || t.is_neg() || t.storage_offset() != 0 || !t.is_contiguous()) return 0;
-    PyObject* storage = THPStorage_Wrap(t.storage());
-    if (!storage) return -1;
-    PyObject* data = PyObject_GetAttr(storage, s_tpu);
-    Py_DECREF(storage);
-    if (!data) {
-      PyErr_Clear();
-      return 0;
-    }
+    if (t.is_conj() || t.is_neg()) return 0;
+    PyObject* data = storage_data(t);
+    if (!data) return PyErr_Occurred() ? -1 : 0;
     int rc = with_data(t, data);
     Py_DECREF(data);
     return rc;
   }
 
   int with_data(const at::Tensor& t, PyObject* data) {
-    // The storage's whole array, as Classifier::with_data requires.
-    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-    PyObject* data_dtype = dd_get(data, DD_DTYPE);
-    if (!data_dtype) return -1;
-    bool same = data_dtype == dtype;
-    Py_DECREF(data_dtype);
-    if (!same) return 0;
-    PyObject* shape = dd_get(data, DD_SHAPE);
-    if (!shape) return -1;
+    int rc = whole_array(t, data);  // (a view: the dict path)
+    if (rc <= 0) return rc;
     auto sizes = t.sizes();
-    same = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == static_cast<Py_ssize_t>(sizes.size());
-    for (size_t i = 0; same && i < sizes.size(); ++i)
-      same = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)) == sizes[i];
-    Py_DECREF(shape);
-    if (PyErr_Occurred()) return -1;
-    if (!same) return 0;
-    int slot = -1;
     for (int i = 0; i < ns; ++i)
-      if (datas[i] == data) slot = i;
-    if (slot >= 0) return key.push(M_TENSOR) && key.push(slot) ? 1 : 0;
+      if (datas[i] == data) return key.push(M_TENSOR) && key.push(i) ? 1 : 0;
     if (ns >= kMemoSlots) return 0;
-    PyObject* index_obj = dd_get(data, DD_INDEX);
-    if (!index_obj) return -1;
-    long index = PyLong_AsLong(index_obj);
-    Py_DECREF(index_obj);
-    if (index == -1 && PyErr_Occurred()) return -1;
-    if (device != index) {
-      if (device != -1) return 0;  // two devices: Python raises PyTorch's error
-      device = index;
-    }
+    rc = take_device(data, device);
+    if (rc <= 0) return rc;
     datas[ns] = Py_NewRef(data);
-    slot = ns++;
-    bool ok = key.push(M_TENSOR) && key.push(slot) &&
+    bool ok = key.push(M_TENSOR) && key.push(ns++) &&
               key.push(static_cast<int64_t>(t.scalar_type())) &&
               key.push(static_cast<int64_t>(sizes.size()));
     for (size_t i = 0; ok && i < sizes.size(); ++i) ok = key.push(sizes[i]);

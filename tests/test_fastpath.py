@@ -464,24 +464,29 @@ def test_unboxed_kernel_hands_errors_to_the_python_kernel():
 
 
 @kernel
-def test_boxed_kernels_alone_give_the_same_results():
-    """TORCH_TPU_NATIVE_UNBOXED=0 registers only boxed kernels: same values,
-    no unboxed call."""
+@pytest.mark.parametrize("switch,check", [
+    # only boxed kernels: no unboxed call
+    ("TORCH_TPU_NATIVE_UNBOXED", "c['unboxed'] == 0"),
+    # no memo: every hit goes through the executor's dict
+    ("TORCH_TPU_NATIVE_MEMO", "not fastpath.MEMO and c['memo'] == 0"),
+])
+def test_switched_off_parts_give_the_same_results(switch, check):
+    """A part of the C++ kernel switched off by its variable: the kernel still
+    runs hits, with the same values."""
     code = (
         "import torch, torch_tpu\n"
         "from torch_tpu.runtime import fastpath\n"
         "x = torch.arange(12.).reshape(3, 4).to('tpu')\n"
         "for _ in range(3): r = (torch.add(x, x, alpha=2) * x).relu().sum(); r.cpu()\n"
         "c = fastpath.NATIVE.calls()\n"
-        "assert c['unboxed'] == 0 and c['kernel'] > 0, c\n"
+        f"assert {check} and c['kernel'] > 0, c\n"
         "print(r.item())\n")
-    env = dict(os.environ, TORCH_TPU_NATIVE_UNBOXED="0")
+    env = dict(os.environ, **{switch: "0"})
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     xc = torch.arange(12.).reshape(3, 4)
     assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()
-
 
 MEMO_OFF = not fastpath.MEMO
 memo = pytest.mark.skipif(FORCED_PURE or NO_KERNEL or MEMO_OFF or not fastpath.KERNEL,
@@ -592,23 +597,3 @@ def test_memo_forgets_entries_the_cache_drops(monkeypatch):
     out = fn()
     assert executor.STATS.misses - misses == 1
     torch.testing.assert_close(out.cpu(), torch.exp(x.cpu()))
-
-
-@kernel
-def test_memo_off_gives_the_same_results():
-    """TORCH_TPU_NATIVE_MEMO=0: every hit goes through the executor's dict,
-    same values, no memo hit."""
-    code = (
-        "import torch, torch_tpu\n"
-        "from torch_tpu.runtime import fastpath\n"
-        "x = torch.arange(12.).reshape(3, 4).to('tpu')\n"
-        "for _ in range(3): r = (torch.add(x, x, alpha=2) * x).relu().sum(); r.cpu()\n"
-        "c = fastpath.NATIVE.calls()\n"
-        "assert not fastpath.MEMO and c['memo'] == 0 and c['kernel'] > 0, c\n"
-        "print(r.item())\n")
-    env = dict(os.environ, TORCH_TPU_NATIVE_MEMO="0")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    xc = torch.arange(12.).reshape(3, 4)
-    assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()

@@ -88,14 +88,16 @@ _FROZEN = """
     if os.environ.get("GC_OFF_BEFORE_IMPORT") == "1":
         gc.disable()
     import torch
+    import torch_tpu  # (with the autoload off: imported late, by the user)
     print(json.dumps(gc.get_freeze_count()))
 """
 
 
 @pytest.mark.parametrize("env, frozen", [({}, True),
                                          ({"TORCH_TPU_GC_FREEZE": "0"}, False),
-                                         ({"GC_OFF_BEFORE_IMPORT": "1"}, False)],
-                         ids=["default", "opt-out", "collector-off"])
+                                         ({"GC_OFF_BEFORE_IMPORT": "1"}, False),
+                                         ({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, False)],
+                         ids=["default", "opt-out", "collector-off", "late-import"])
 def test_import_freezes_what_is_alive(env, frozen):
     count = _child(_FROZEN, **env)
     # torch's modules, classes and functions: ~170k objects with torch 2.13.

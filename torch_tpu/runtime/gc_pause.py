@@ -109,7 +109,10 @@ def freeze() -> None:
     alive: a frozen object in a reference cycle is never collected, and a
     module in a cycle would keep its device tensors. Frozen objects are
     still freed by reference counting. ``TORCH_TPU_GC_FREEZE=0`` turns this
-    off; nothing is frozen while the collector is off.
+    off; nothing is frozen while the collector is off, nor where torch's
+    autoload is off (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): torch_tpu is then
+    imported whenever the user chooses, maybe with their objects alive.
     """
-    if _freeze_enabled() and gc.isenabled():
+    if (_freeze_enabled() and gc.isenabled()
+            and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"):
         gc.freeze()
