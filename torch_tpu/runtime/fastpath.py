@@ -15,13 +15,14 @@ tests/test_fastpath.py fails when an installed build silently goes unused.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
+
+from .switches import switch_on
 
 NATIVE: ModuleType | None = None
 REASON = ""
 
-if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+if not switch_on("TORCH_TPU_NATIVE"):
     REASON = "TORCH_TPU_NATIVE=0"
 else:
     try:
@@ -44,18 +45,14 @@ ACTIVE = NATIVE is not None
 # The native kernel (executor.install_kernel): ops' cache hits run in C++ from
 # the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
 # keeps the Python kernels in front (the rest of the native path stays).
-def _switch_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
-
-
-KERNEL = ACTIVE and hasattr(NATIVE, "register_kernel") and _switch_on("TORCH_TPU_NATIVE_KERNEL")
+KERNEL = ACTIVE and hasattr(NATIVE, "register_kernel") and switch_on("TORCH_TPU_NATIVE_KERNEL")
 # Ops with a common signature (tensors, Scalars, an optional dtype) get the
 # kernel unboxed; TORCH_TPU_NATIVE_UNBOXED=0 registers every one boxed.
-UNBOXED = KERNEL and _switch_on("TORCH_TPU_NATIVE_UNBOXED")
+UNBOXED = KERNEL and switch_on("TORCH_TPU_NATIVE_UNBOXED")
 # Each kernel remembers its recent hits by a key of plain numbers, so a repeat
 # builds no Python key and looks up no dict; TORCH_TPU_NATIVE_MEMO=0 turns the
 # memo off (every hit goes through the executor's dict).
-MEMO = KERNEL and _switch_on("TORCH_TPU_NATIVE_MEMO")
+MEMO = KERNEL and switch_on("TORCH_TPU_NATIVE_MEMO")
 
 
 def _scalar_array(value: object, index: int) -> object:

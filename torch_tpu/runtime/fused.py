@@ -79,6 +79,7 @@ from jax import lax
 
 from . import oom, platform, programs
 from . import opt_level as _olevel
+from .switches import switch_on
 from . import storage as st
 
 ENV = "TORCH_TPU_EAGER"
@@ -608,7 +609,7 @@ def _device_scalars(dyns: list, device: int) -> list:
 
 
 # TORCH_TPU_DONATE=0 turns buffer donation off (here and for compiled graphs).
-_DONATE = os.environ.get("TORCH_TPU_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
+_DONATE = switch_on("TORCH_TPU_DONATE")
 
 
 def _donatable(ext: list, live_nodes: list) -> tuple:

@@ -26,6 +26,8 @@ import os
 import threading
 from typing import Any
 
+from .switches import switch_on
+
 _lock = threading.Lock()
 _depth = 0
 _resume = False   # was the collector on when the outermost pause began?
@@ -88,11 +90,6 @@ def install_dynamo_hooks() -> None:
         callback_handler.register_end_callback(_on_compile_end)
 
 
-def _freeze_enabled() -> bool:
-    return os.environ.get("TORCH_TPU_GC_FREEZE", "1").strip().lower() not in (
-        "0", "false", "no", "off")
-
-
 def freeze() -> None:
     """Move the objects alive now out of the collector's reach (`gc.freeze`).
 
@@ -113,6 +110,6 @@ def freeze() -> None:
     autoload is off (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): torch_tpu is then
     imported whenever the user chooses, maybe with their objects alive.
     """
-    if (_freeze_enabled() and gc.isenabled()
+    if (switch_on("TORCH_TPU_GC_FREEZE") and gc.isenabled()
             and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"):
         gc.freeze()
