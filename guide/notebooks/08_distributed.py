@@ -234,7 +234,7 @@ def _(mo):
     tensor parallelism over a `DeviceMesh`: attention heads and MLP columns
     split across ranks). Below, the notebook launches 2-process runs of each and
     of a single-process reference, with the same seed and the same global
-    batch, and compares their losses.
+    batch, all three at once, and compares their losses.
     """)
     return
 
@@ -262,6 +262,7 @@ def _(Path, torch_tpu):
 @app.cell
 def _(REPO, os, parallel_device, re, subprocess, sys):
     def launch(extra, nproc):
+        """Start a run of the Llama example (nproc > 1: under torchrun); don't wait."""
         script = str(REPO / "examples" / "llama" / "train.py")
         args = ["--device", parallel_device, "--steps", "4", "--seed", "0", "--batch-size", "4",
                 "--log-interval", "1", "--no-progress", *extra]
@@ -271,21 +272,33 @@ def _(REPO, os, parallel_device, re, subprocess, sys):
         else:
             cmd = [sys.executable, script, *args]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(REPO),
-                              timeout=900)
-        out = proc.stdout + proc.stderr
-        losses = [float(v) for v in re.findall(r"^step\s+\d+/\d+\s+loss\s+([0-9.]+)",
-                                               proc.stdout, flags=re.M)]
-        return {"cmd": " ".join(cmd[1:]).replace(str(REPO) + "/", ""), "rc": proc.returncode,
-                "losses": losses, "tail": out[-1500:]}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=str(REPO))
+        return cmd, proc
 
-    runs = {"single process": launch([], 1),
-            "--dp 2 (DDP)": launch(["--dp", "2"], 2),
-            "--tp 2 (tensor parallel)": launch(["--tp", "2"], 2)}
+    def result(cmd, proc):
+        """Wait for a launched run; its command, exit code and losses."""
+        try:
+            stdout, stderr = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        losses = [float(v) for v in re.findall(r"^step\s+\d+/\d+\s+loss\s+([0-9.]+)",
+                                               stdout, flags=re.M)]
+        return {"cmd": " ".join(cmd[1:]).replace(str(REPO) + "/", ""), "rc": proc.returncode,
+                "losses": losses, "tail": (stdout + stderr)[-1500:]}
+
+    # The three runs are independent: they start together and share the
+    # machine's cores (torchrun's --standalone rendezvous picks a free port
+    # per run), then the notebook waits for each.
+    _started = {"single process": launch([], 1),
+                "--dp 2 (DDP)": launch(["--dp", "2"], 2),
+                "--tp 2 (tensor parallel)": launch(["--tp", "2"], 2)}
+    runs = {_name: result(*_p) for _name, _p in _started.items()}
     for _name, _r in runs.items():
         print(f"{_name:<26} rc={_r['rc']}  losses {[round(v, 4) for v in _r['losses']]}")
         print(f"   $ python {_r['cmd']}")
-    return launch, runs
+    return launch, result, runs
 
 
 @app.cell
