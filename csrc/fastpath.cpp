@@ -608,9 +608,12 @@ PyObject* setup(PyObject*, PyObject* arg) {
 // in; tensors out. It builds the executor's key (the same tuple as
 // _Runner.__call__), finds the entry in the same LRU, updates the same
 // statistics, calls the executable as call() does and makes the result
-// tensors as wrap() does. Anything else (a miss, views, CPU tensors, fused
-// mode, pending asynchronous compiles, LAUNCH_BLOCKING, any Python error)
-// redispatches to the Python kernel, which stays the definition of behaviour.
+// tensors as wrap() does. In fused mode it records the hit instead
+// (fused.record_native: the same recording as the executor's, without its
+// Python path) and wraps the result nodes. Anything else (a miss, views, CPU
+// tensors, a recording that would run the trace, pending asynchronous
+// compiles, LAUNCH_BLOCKING, any Python error) redispatches to the Python
+// kernel, which stays the definition of behaviour.
 
 enum Conv : int { C_TENSOR, C_SCALAR, C_SCALAR1, C_STATIC_INT, C_STATIC_FLOAT, C_STATIC_BOOL,
                   C_STATIC_STR, C_STATIC_DTYPE, C_STATIC_INTLIST, C_STATIC_SCALAR };
@@ -655,8 +658,8 @@ PyObject* g_precision_fn = nullptr;    // precision.cache_token
 PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
 PyObject* g_array_type = nullptr;      // jax's ArrayImpl
 PyObject *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
-    *s_raw, *s_move_to_end, *s_value;
-uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0;
+    *s_raw, *s_move_to_end, *s_value, *s_record_native;
+uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0, n_fused = 0;
 bool g_memo_on = true;  // fastpath.MEMO (TORCH_TPU_NATIVE_MEMO=0: off)
 
 torch::Library* g_lib = nullptr;
@@ -1009,11 +1012,15 @@ struct FastKernel final : c10::OperatorKernel {
   // The call's arguments: `tens[i]`, unless it is &kNotGiven, is argument i
   // as the unboxed kernel received it (a tensor, or null for None); else iv[i].
   int run(const c10::IValue* iv, const at::Tensor* const* tens, std::vector<at::Tensor>& made) {
-    int flag;
-    if (!truthy_global(g_fused_dict, s_active, &flag)) return -1;
-    if (flag) return 0;
-    if (!truthy_global(g_aco_dict, s_outstanding, &flag)) return -1;
-    if (flag) return 0;
+    // Fused mode records a hit (fused.record_native) where strict mode runs
+    // it; asynchronous compiles in flight matter only to strict mode, as in
+    // _Runner.__call__.
+    int fused_on, flag;
+    if (!truthy_global(g_fused_dict, s_active, &fused_on)) return -1;
+    if (!fused_on) {
+      if (!truthy_global(g_aco_dict, s_outstanding, &flag)) return -1;
+      if (flag) return 0;
+    }
     if (!truthy_global(g_executor_dict, s_launch_blocking, &flag)) return -1;
     if (flag) return 0;
 
@@ -1027,7 +1034,7 @@ struct FastKernel final : c10::OperatorKernel {
     if (memoable < 0) return -1;
     if (memoable > 0) {
       auto it = memo.find(mc.key);
-      if (it != memo.end()) return run_memo(it->second, mc, made);
+      if (it != memo.end()) return run_memo(it->second, mc, made, fused_on);
     }
 
     const size_t n = args.size();
@@ -1068,8 +1075,10 @@ struct FastKernel final : c10::OperatorKernel {
       }
     }
     if (rc > 0)
-      rc = execute(spec, PySequence_Fast_ITEMS(c.slot_data), PyList_GET_SIZE(c.slot_data), c.dyn,
-                   c.device, &result);
+      rc = fused_on ? record(entry, PySequence_Fast_ITEMS(c.slot_data),
+                             PyList_GET_SIZE(c.slot_data), c.dyn, c.device, &result)
+                    : execute(spec, PySequence_Fast_ITEMS(c.slot_data),
+                              PyList_GET_SIZE(c.slot_data), c.dyn, c.device, &result);
     if (rc > 0) rc = move_to_end(cache, tkey);
     if (rc > 0) {
       ++hits;
@@ -1087,7 +1096,7 @@ struct FastKernel final : c10::OperatorKernel {
   }
 
   // A hit the memo knows: the entry's executable on this call's arrays.
-  int run_memo(Memo& m, MemoCall& mc, std::vector<at::Tensor>& made) {
+  int run_memo(Memo& m, MemoCall& mc, std::vector<at::Tensor>& made, bool fused_on) {
     // Python code runs below (the executable's call path) and may empty the
     // memo: what the call needs is held here, and `m` is not used after.
     PyObject* entry = Py_NewRef(m.entry);
@@ -1096,7 +1105,9 @@ struct FastKernel final : c10::OperatorKernel {
     bool move = ++m.since_move >= kMoveEvery;
     if (move) m.since_move = 0;
     PyObject* result = nullptr;
-    int rc = execute(spec, mc.datas, mc.ns, mc.dyn ? mc.dyn : g_empty_list, mc.device, &result);
+    int rc = fused_on ? record(entry, mc.datas, mc.ns, mc.dyn, mc.device, &result)
+                      : execute(spec, mc.datas, mc.ns, mc.dyn ? mc.dyn : g_empty_list, mc.device,
+                                &result);
     if (rc > 0 && move) {
       PyObject* cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
       rc = cache ? move_to_end(cache, key) : PyErr_Occurred() ? -1 : 0;
@@ -1313,6 +1324,37 @@ struct FastKernel final : c10::OperatorKernel {
     PyObject* level = PyDict_GetItemWithError(g_olevel_dict, s_level);
     if (!level) return PyErr_Occurred() ? -1 : 0;
     return PyList_Append(key, level) < 0 ? -1 : 1;
+  }
+
+  // Fused mode's hit: fused.record_native(entry, datas, dyn, device, name)
+  // records the op and returns (result nodes, ()) as the executable returns
+  // its arrays; 0 (nothing recorded) where the executor's path must decide
+  // (no program, or the recording would run the trace and may raise the
+  // recorded ops' errors, which reach the user from there).
+  int record(PyObject* entry, PyObject* const* datas, Py_ssize_t ns, PyObject* dyn, long device,
+             PyObject** result) {
+    PyObject* fn = PyDict_GetItemWithError(g_fused_dict, s_record_native);  // borrowed
+    if (!fn) return PyErr_Occurred() ? -1 : 0;
+    PyObject* slots = PyTuple_New(ns);
+    if (!slots) return -1;
+    for (Py_ssize_t i = 0; i < ns; ++i) PyTuple_SET_ITEM(slots, i, Py_NewRef(datas[i]));
+    // The trace keeps the list: its own, never the shared empty one.
+    PyObject* d = dyn ? Py_NewRef(dyn) : PyList_New(0);
+    PyObject* dev = d ? PyLong_FromLong(device) : nullptr;
+    if (dev) {
+      PyObject* a[5] = {entry, slots, d, dev, name};
+      *result = PyObject_Vectorcall(fn, a, 5, nullptr);
+    }
+    Py_XDECREF(dev);
+    Py_XDECREF(d);
+    Py_DECREF(slots);
+    if (!*result) return -1;
+    if (*result == Py_None) {
+      Py_CLEAR(*result);
+      return 0;
+    }
+    ++n_fused;
+    return 1;
   }
 
   int execute(FastSpec* spec, PyObject* const* datas, Py_ssize_t ns, PyObject* dyn, long device,
@@ -1690,14 +1732,14 @@ PyObject* set_memo(PyObject*, PyObject* on) {
 }
 
 PyObject* calls(PyObject*, PyObject*) {
-  return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
+  return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsN}", "classify", (unsigned long long)n_classify,
                        "classify_fallback", (unsigned long long)n_classify_fallback,
                        "wrap", (unsigned long long)n_wrap, "new_tensor",
                        (unsigned long long)n_new_tensor, "call", (unsigned long long)n_call,
                        "kernel", (unsigned long long)n_kernel, "kernel_fallback",
                        (unsigned long long)n_kernel_fallback, "unboxed",
                        (unsigned long long)n_unboxed, "memo", (unsigned long long)n_memo,
-                       "hashed_keys",
+                       "fused", (unsigned long long)n_fused, "hashed_keys",
                        PyBool_FromLong(g_key_type != nullptr));
 }
 
@@ -1751,6 +1793,7 @@ PyMODINIT_FUNC PyInit__native() {
   s_cache = PyUnicode_InternFromString("_CACHE");
   s_launch_blocking = PyUnicode_InternFromString("LAUNCH_BLOCKING");
   s_active = PyUnicode_InternFromString("ACTIVE");
+  s_record_native = PyUnicode_InternFromString("record_native");
   s_outstanding = PyUnicode_InternFromString("OUTSTANDING");
   s_level = PyUnicode_InternFromString("LEVEL");
   s_fast = PyUnicode_InternFromString("fast");

@@ -174,12 +174,11 @@ def test_native_kernel_results_are_python_results():
 
 
 @kernel
-@pytest.mark.parametrize("case", ["miss", "view", "cpu_scalar", "fused", "launch_blocking",
+@pytest.mark.parametrize("case", ["miss", "view", "cpu_scalar", "launch_blocking",
                                   "autograd", "inplace", "deferred"])
 def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
     """Calls the kernel does not run itself reach the Python kernel, which
     gives its usual results."""
-    import torch_tpu
     from torch_tpu.runtime import async_compile
 
     xc = torch.randn(6, 5)
@@ -194,11 +193,6 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
         out, expected = x[1:] + x[:5], xc[1:] + xc[:5]
     elif case == "cpu_scalar":
         out, expected = x + torch.tensor(2.0), xc + 2.0
-    elif case == "fused":
-        with torch_tpu.fused():
-            out = x + x
-            expected = xc + xc
-            out = out.cpu()
     elif case == "launch_blocking":
         monkeypatch.setattr(executor, "LAUNCH_BLOCKING", True)
         out, expected = x + x, xc + xc
@@ -216,7 +210,7 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
         monkeypatch.setattr(async_compile, "OUTSTANDING", 1)
         out, expected = x + x, xc + xc
     d = _delta(before, fastpath.NATIVE.calls())
-    if case in ("miss", "view", "cpu_scalar", "fused", "launch_blocking", "deferred"):
+    if case in ("miss", "view", "cpu_scalar", "launch_blocking", "deferred"):
         assert d["kernel_fallback"] >= 1 and d["kernel"] == 0, d
     torch.testing.assert_close(out.cpu(), expected)
 
@@ -597,3 +591,77 @@ def test_memo_forgets_entries_the_cache_drops(monkeypatch):
     out = fn()
     assert executor.STATS.misses - misses == 1
     torch.testing.assert_close(out.cpu(), torch.exp(x.cpu()))
+
+
+# -- fused mode: the kernel records hits ------------------------------------------
+
+
+def _chain(t):
+    return torch.sigmoid(torch.tanh(t * 0.5 - t) + 1.0).abs().neg()
+
+
+@kernel
+def test_native_kernel_records_fused_hits():
+    """In fused mode the kernel records a cache hit itself (fused.record_native)
+    where the Python kernel would: no Python kernel call, the same program, the
+    same values bitwise."""
+    import torch_tpu
+
+    x = torch.randn(6, 5, device="tpu")
+    strict = _chain(x).cpu()
+    _chain(x).cpu()  # every op's entry compiled in strict mode
+    recorded = torch_tpu.runtime.fused.STATS.recorded
+    before = fastpath.NATIVE.calls()
+    with torch_tpu.fused():
+        out = _chain(x)
+    d = _delta(before, fastpath.NATIVE.calls())
+    assert d["fused"] == 7 and d["kernel"] == 7 and d["kernel_fallback"] == 0, d
+    assert torch_tpu.runtime.fused.STATS.recorded - recorded == 7
+    assert torch.equal(out.cpu(), strict)
+
+
+@kernel
+def test_native_kernel_records_ops_first_seen_in_fused_mode():
+    """An op first seen in fused mode (only lowered, its executable compiled at
+    its first strict call) is recorded by the kernel from its second call; its
+    first strict call compiles it in Python, and later strict hits run in C++."""
+    import torch_tpu
+
+    y = torch.randn(7, 3, device="tpu")  # a shape no other test uses
+    runs = []
+    for _ in range(3):
+        before = fastpath.NATIVE.calls()
+        with torch_tpu.fused():
+            out = torch.cos(y) * 3.0
+        runs.append(_delta(before, fastpath.NATIVE.calls())["fused"])
+        out.cpu()
+    assert runs[0] == 0 and runs[1] == 2 and runs[2] == 2, runs
+    expected = torch.cos(y.cpu()) * 3.0
+    torch.testing.assert_close(out.cpu(), expected)
+    first = torch.cos(y)  # the executable is compiled now, in Python
+    before = fastpath.NATIVE.calls()
+    again = torch.cos(y)
+    d = _delta(before, fastpath.NATIVE.calls())
+    assert d["kernel"] == 1 and d["kernel_fallback"] == 0, d
+    assert torch.equal(first.cpu(), again.cpu())
+    torch.testing.assert_close(again.cpu(), torch.cos(y.cpu()))
+
+
+@kernel
+def test_native_kernel_leaves_flushing_recordings_to_python(monkeypatch):
+    """A recording that runs the trace (the op limit reached) goes through the
+    executor, which raises what the flush raises; values stay strict mode's."""
+    import torch_tpu
+    from torch_tpu.runtime import fused
+
+    x = torch.randn(6, 5, device="tpu")
+    strict = _chain(x).cpu()
+    _chain(x).cpu()
+    monkeypatch.setattr(fused, "MAX_OPS", 3)
+    before = fastpath.NATIVE.calls()
+    with torch_tpu.fused():
+        out = _chain(x)
+    d = _delta(before, fastpath.NATIVE.calls())
+    # Every third recording flushes: 7 ops, two of them through Python.
+    assert d["fused"] == 5 and d["kernel_fallback"] == 2, d
+    assert torch.equal(out.cpu(), strict)

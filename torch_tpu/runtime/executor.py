@@ -289,7 +289,9 @@ def _fast_spec(entry):
     compiled = entry.compiled
     if compiled is None or entry.check or entry.writes:
         return False
-    if type(compiled) is not jax.stages.Compiled:
+    if type(compiled) is not jax.stages.Compiled and type(compiled) is not fused.LazyExecutable:
+        # (an entry built while ops were recorded: the kernel records its
+        # fused-mode hits, and its strict ones go to Python, which compiles)
         return None if type(compiled) is _aco.PendingExecutable else False
     metas = entry.out_meta
     if not metas or not all(isinstance(m, torch.Tensor) for m in metas):

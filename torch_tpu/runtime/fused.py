@@ -330,12 +330,21 @@ def record(entry: Any, sig: Any, name: str) -> tuple:
     entry's template (`_specs`), the trace's signature is the list of
     (entry, refs, name) it appends, and the flush reads the rest.
     """
+    return _record(entry, sig, name, True)  # type: ignore[return-value]
+
+
+def _record(entry: Any, sig: Any, name: str, may_flush: bool) -> tuple | None:
+    """`record`; with may_flush False, None (nothing recorded) where the
+    recording would run the trace (a flush raises the recorded ops' errors,
+    which must reach the user from the executor's path, not the native one)."""
     global _trace
     with _lock:
         tr = _trace
         if tr is None:
             tr = _trace = _Trace(sig.device, _graph_task() != -1)
         elif tr.device != sig.device or (not tr.backward and _graph_task() != -1):
+            if not may_flush:
+                return None
             # One program runs on one device. And the first op of a backward
             # pass after ops recorded outside one (a forward pass) flushes:
             # the forward program runs while the backward pass is recorded,
@@ -345,6 +354,8 @@ def record(entry: Any, sig: Any, name: str) -> tuple:
             # donates. The split is the same every step.
             flush()
             tr = _trace = _Trace(sig.device, _graph_task() != -1)
+        if not may_flush and len(tr.ops) + 1 >= MAX_OPS:
+            return None
         ext = tr.ext
         ids = tr.ext_ids
         refs = []
@@ -379,6 +390,27 @@ def record(entry: Any, sig: Any, name: str) -> tuple:
         if len(ops) >= MAX_OPS:
             flush()
         return outs, bases
+
+
+class _NativeCall:
+    """What `record` reads of the executor's signature, from the native kernel."""
+
+    __slots__ = ("slot_data", "dyn", "device")
+
+    def __init__(self, slot_data: tuple, dyn: list, device: int) -> None:
+        self.slot_data = slot_data
+        self.dyn = dyn
+        self.device = device
+
+
+def record_native(entry: Any, slot_data: tuple, dyn: list, device: int, name: str) -> Any:
+    """`record` for the native kernel (csrc/fastpath.cpp), which found `entry`
+    for a call of plain tpu tensors while ops are recorded: what the executor
+    does in fused mode on that hit, minus its Python path. None (nothing
+    recorded): the executor's path decides, as for an entry without a program."""
+    if entry.program is None:
+        return None
+    return _record(entry, _NativeCall(slot_data, dyn, device), name, False)
 
 
 class LazyExecutable:
@@ -428,7 +460,10 @@ class LazyExecutable:
             entry = self.entry
             if entry is not None and entry.compiled is self:
                 entry.compiled = c
-                entry.fast = None  # the native kernel may run its hits now
+                # The native kernel may run its strict hits now; its memos
+                # point into the spec being dropped (`record_native`).
+                entry.fast = None
+                programs.entry_changed()
             return c
 
 

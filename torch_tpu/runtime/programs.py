@@ -362,6 +362,12 @@ def _dropped() -> None:
         forget()
 
 
+def entry_changed() -> None:
+    """An entry's executable was replaced in place (fused.LazyExecutable's
+    first compile): the native kernel forgets what it remembered of it."""
+    _dropped()
+
+
 def memory_stats() -> dict:
     """The in-memory tier: counters, entries and bytes with their bounds."""
     settle()
