@@ -221,18 +221,31 @@ def init_parallel(args) -> ParallelContext:
 
 
 def average_gradients(model: torch.nn.Module, ctx: ParallelContext) -> None:
-    """Mean of the gradients over the data-parallel group (each rank saw its own shard)."""
+    """Mean of the gradients over the data-parallel group (each rank saw its own shard).
+
+    As DDP's reducer does it: the gradients of one dtype go through one flat
+    buffer and one all_reduce, so a step runs one collective program and
+    waits for the other ranks once, not once per parameter (22 times for
+    the tiny Llama)."""
     if ctx.dp <= 1:
         return
     import torch.distributed as dist
 
+    buckets: dict[torch.dtype, list[torch.Tensor]] = {}
     for p in model.parameters():
         if p.grad is None:
             continue
         g = p.grad
         local = g.to_local() if hasattr(g, "to_local") else g
-        dist.all_reduce(local, op=dist.ReduceOp.SUM, group=ctx.dp_group)
-        local.div_(ctx.dp)
+        buckets.setdefault(local.dtype, []).append(local)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=ctx.dp_group)
+        flat.div_(ctx.dp)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def mean_over_dp(loss: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
