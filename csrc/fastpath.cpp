@@ -611,9 +611,10 @@ PyObject* setup(PyObject*, PyObject* arg) {
 // tensors as wrap() does. In fused mode it records the hit instead
 // (fused.record_native: the same recording as the executor's, without its
 // Python path) and wraps the result nodes. Anything else (a miss, views, CPU
-// tensors, a recording that would run the trace, pending asynchronous
-// compiles, LAUNCH_BLOCKING, any Python error) redispatches to the Python
-// kernel, which stays the definition of behaviour.
+// tensors, a recording that would run the trace, an entry still compiling or
+// an input still being computed in the background, LAUNCH_BLOCKING, any
+// Python error) redispatches to the Python kernel, which stays the
+// definition of behaviour.
 
 enum Conv : int { C_TENSOR, C_SCALAR, C_SCALAR1, C_STATIC_INT, C_STATIC_FLOAT, C_STATIC_BOOL,
                   C_STATIC_STR, C_STATIC_DTYPE, C_STATIC_INTLIST, C_STATIC_SCALAR };
@@ -651,13 +652,12 @@ const char* kSpecCapsule = "torch_tpu.fastspec";
 
 PyObject* g_executor_dict = nullptr;   // executor module's __dict__
 PyObject* g_fused_dict = nullptr;
-PyObject* g_aco_dict = nullptr;
 PyObject* g_olevel_dict = nullptr;
 PyObject* g_precision_state = nullptr; // jax config state (its .value) or None
 PyObject* g_precision_fn = nullptr;    // precision.cache_token
 PyObject* g_spec_fn = nullptr;         // executor._fast_spec(entry)
 PyObject* g_array_type = nullptr;      // jax's ArrayImpl
-PyObject *s_cache, *s_launch_blocking, *s_active, *s_outstanding, *s_level, *s_fast,
+PyObject *s_cache, *s_launch_blocking, *s_active, *s_level, *s_fast,
     *s_raw, *s_move_to_end, *s_value, *s_record_native;
 uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0, n_fused = 0;
 bool g_memo_on = true;  // fastpath.MEMO (TORCH_TPU_NATIVE_MEMO=0: off)
@@ -1013,14 +1013,13 @@ struct FastKernel final : c10::OperatorKernel {
   // as the unboxed kernel received it (a tensor, or null for None); else iv[i].
   int run(const c10::IValue* iv, const at::Tensor* const* tens, std::vector<at::Tensor>& made) {
     // Fused mode records a hit (fused.record_native) where strict mode runs
-    // it; asynchronous compiles in flight matter only to strict mode, as in
-    // _Runner.__call__.
+    // it. Work in the background (async_compile.OUTSTANDING) needs no check:
+    // what would make the executor launch a call (async_compile.deferred: an
+    // entry still compiling, an input still being computed) makes this
+    // kernel hand it to Python anyway (no fast spec yet; execute() takes
+    // only inputs that are arrays), and any other call runs now there too.
     int fused_on, flag;
     if (!truthy_global(g_fused_dict, s_active, &fused_on)) return -1;
-    if (!fused_on) {
-      if (!truthy_global(g_aco_dict, s_outstanding, &flag)) return -1;
-      if (flag) return 0;
-    }
     if (!truthy_global(g_executor_dict, s_launch_blocking, &flag)) return -1;
     if (flag) return 0;
 
@@ -1657,16 +1656,16 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// setup_kernel(executor, fused, async_compile, opt_level, precision_state,
-//              precision_fn, spec_fn, array_type): what the kernel reads.
+// setup_kernel(executor, fused, opt_level, precision_state, precision_fn,
+//              spec_fn, array_type): what the kernel reads.
 PyObject* setup_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
-  if (nargs != 8) {
-    PyErr_SetString(PyExc_TypeError, "setup_kernel(executor, fused, async_compile, opt_level, "
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "setup_kernel(executor, fused, opt_level, "
                                      "precision_state, precision_fn, spec_fn, array_type)");
     return nullptr;
   }
-  PyObject* dicts[4];
-  for (int i = 0; i < 4; ++i) {
+  PyObject* dicts[3];
+  for (int i = 0; i < 3; ++i) {
     dicts[i] = PyModule_Check(a[i]) ? PyModule_GetDict(a[i]) : nullptr;
     if (!dicts[i]) {
       PyErr_SetString(PyExc_TypeError, "setup_kernel: expected modules");
@@ -1675,12 +1674,11 @@ PyObject* setup_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
   }
   Py_XSETREF(g_executor_dict, Py_NewRef(dicts[0]));
   Py_XSETREF(g_fused_dict, Py_NewRef(dicts[1]));
-  Py_XSETREF(g_aco_dict, Py_NewRef(dicts[2]));
-  Py_XSETREF(g_olevel_dict, Py_NewRef(dicts[3]));
-  Py_XSETREF(g_precision_state, Py_NewRef(a[4]));
-  Py_XSETREF(g_precision_fn, Py_NewRef(a[5]));
-  Py_XSETREF(g_spec_fn, Py_NewRef(a[6]));
-  Py_XSETREF(g_array_type, Py_NewRef(a[7]));
+  Py_XSETREF(g_olevel_dict, Py_NewRef(dicts[2]));
+  Py_XSETREF(g_precision_state, Py_NewRef(a[3]));
+  Py_XSETREF(g_precision_fn, Py_NewRef(a[4]));
+  Py_XSETREF(g_spec_fn, Py_NewRef(a[5]));
+  Py_XSETREF(g_array_type, Py_NewRef(a[6]));
   Py_RETURN_NONE;
 }
 
@@ -1761,7 +1759,7 @@ PyMethodDef methods[] = {
      "register_kernel(schema_name, overload, op, name, kinds, unboxed): the C++ kernel in front of the "
      "op's Python kernel (which must be registered for PrivateUse2); False: not handled"},
     {"setup_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_kernel)),
-     METH_FASTCALL, "setup_kernel(executor, fused, async_compile, opt_level, precision_state, "
+     METH_FASTCALL, "setup_kernel(executor, fused, opt_level, precision_state, "
      "precision_fn, spec_fn, array_type): what the C++ kernel reads"},
     {"take_stats", take_stats, METH_NOARGS,
      "take_stats() -> None or (hits, {op name: hits}) of the C++ kernel since the last call"},
@@ -1794,7 +1792,6 @@ PyMODINIT_FUNC PyInit__native() {
   s_launch_blocking = PyUnicode_InternFromString("LAUNCH_BLOCKING");
   s_active = PyUnicode_InternFromString("ACTIVE");
   s_record_native = PyUnicode_InternFromString("record_native");
-  s_outstanding = PyUnicode_InternFromString("OUTSTANDING");
   s_level = PyUnicode_InternFromString("LEVEL");
   s_fast = PyUnicode_InternFromString("fast");
   s_raw = PyUnicode_InternFromString("raw");

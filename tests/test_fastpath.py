@@ -206,7 +206,13 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
         y = x.clone()
         y.add_(x)
         out, expected = y, xc + xc
-    else:  # an input whose value is a Deferred one (asynchronous compilation's)
+    else:  # an input whose value is a launched op's (asynchronous compilation's)
+        from concurrent.futures import Future
+
+        data = storage.data_of(x)
+        done = Future()
+        done.set_result([data.raw])
+        monkeypatch.setattr(data, "raw", async_compile.Value(data.shape, data.raw.dtype, done, 0))
         monkeypatch.setattr(async_compile, "OUTSTANDING", 1)
         out, expected = x + x, xc + xc
     d = _delta(before, fastpath.NATIVE.calls())

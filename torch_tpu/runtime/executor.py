@@ -321,7 +321,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
         if not _KERNEL_READY:
             from .. import precision
 
-            native.setup_kernel(sys.modules[__name__], fused, _aco, _olevel,
+            native.setup_kernel(sys.modules[__name__], fused, _olevel,
                                 precision._jax_precision_state, precision.cache_token,
                                 _fast_spec, type(jnp.zeros(())))
             # Its hits are counted in C++ and read back with the statistics.
