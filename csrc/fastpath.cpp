@@ -7,11 +7,12 @@
 //
 //   classify(sig, kinds, vals) -> bool
 //       executor._classify's hit path: fills sig.key, sig.dyn, sig.slot_data
-//       and sig.device for calls whose arguments are plain tpu tensors (the
-//       storage's whole array), Scalars, static values and None. Returns
-//       False, having touched only `sig`, for anything else (views, lists of
-//       tensors, CPU tensors, lazy conj/neg views, device mismatches): the
-//       caller then runs the Python classifier on a fresh signature.
+//       and sig.device for calls whose arguments are tpu tensors (the
+//       storage's whole array, or a view of it), Scalars, static values and
+//       None. Returns False, having touched only `sig`, for anything else
+//       (lists of tensors, CPU tensors, lazy conj/neg and complex32 views,
+//       device mismatches): the caller then runs the Python classifier on a
+//       fresh signature.
 //   new_tensor(shape, dtype, index, nbytes, stride) -> Tensor
 //       storage.empty_tensor: a PrivateUse1 tensor with its own sized storage
 //       at a fresh virtual address, in one step.
@@ -273,15 +274,53 @@ struct Classifier {
       Py_DECREF(sig);
       if (rc < 0) return -1;
     }
-    // A view: its key part and runtime inputs are _Signature.tensor's (the
-    // layout rules live in Python, storage.view_layout): hand the call back.
     rc = whole_array(t, data);
-    if (rc <= 0) return rc;
+    if (rc < 0) return -1;
+    if (rc == 0) return view(t, data, slot);
     PyObject* s = PyLong_FromLong(slot);
     if (!s) return -1;
     rc = PyList_Append(key, s);
     Py_DECREF(s);
     return rc < 0 ? -1 : 1;
+  }
+
+  // A view of the storage: _Signature.tensor's view branch. Its key part is
+  // (slot, (dtype, sizes, strides, None)) (storage.view_layout made dynamic
+  // by storage.dynamic_layout) and its storage offset a runtime input, so
+  // x[i] for every i shares one program. complex32 layouts (which may carry
+  // the storage's dtype as well) are left to Python.
+  int view(const at::Tensor& t, PyObject* data, long slot) {
+    PyObject* half = reinterpret_cast<PyObject*>(torch::getTHPDtype(at::kComplexHalf));
+    PyObject* data_dtype = dd_get(data, DD_DTYPE);
+    if (!data_dtype) return -1;
+    bool complex32 = data_dtype == half;
+    Py_DECREF(data_dtype);
+    if (complex32 || t.scalar_type() == at::kComplexHalf) return 0;
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+    PyObject* sd = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
+    bool ok = sz && sd;
+    for (size_t i = 0; ok && i < sizes.size(); ++i) {
+      PyObject* a = PyLong_FromLongLong(sizes[i]);
+      PyObject* b = PyLong_FromLongLong(strides[i]);
+      if (a) PyTuple_SET_ITEM(sz, i, a);
+      if (b) PyTuple_SET_ITEM(sd, i, b);
+      ok = a && b;
+    }
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    PyObject* layout = ok ? PyTuple_Pack(4, dtype, sz, sd, Py_None) : nullptr;
+    Py_XDECREF(sz);
+    Py_XDECREF(sd);
+    PyObject* s = layout ? PyLong_FromLong(slot) : nullptr;
+    PyObject* part = s ? PyTuple_Pack(2, s, layout) : nullptr;
+    Py_XDECREF(s);
+    Py_XDECREF(layout);
+    PyObject* offset = part ? PyLong_FromLongLong(t.storage_offset()) : nullptr;
+    int rc = offset && PyList_Append(key, part) == 0 && PyList_Append(dyn, offset) == 0 ? 1 : -1;
+    Py_XDECREF(part);
+    Py_XDECREF(offset);
+    return rc;
   }
 
   int static_value(PyObject* v) {

@@ -83,7 +83,8 @@ def _hits_and_runs(op_name, fn, n=4):
 @kernel
 @pytest.mark.parametrize("case", ["add", "alpha", "wrapped_int", "wrapped_float", "mul_bool",
                                   "sum_dim", "sum_dtype", "matmul", "relu", "var_mean",
-                                  "gelu_tanh", "same_storage", "clamp_none"])
+                                  "gelu_tanh", "same_storage", "clamp_none", "matmul_view",
+                                  "slices", "row_views"])
 def test_native_kernel_runs_hits_as_the_python_kernel(case):
     """Cache hits run in the C++ kernel, with the Python kernel's key (the
     same cache entry: no miss), statistics and values."""
@@ -104,11 +105,19 @@ def test_native_kernel_runs_hits_as_the_python_kernel(case):
                       "aten.gelu.default"),
         "same_storage": (lambda a, b: a * a, None, "aten.mul.Tensor"),
         "clamp_none": (lambda a, b: a.clamp(None, 0.5), None, "aten.clamp.default"),
+        # View inputs: the layout in the key, the storage offset a runtime input.
+        "matmul_view": (lambda a, b: a @ b.t(), None, "aten.mm.default"),
+        "slices": (lambda a, b: a[1:, ::2] * b[:3, :3], None, "aten.mul.Tensor"),
+        "row_views": (None, None, "aten.add.Tensor"),
     }[case]
-    if case == "matmul":  # b.t() is a view: its mm runs in Python; a plain operand:
+    if case == "matmul":  # a plain operand:
         yt = yc.t().contiguous().to("tpu")
         fn = lambda a, b: a @ yt  # noqa: E731
         expected = xc @ yc.t()
+    elif case == "row_views":  # every row of x: one program, the offset an input
+        row = iter(range(10**9))
+        fn = lambda a, b: a[next(row) % 4] + b[0]  # noqa: E731
+        expected = xc[(2 + 3) % 4] + yc[0]  # the last of 2 warm-up + 4 calls
     else:
         expected = fn(xc, yc)
     hits, requests, misses, per_op, d, out = _hits_and_runs(name, lambda: fn(x, y))
@@ -174,7 +183,7 @@ def test_native_kernel_results_are_python_results():
 
 
 @kernel
-@pytest.mark.parametrize("case", ["miss", "view", "cpu_scalar", "launch_blocking",
+@pytest.mark.parametrize("case", ["miss", "complex32_view", "cpu_scalar", "launch_blocking",
                                   "autograd", "inplace", "deferred"])
 def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
     """Calls the kernel does not run itself reach the Python kernel, which
@@ -189,8 +198,13 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
     if case == "miss":
         out = x + torch.ones(6, 5, dtype=torch.float64).to("tpu")
         expected = xc.double() + 1.0
-    elif case == "view":
-        out, expected = x[1:] + x[:5], xc[1:] + xc[:5]
+    elif case == "complex32_view":
+        h = torch.randn(6, 4, dtype=torch.float16)
+        hv = h.to("tpu").view(torch.complex32)
+        hv[1:].clone().cpu()
+        before = fastpath.NATIVE.calls()
+        out = torch.view_as_real(hv[1:].clone())
+        expected = torch.view_as_real(h.view(torch.complex32)[1:])
     elif case == "cpu_scalar":
         out, expected = x + torch.tensor(2.0), xc + 2.0
     elif case == "launch_blocking":
@@ -216,8 +230,10 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
         monkeypatch.setattr(async_compile, "OUTSTANDING", 1)
         out, expected = x + x, xc + xc
     d = _delta(before, fastpath.NATIVE.calls())
-    if case in ("miss", "view", "cpu_scalar", "launch_blocking", "deferred"):
+    if case in ("miss", "cpu_scalar", "launch_blocking", "deferred"):
         assert d["kernel_fallback"] >= 1 and d["kernel"] == 0, d
+    elif case == "complex32_view":  # (clone has no C++ kernel: the classifier hands back)
+        assert d["classify_fallback"] + d["kernel_fallback"] >= 1 and d["kernel"] == 0, d
     torch.testing.assert_close(out.cpu(), expected)
 
 
@@ -297,11 +313,17 @@ def _native_signature(plan, vals):
 @native
 @pytest.mark.parametrize("case", ["binary", "alpha", "alpha_one", "alpha_true", "alpha_int",
                                   "same_storage", "wrapped_number", "static", "device_arg",
-                                  "optional_none", "int_list", "bool_dtype"])
+                                  "optional_none", "int_list", "bool_dtype", "view",
+                                  "view_transposed", "view_expanded", "view_dtype"])
 def test_native_signature_is_the_python_one(case):
     x = torch.randn(4, 5).to("tpu")
     y = torch.randn(4, 5).to("tpu")
     op, args = {
+        # Views: a (slot, layout) key part and the storage offset in dyn.
+        "view": (aten.add.Tensor, (x[1:], x[:3])),
+        "view_transposed": (aten.mul.Tensor, (x.t(), y.t()[1:])),
+        "view_expanded": (aten.add.Tensor, (x[2].expand(4, 5), y)),
+        "view_dtype": (aten.bitwise_xor.Tensor, (x.view(torch.int32)[:, 1:], y.view(torch.int32)[:, :4])),
         "binary": (aten.mul.Tensor, (x, y)),
         "alpha": (aten.add.Tensor, (x, y, 2.5)),
         "alpha_one": (aten.add.Tensor, (x, y, 1)),
@@ -328,12 +350,14 @@ def test_native_signature_is_the_python_one(case):
 
 
 @native
-@pytest.mark.parametrize("case", ["view", "cpu_scalar", "tensor_list", "conj", "cpu_tensor"])
+@pytest.mark.parametrize("case", ["complex32_view", "cpu_scalar", "tensor_list", "conj",
+                                  "cpu_tensor"])
 def test_native_signature_hands_other_calls_back(case):
     x = torch.randn(4, 5).to("tpu")
     z = torch.randn(3, dtype=torch.complex64).to("tpu")
+    h = torch.randn(4, 6, dtype=torch.float16).to("tpu").view(torch.complex32)
     op, args = {
-        "view": (aten.add.Tensor, (x[1:], x[:3])),
+        "complex32_view": (aten.clone.default, (h[1:],)),
         "cpu_scalar": (aten.add.Tensor, (x, torch.tensor(2.0))),
         "tensor_list": (aten.cat.default, ([x, x],)),
         "conj": (aten.add.Tensor, (z, z.conj())),
@@ -341,7 +365,10 @@ def test_native_signature_hands_other_calls_back(case):
     }[case]
     plan = executor._Plan(op)
     assert _native_signature(plan, plan.bind(args, {})) is None
-    if case != "cpu_tensor":  # the ops still run, through the Python classifier
+    if case == "complex32_view":  # (a layout that may carry the storage's dtype)
+        assert torch.equal(torch.view_as_real(op(*args).cpu()),
+                           torch.view_as_real(h.cpu()[1:]))
+    elif case != "cpu_tensor":  # the ops still run, through the Python classifier
         torch.testing.assert_close(op(*args).cpu(), op(*[
             [t.cpu() for t in a] if isinstance(a, list) else
             a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
