@@ -189,6 +189,18 @@ PyObject* storage_data(const at::Tensor& t) {
   return data;
 }
 
+// The DeviceData of tensor argument t (a new reference in *data): 1; or 0
+// where Python decides (a CPU tensor, a 0-dim one being a scalar; no storage;
+// a lazy conj/neg view; no device data, for which Python raises its error);
+// or -1 with an error set.
+int tensor_data(const at::Tensor& t, PyObject** data) {
+  if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1)
+    return 0;
+  if (t.is_conj() || t.is_neg()) return 0;
+  *data = storage_data(t);
+  return *data ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
 // Make data's device the call's: 1, or 0 for a second device (Python raises
 // PyTorch's error), or -1 with an error set.
 int take_device(PyObject* data, long& device) {
@@ -244,11 +256,9 @@ struct Classifier {
   }
 
   int tensor_value(const at::Tensor& t) {
-    if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1)
-      return 0;  // a CPU tensor (a 0-dim one is a scalar) or no storage: Python decides
-    if (t.is_conj() || t.is_neg()) return 0;
-    PyObject* data = storage_data(t);
-    if (!data) return PyErr_Occurred() ? -1 : 0;  // no device data: Python raises its error
+    PyObject* data = nullptr;
+    int rc = tensor_data(t, &data);
+    if (rc <= 0) return rc;
     int result = with_data(t, data);
     Py_DECREF(data);  // the signature's slot_data list holds it from here
     return result;
@@ -649,8 +659,9 @@ PyObject* setup(PyObject*, PyObject* arg) {
 // statistics, calls the executable as call() does and makes the result
 // tensors as wrap() does. In fused mode it records the hit instead
 // (fused.record_native: the same recording as the executor's, without its
-// Python path) and wraps the result nodes. Anything else (a miss, views, CPU
-// tensors, a recording that would run the trace, an entry still compiling or
+// Python path) and wraps the result nodes. Anything else (a miss, complex32
+// and lazy conj/neg views, CPU tensors, a recording that would run the trace,
+// an entry still compiling or
 // an input still being computed in the background, LAUNCH_BLOCKING, any
 // Python error) redispatches to the Python kernel, which stays the
 // definition of behaviour.
@@ -1006,11 +1017,10 @@ struct MemoCall {
   }
 
   int tensor(const at::Tensor& t) {
-    if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return 0;
-    if (t.is_conj() || t.is_neg()) return 0;
-    PyObject* data = storage_data(t);
-    if (!data) return PyErr_Occurred() ? -1 : 0;
-    int rc = with_data(t, data);
+    PyObject* data = nullptr;
+    int rc = tensor_data(t, &data);
+    if (rc <= 0) return rc;
+    rc = with_data(t, data);
     Py_DECREF(data);
     return rc;
   }
@@ -1092,7 +1102,6 @@ struct FastKernel final : c10::OperatorKernel {
     } catch (const std::exception&) {
       rc = 0;
     }
-    PyObject* result = nullptr;
     if (rc > 0 && c.device < 0) rc = 0;  // no tpu tensor: _factory_device decides
     if (rc > 0) rc = finish_key(c.device, key);
     PyObject* tkey = rc > 0 ? make_key(key) : nullptr;
@@ -1113,19 +1122,10 @@ struct FastKernel final : c10::OperatorKernel {
       }
     }
     if (rc > 0)
-      rc = fused_on ? record(entry, PySequence_Fast_ITEMS(c.slot_data),
-                             PyList_GET_SIZE(c.slot_data), c.dyn, c.device, &result)
-                    : execute(spec, PySequence_Fast_ITEMS(c.slot_data),
-                              PyList_GET_SIZE(c.slot_data), c.dyn, c.device, &result);
-    if (rc > 0) rc = move_to_end(cache, tkey);
-    if (rc > 0) {
-      ++hits;
-      ++g_pending_hits;
-      rc = push_results(spec, result, c.device, made);
-    }
+      rc = hit(fused_on, entry, spec, PySequence_Fast_ITEMS(c.slot_data),
+               PyList_GET_SIZE(c.slot_data), c.dyn, c.device, cache, tkey, made);
     if (rc > 0 && memoable > 0) remember(mc, entry, tkey, spec);
     Py_XDECREF(entry);
-    Py_XDECREF(result);
     Py_XDECREF(tkey);
     Py_XDECREF(key);
     Py_XDECREF(dyn);
@@ -1142,21 +1142,15 @@ struct FastKernel final : c10::OperatorKernel {
     FastSpec* spec = m.spec;
     bool move = ++m.since_move >= kMoveEvery;
     if (move) m.since_move = 0;
-    PyObject* result = nullptr;
-    int rc = fused_on ? record(entry, mc.datas, mc.ns, mc.dyn, mc.device, &result)
-                      : execute(spec, mc.datas, mc.ns, mc.dyn ? mc.dyn : g_empty_list, mc.device,
-                                &result);
-    if (rc > 0 && move) {
-      PyObject* cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
-      rc = cache ? move_to_end(cache, key) : PyErr_Occurred() ? -1 : 0;
+    int rc = 1;
+    PyObject* cache = nullptr;  // (null: the LRU order is left as it is)
+    if (move) {
+      cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
+      if (!cache) rc = PyErr_Occurred() ? -1 : 0;
     }
-    if (rc > 0) {
-      ++hits;
-      ++g_pending_hits;
-      rc = push_results(spec, result, mc.device, made);
-    }
+    if (rc > 0)
+      rc = hit(fused_on, entry, spec, mc.datas, mc.ns, mc.dyn, mc.device, cache, key, made);
     if (rc > 0) ++n_memo;
-    Py_XDECREF(result);
     Py_DECREF(key);
     Py_DECREF(entry);
     return rc;
@@ -1362,6 +1356,26 @@ struct FastKernel final : c10::OperatorKernel {
     PyObject* level = PyDict_GetItemWithError(g_olevel_dict, s_level);
     if (!level) return PyErr_Occurred() ? -1 : 0;
     return PyList_Append(key, level) < 0 ? -1 : 1;
+  }
+
+  // A cache hit: its executable run (strict mode) or the op recorded (fused
+  // mode) on the call's DeviceData and Scalars (`dyn`; null: none), the
+  // entry's place in the LRU order kept (unless `cache` is null), the hit
+  // counted and the result tensors made.
+  int hit(bool fused_on, PyObject* entry, FastSpec* spec, PyObject* const* datas, Py_ssize_t ns,
+          PyObject* dyn, long device, PyObject* cache, PyObject* tkey,
+          std::vector<at::Tensor>& made) {
+    PyObject* result = nullptr;
+    int rc = fused_on ? record(entry, datas, ns, dyn, device, &result)
+                      : execute(spec, datas, ns, dyn ? dyn : g_empty_list, device, &result);
+    if (rc > 0 && cache) rc = move_to_end(cache, tkey);
+    if (rc > 0) {
+      ++hits;
+      ++g_pending_hits;
+      rc = push_results(spec, result, device, made);
+    }
+    Py_XDECREF(result);
+    return rc;
   }
 
   // Fused mode's hit: fused.record_native(entry, datas, dyn, device, name)
