@@ -691,6 +691,38 @@ report(exited_at=time.monotonic())
 """
 
 
+WARM_RANKS = """
+dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=60))
+r = dist.get_rank()
+x = torch.arange(6.0, device="tpu").reshape(2, 3) * (r + 1)
+y = (x.sin() + 1).relu().sum(0)
+dist.all_reduce(y)
+torch.tpu.synchronize()
+disk = torch_tpu.cache.stats()["disk"]
+report(rank=r, y=y.cpu().tolist(), hits=disk["hits"], misses=disk["misses"], writes=disk["writes"])
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_starts_warm(tmp_path):
+    """JAX writes persistent-cache entries from process 0 only; the other ranks'
+    per-device programs (keyed by their device) must be written too, or each
+    rank but the first compiles every op again on every run."""
+    env = _env(TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"))
+    body = "import torch_tpu\n" + WARM_RANKS
+    cold = run_ranks(tmp_path, body, env=env, timeout=240)
+    _assert_ok(cold)
+    warm = run_ranks(tmp_path, body, env=env, timeout=240)
+    _assert_ok(warm)
+    by_rank = {res["rank"]: res for _, res, _ in warm}
+    assert sorted(by_rank) == [0, 1]
+    for r, res in by_rank.items():
+        cold_res = next(c for _, c, _ in cold if c["rank"] == r)
+        assert cold_res["writes"] > 0, cold_res           # rank 1 wrote its programs too
+        assert res["y"] == cold_res["y"]
+        assert res["misses"] == 0 and res["hits"] > 0, (r, res)
+
+
 def test_dead_rank_is_an_error_on_the_survivor(tmp_path):
     t0 = time.monotonic()
     runs = run_ranks(tmp_path, DEAD_RANK, timeout=120)

@@ -95,7 +95,7 @@ def test_disk_tier_is_a_declared_hook():
         def begin(self):
             return tier.begin()
 
-        def end(self, token, name, seconds, trace_seconds):
+        def end(self, token, name, seconds, trace_seconds, compiled=None):
             seen.append(name)
             return tier.end(token, name, seconds, trace_seconds)
 

@@ -46,10 +46,11 @@ From a shell: ``python -m torch_tpu.cache info`` / ``python -m torch_tpu.cache c
 from __future__ import annotations
 
 import collections
+import os
 import threading
 
 from ..runtime import programs as _programs
-from .store import CacheWarning, DiskStore, configured_dir, default_dir  # noqa: F401
+from .store import CacheWarning, DiskStore, configured_dir, default_dir, warn_once  # noqa: F401
 
 __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
            "set_shared_dir", "shared_dir", "set_max_bytes", "is_enabled", "CacheWarning",
@@ -107,14 +108,20 @@ def begin_compile() -> object:
     return disk_store().begin()
 
 
-def end_compile(token: object, name: str, seconds: float, trace_seconds: float = 0.0) -> str:
+def end_compile(token: object, name: str, seconds: float, trace_seconds: float = 0.0,
+                compiled: object = None) -> str:
     """Called after compiling: records the compile and says which tier served it.
 
     `seconds` is the whole time to produce the executable; `trace_seconds`
     the part spent tracing and lowering to StableHLO (before any tier could
-    answer), the rest is XLA compilation or loading from disk.
+    answer), the rest is XLA compilation or loading from disk. `compiled`
+    (the executable, where the caller has one) is written to the disk tier
+    if it missed there and JAX did not write it (`_write_missed`).
     """
-    events = disk_store().end(token)
+    store = disk_store()
+    events = store.end(token)
+    if compiled is not None and "miss" in events and "write" not in events:
+        _write_missed(store, name, seconds - trace_seconds, compiled)
     if "hit" in events:
         source = "disk"
     elif "miss" in events or "write" in events or not disk_store().enabled:
@@ -129,14 +136,48 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
     return source
 
 
+def _write_missed(store: DiskStore, name: str, seconds: float, compiled: object) -> None:
+    """Store an executable that missed the disk tier and that JAX left unwritten.
+
+    JAX writes persistent-cache entries from process 0 only (to spare shared
+    file systems many writers of one entry). Under torchrun every other rank
+    compiles its own per-device programs (their key names its device), so
+    without this those ranks compiled every op again on every run. Our
+    directory is local to the host and its writes are atomic, so any process
+    may write. Programs that call back into Python are never stored (their
+    callbacks live in this process), as JAX decides.
+    """
+    keys = store.last_keys
+    if len(keys) != 1 or not store.writable:
+        return
+    import jax
+
+    if jax.process_index() == 0:
+        return  # JAX wrote it, or chose not to (see jax._src.compiler._cache_write)
+    unsafe_call = getattr(getattr(compiled, "_executable", None), "unsafe_call", None)
+    if getattr(unsafe_call, "has_host_callbacks", True):
+        return  # a host callback, or an executable type we cannot inspect: not stored
+    if os.path.exists(store.file_for(keys[0])):
+        return  # another rank wrote it (programs that span processes share a key)
+    from jax._src import compilation_cache as cc
+
+    try:
+        exe = compiled.runtime_executable()  # type: ignore[attr-defined]
+        cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
+    except Exception as e:  # noqa: BLE001 - the program runs; only the disk copy is lost
+        warn_once("write-rank", f"could not write {name}'s executable to the cache ({e})")
+
+
 class _Tier:
     """This package as runtime.programs' disk tier (programs.set_disk_tier)."""
 
     def begin(self) -> object:
         return begin_compile()
 
-    def end(self, token: object, name: str, seconds: float, trace_seconds: float) -> str:
-        return end_compile(token, name, seconds, trace_seconds=trace_seconds)
+    def end(self, token: object, name: str, seconds: float, trace_seconds: float,
+            compiled: object = None) -> str:
+        return end_compile(token, name, seconds, trace_seconds=trace_seconds,
+                           compiled=compiled)
 
     def abort(self, token: object) -> None:
         disk_store().end(token)

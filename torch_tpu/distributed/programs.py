@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ..runtime import programs
 from . import runtime
 
 AXIS = "g"
@@ -390,7 +391,8 @@ class Program:
         n_in = len(in_shapes)
         fn = shard_map(body, mesh, in_specs=(P(AXIS),) * (n_in + 1),
                        out_specs=(tuple(P(AXIS) for _ in out_shapes), P(AXIS), P(AXIS)))
-        self.fn = jax.jit(fn)
+        self.fn = fn
+        self.compiled = None
         self.sharding = sharding_of(ranks)
 
     def global_of(self, local):
@@ -399,7 +401,11 @@ class Program:
 
     def __call__(self, meta_local, *locals_):
         g = [self.global_of(meta_local)] + [self.global_of(x) for x in locals_]
-        outs, ok, allm = self.fn(*g)
+        if self.compiled is None:
+            # Through the program cache's compile, so that the disk tier
+            # serves it warm on every rank (JAX itself writes only rank 0's).
+            self.compiled = programs.compile("collective", None, self.fn, tuple(g))
+        outs, ok, allm = self.compiled(*g)
         return [o.addressable_data(0) for o in outs], ok.addressable_data(0), \
             allm.addressable_data(0)
 

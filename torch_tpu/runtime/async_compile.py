@@ -252,7 +252,7 @@ def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level
             p.error = _named(e, name)
         return
     seconds = trace_s + time.perf_counter() - t0
-    source = tier.end(token, name, seconds, trace_s) if tier is not None else "compiled"
+    source = tier.end(token, name, seconds, trace_s, compiled) if tier is not None else "compiled"
     try:
         compiled._torch_tpu_bytes = p._torch_tpu_bytes
         compiled._torch_tpu_specs = p._torch_tpu_specs

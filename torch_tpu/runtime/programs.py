@@ -16,8 +16,9 @@ Plug-ins, declared here and installed by their owners, never imported by
 name from this layer except the default disk tier on first compile:
 
 - the **disk tier** (`set_disk_tier`): `begin()` before a compile returns a
-  token, `end(token, name, seconds, trace_seconds)` after it says where the
-  executable came from ("compiled", "disk" or "uncached"). torch_tpu.cache
+  token, `end(token, name, seconds, trace_seconds, compiled)` after it says
+  where the executable came from ("compiled", "disk" or "uncached") and may
+  store `compiled`. torch_tpu.cache
   installs itself when imported.
 - **listeners**: callables appended to `COMPILE_LISTENERS` (name, key,
   seconds, compiled) and `LOWERED_LISTENERS` (name, key, lowered) — the
@@ -387,7 +388,8 @@ class DiskTier(Protocol):
 
     def begin(self) -> Any: ...
 
-    def end(self, token: Any, name: str, seconds: float, trace_seconds: float) -> str: ...
+    def end(self, token: Any, name: str, seconds: float, trace_seconds: float,
+            compiled: Any = None) -> str: ...
 
     def abort(self, token: Any) -> None: ...  # stop collecting; nothing is recorded
 
@@ -467,7 +469,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     t0 = time.perf_counter()
     t1 = None
     source = "compiled"
-    compiled: Any
+    compiled: Any = None
     gc_pause.begin()
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
@@ -481,7 +483,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
         seconds = time.perf_counter() - t0
         if tier is not None:
             source = tier.end(token, name, seconds,
-                              (t1 - t0) if t1 is not None else seconds)
+                              (t1 - t0) if t1 is not None else seconds, compiled)
     try:
         compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
     except AttributeError:  # an executable type without a __dict__
