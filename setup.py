@@ -1,4 +1,4 @@
-"""Builds torch_tpu's native fast path (csrc/fastpath.cpp -> torch_tpu.runtime._native).
+"""Builds torch_tpu's native fast path (csrc/*.cpp -> torch_tpu.runtime._native).
 
 Everything else is in pyproject.toml. The extension compiles against the
 torch that pip's build isolation installs ([build-system] requires pins the
@@ -18,7 +18,7 @@ if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() not in ("0", "false", 
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     ext_modules.append(CppExtension(
-        "torch_tpu.runtime._native", ["csrc/fastpath.cpp"],
+        "torch_tpu.runtime._native", ["csrc/fastpath.cpp", "csrc/device_guard.cpp"],
         # runtime/fastpath.py loads it only into this torch (the C++ ABI).
         define_macros=[("TORCH_TPU_TORCH_VERSION", f'"{torch.__version__}"')],
         extra_compile_args=["-O2", "-g0"]))

@@ -51,6 +51,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_guard.h"
+
 #ifndef TORCH_TPU_TORCH_VERSION
 #define TORCH_TPU_TORCH_VERSION "unknown"
 #endif
@@ -1819,6 +1821,12 @@ PyMethodDef methods[] = {
     {"forget", forget, METH_NOARGS, "Empty the C++ kernels' memos of recent hits."},
     {"set_memo", set_memo, METH_O, "set_memo(on): whether the C++ kernels remember hits."},
     {"calls", calls, METH_NOARGS, "Call counters of the fast paths (tests read them)."},
+    {"install_device_guard", torch_tpu::install_device_guard, METH_O,
+     "install_device_guard(count): PyTorch's tpu device guard, with count devices."},
+    {"set_device_index", torch_tpu::set_device_index, METH_O,
+     "set_device_index(i): this thread's current tpu device, as C++ sees it."},
+    {"device_index", torch_tpu::device_index, METH_NOARGS,
+     "This thread's current tpu device, as C++ sees it."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native",

@@ -103,6 +103,11 @@ def current_device() -> int:
 def set_device(device) -> None:
     idx = _index(device)
     _tls.index = idx
+    # PyTorch's C++ side (torch.accelerator, the device guard) sees it too,
+    # once the runtime (and its native guard) is loaded.
+    fastpath = sys.modules.get("torch_tpu.runtime.fastpath")
+    if fastpath is not None:
+        fastpath.set_device_index(idx)
 
 
 class device:

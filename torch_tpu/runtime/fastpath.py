@@ -55,6 +55,25 @@ UNBOXED = KERNEL and switch_on("TORCH_TPU_NATIVE_UNBOXED")
 MEMO = KERNEL and switch_on("TORCH_TPU_NATIVE_MEMO")
 
 
+def install_device_guard(count: int) -> None:
+    """Make PyTorch's `tpu` device guard the native one (csrc/device_guard.cpp),
+    reporting `count` devices, once the runtime knows them.
+
+    The guard torch's Python backend API registers reports one device, so the
+    autograd engine, which sizes its per-device queues from it at the first
+    backward, failed an internal assert on a backward through tpu:1 and up.
+    Without the extension that guard stays (one device for autograd).
+    """
+    if NATIVE is not None and hasattr(NATIVE, "install_device_guard"):
+        NATIVE.install_device_guard(max(1, count))
+
+
+def set_device_index(index: int) -> None:
+    """Tell the native guard this thread's current device (torch.tpu.set_device)."""
+    if NATIVE is not None and hasattr(NATIVE, "set_device_index"):
+        NATIVE.set_device_index(index)
+
+
 def _scalar_array(value: object, index: int) -> object:
     """`value`, a Python scalar input of an executable, as the device array a
     jitted call makes of it on tpu:index (same aval, weak type included), which

@@ -46,7 +46,14 @@ def platform() -> str:
 @functools.lru_cache(maxsize=None)
 def devices() -> tuple:
     """The PJRT devices of the chosen platform; `tpu:i` is devices()[i]."""
-    return tuple(jax.local_devices(backend=platform()))
+    devs = tuple(jax.local_devices(backend=platform()))
+    from . import fastpath
+
+    fastpath.install_device_guard(len(devs))
+    from ..device import module
+
+    fastpath.set_device_index(module.current_device())
+    return devs
 
 
 def device_count() -> int:
