@@ -113,6 +113,41 @@ def test_disk_tier_round_trip(cache_dir):
                                rtol=1e-5)
 
 
+def _as_rank_one(monkeypatch):
+    """Make this process look like rank 1 of a multi-process job: JAX then
+    leaves persistent-cache writes to process 0."""
+    from jax._src import distributed
+
+    monkeypatch.setattr(distributed.global_state, "process_id", 1)
+    monkeypatch.setattr(jax, "process_index", lambda *a, **k: 1)
+
+
+def test_other_ranks_write_their_executables(cache_dir, monkeypatch):
+    _as_rank_one(monkeypatch)
+    fn, c = _program()
+    arr = _arr(5)
+    first = _compile(fn, arr)
+    assert len(_entries(cache_dir)) == 1  # written by us, not by JAX
+    second = _compile(fn, arr)
+    assert cache.stats()["per_entry"][-1]["source"] == "disk"
+    np.testing.assert_allclose(np.asarray(second(arr)), np.asarray(first(arr)))
+
+
+def test_other_ranks_never_store_host_callbacks(cache_dir, monkeypatch):
+    _as_rank_one(monkeypatch)
+    _, c = _program()
+
+    def fn(a):
+        host = jax.pure_callback(lambda v: np.asarray(v) * c,
+                                 jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return host + 1
+
+    arr = _arr(4)
+    out = _compile(fn, arr)
+    np.testing.assert_allclose(np.asarray(out(arr)), np.arange(4.0) * c + 1, rtol=1e-6)
+    assert _entries(cache_dir) == []  # its callback lives in this process only
+
+
 def test_clear_and_size_cap(cache_dir):
     arr = _arr(4)
     for _ in range(4):
