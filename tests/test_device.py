@@ -259,6 +259,47 @@ for d in range(4):
 w = torch.ones(3, device="tpu:3", requires_grad=True)
 (w * 2).to("tpu:0").sum().backward()
 assert w.grad.device.index == 3 and w.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+
+# As on CUDA, autograd's worker for tpu:N makes N the current device: a backward
+# that creates a tensor on "tpu" (no index) creates it on its own device.
+class AddOnes(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + torch.ones(g.shape, device="tpu")
+
+# The data of a result lies on the tensor's device, also for programs that
+# read none of their inputs (JAX drops those, and the device they named).
+from torch_tpu.runtime.storage import data_of
+
+def placed(t):
+    torch.tpu.synchronize()
+    return next(iter(data_of(t).array.devices())).id
+
+src = torch.randn(3, 4, device="tpu:2")
+made = {
+    "randn": src, "zero_": torch.empty(3, device="tpu:2").zero_(),
+    "fill_": torch.empty(3, device="tpu:2").fill_(2.5), "ones_like": torch.ones_like(src),
+    "full_like": torch.full_like(src, 7), "rand_like": torch.rand_like(src),
+    "new_zeros": src.new_zeros(2), "normal_": torch.empty(4, device="tpu:2").normal_(),
+    "masked_fill": src.masked_fill(torch.ones_like(src, dtype=torch.bool), 1.0),
+    "mul_0": src * 0,
+}
+with torch_tpu.fused():
+    made["fused zero_"] = torch.empty(3, device="tpu:2").zero_()
+    made["fused ones_like"] = torch.ones_like(src)
+wrong = {k: (t.device, placed(t)) for k, t in made.items()
+         if t.device.index != 2 or placed(t) != 2}
+assert not wrong, wrong
+
+torch.tpu.set_device(0)
+v = torch.zeros(2, device="tpu:2", requires_grad=True)
+AddOnes.apply(v).sum().backward()
+assert v.grad.device.index == 2 and v.grad.cpu().tolist() == [2.0, 2.0]
+assert torch.tpu.current_device() == 0
 print("ok")
 """
 

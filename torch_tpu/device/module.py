@@ -97,6 +97,10 @@ def device_count() -> int:
 
 
 def current_device() -> int:
+    fastpath = sys.modules.get("torch_tpu.runtime.fastpath")
+    if fastpath is not None and fastpath.GUARD:
+        # The C++ guard's: also what autograd's per-device workers set.
+        return fastpath.NATIVE.device_index()
     return getattr(_tls, "index", 0)
 
 

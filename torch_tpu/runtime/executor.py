@@ -718,11 +718,12 @@ class _Runner:
             entry = _Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
         else:
-            jit_kwargs: dict[str, Any] = {}
-            if not arrays:
-                # No device inputs (a factory): place the outputs explicitly.
-                jit_kwargs["out_shardings"] = jax.sharding.SingleDeviceSharding(
-                    platform.jax_device(sig.device))
+            # The outputs' device, always explicit: a factory has no device
+            # inputs, and JAX drops inputs a program does not read (zero_,
+            # fill_, ones_like's fill) together with the device they name, so
+            # such a program would otherwise run on the default device.
+            jit_kwargs: dict[str, Any] = {"out_shardings": jax.sharding.SingleDeviceSharding(
+                platform.jax_device(sig.device))}
             try:
                 # XLA compiles in the background (runtime.async_compile); in
                 # fused mode at the first call only (fused.LazyExecutable).
@@ -838,6 +839,10 @@ def _write(base, layout, val, meta, name, offset=None):
 
 
 def _factory_device(vals, plan):
+    """The device of an op without device inputs: its `device` argument
+    ("tpu" alone: the current device); without one, the device of its tensor
+    argument (`ones_like(x)`, `x.new_zeros(...)` follow x, as on CPU and CUDA);
+    else the current device."""
     i = plan.arg_index.get("device")
     if i is not None and vals[i] is not None:
         d = vals[i]
@@ -846,6 +851,12 @@ def _factory_device(vals, plan):
         if d.index is not None:
             platform.jax_device(d.index)  # raises for a device that does not exist
             return d.index
+        return _current()
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            data = getattr(v.untyped_storage(), "_tpu", None)
+            if data is not None:
+                return data.index
     return _current()
 
 

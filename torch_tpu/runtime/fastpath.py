@@ -64,8 +64,15 @@ def install_device_guard(count: int) -> None:
     backward, failed an internal assert on a backward through tpu:1 and up.
     Without the extension that guard stays (one device for autograd).
     """
+    global GUARD
     if NATIVE is not None and hasattr(NATIVE, "install_device_guard"):
         NATIVE.install_device_guard(max(1, count))
+        GUARD = True
+
+
+# Whether the native guard is PyTorch's tpu guard: the current device is then
+# the guard's (per thread; autograd's worker for tpu:N has N), as on CUDA.
+GUARD = False
 
 
 def set_device_index(index: int) -> None:

@@ -47,12 +47,12 @@ def platform() -> str:
 def devices() -> tuple:
     """The PJRT devices of the chosen platform; `tpu:i` is devices()[i]."""
     devs = tuple(jax.local_devices(backend=platform()))
+    from ..device import module
     from . import fastpath
 
+    index = module.current_device()  # torch.tpu.set_device's, before the guard takes over
     fastpath.install_device_guard(len(devs))
-    from ..device import module
-
-    fastpath.set_device_index(module.current_device())
+    fastpath.set_device_index(index)
     return devs
 
 
