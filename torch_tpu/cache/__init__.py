@@ -124,7 +124,7 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
         _write_missed(store, name, seconds - trace_seconds, compiled)
     if "hit" in events:
         source = "disk"
-    elif "miss" in events or "write" in events or not disk_store().enabled:
+    elif "miss" in events or "write" in events or not store.enabled:
         source = "compiled"
     else:
         source = "uncached"
