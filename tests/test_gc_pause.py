@@ -76,6 +76,43 @@ def test_collector_paused_during_compile_and_back_after(monkeypatch):
     assert gc_pause._on_compile_start in callback_handler.start_callbacks
 
 
+
+def test_collector_paused_while_an_eager_op_is_built(monkeypatch):
+    """An eager miss (PyTorch's meta kernel, our lowering) runs with the collector
+    paused; the op's first call imports torch._dynamo through PyTorch's meta
+    kernels in a new process, whose collections were most of that import."""
+    from torch_tpu.runtime import executor
+
+    seen = []
+    real = executor.run_meta
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(executor, "run_meta", spy)
+    x = torch.arange(11.0).to("tpu")
+    torch.testing.assert_close((x * 2.5 - 7).cpu(), torch.arange(11.0) * 2.5 - 7)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+
+def test_collector_paused_while_the_backend_loads():
+    got = _child("""
+        import gc, json, sys
+        import torch, torch_tpu
+        seen = []
+        class Spy:  # sees every import the backend's load makes
+            def find_spec(self, name, path=None, target=None):
+                if name.startswith("torch_tpu.ops"):
+                    seen.append(gc.isenabled())
+        sys.meta_path.insert(0, Spy())
+        torch.ones(2, device="tpu")
+        print(json.dumps({"seen": seen, "after": gc.isenabled()}))
+    """)
+    assert got["seen"] and not any(got["seen"]) and got["after"]
+
+
 def _child(code, **env):
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, **env))

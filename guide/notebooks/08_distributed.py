@@ -65,30 +65,11 @@ def _():
     return Path, json, os, re, subprocess, sys, textwrap, threading, torch, torch_tpu
 
 
-@app.cell(hide_code=True)
-def _(mo, torch, torch_tpu):
-    mo.md(f"""
-    **This (notebook) process:** {torch.tpu.device_count()} `tpu` device(s), kind
-    **{torch.tpu.get_device_properties().device_kind}**, platform
-    **{torch_tpu.runtime.platform.platform()}**. The device count is fixed when
-    JAX starts, so the multi-device parts run in child processes started with
-    the flag set.
-    """)
-    return
-
-
-@app.cell
-def _(mo):
-    n_devices = mo.ui.slider(2, 8, value=4, label="devices in the child process")
-    n_devices
-    return (n_devices,)
-
-
 @app.cell
 def _(json, os, subprocess, sys, threading):
     # The child reads one program per line (JSON), runs it, and answers with
-    # its printed output. Parts 1 and 2 share it: starting a Python that
-    # imports torch and JAX is most of what a part costs.
+    # its printed output. Parts 1, 2 and 3's reference run share it: starting a
+    # Python that imports torch and JAX is most of what a part costs.
     _CHILD = """
 import contextlib, io, json, sys, traceback
 for line in sys.stdin:
@@ -105,12 +86,9 @@ for line in sys.stdin:
     sys.__stdout__.flush()
 """
     _child = {}
+    START_DEVICES = 4  # the slider's first value
 
-    def run_child(code, n_devices, timeout=600):
-        """Run `code` in a child Python with n virtual devices; return what it printed.
-
-        The device count is fixed when JAX starts, so each count gets its own
-        child, started on first use and reused by the next part."""
+    def _start(n_devices):
         proc = _child.get(n_devices)
         if proc is None or proc.poll() is not None:
             for _old in _child.values():
@@ -122,6 +100,16 @@ for line in sys.stdin:
             proc = _child[n_devices] = subprocess.Popen(
                 [sys.executable, "-c", _CHILD], env=env, text=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return proc
+
+    def run_child(code, n_devices=None, timeout=600):
+        """Run `code` in a child Python with n virtual devices; return what it printed.
+
+        The device count is fixed when JAX starts, so each count gets its own
+        child, reused by the next part; `n_devices=None`: any running child."""
+        if n_devices is None:
+            n_devices = next((n for n, p in _child.items() if p.poll() is None), START_DEVICES)
+        proc = _start(n_devices)
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
         try:
@@ -137,7 +125,72 @@ for line in sys.stdin:
             raise RuntimeError(answer["out"][-3000:])
         return answer["out"]
 
-    return (run_child,)
+    # Started now, so that its imports overlap with this process's work.
+    _start(START_DEVICES)
+    return START_DEVICES, run_child
+
+
+@app.cell(hide_code=True)
+def _(Path, mo, os, subprocess, sys, torch_tpu):
+    REPO = Path(torch_tpu.__file__).resolve().parents[1]
+    try:
+        import sys as _sys
+
+        if str(REPO) not in _sys.path:
+            _sys.path.insert(0, str(REPO))
+        from examples.common.cli import tpu_distributed_available
+
+        backend_ready, backend_reason = tpu_distributed_available()
+    except ImportError as _e:
+        backend_ready, backend_reason = False, f"the examples are not importable: {_e}"
+    parallel_device = "tpu" if backend_ready else "cpu"
+    LLAMA_ARGS = ["--device", parallel_device, "--steps", "4", "--seed", "0", "--batch-size", "4",
+                  "--log-interval", "1", "--no-progress"]
+
+    def launch(extra, nproc):
+        """Start a run of the Llama example under torchrun (nproc processes); don't wait."""
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(REPO / "examples" / "llama" / "train.py"),
+               *LLAMA_ARGS, *extra]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=str(REPO))
+        return cmd, proc
+
+    # Independent of parts 1 and 2, and the longest: started first, together
+    # (torchrun's --standalone rendezvous picks a free port per run).
+    started = {"--dp 2 (DDP)": launch(["--dp", "2"], 2),
+               "--tp 2 (tensor parallel)": launch(["--tp", "2"], 2)}
+    mo.md("*Part 3's two `torchrun` runs start now, in the background; part 3 "
+          "shows them.*")
+    return (
+        LLAMA_ARGS,
+        REPO,
+        backend_ready,
+        backend_reason,
+        launch,
+        parallel_device,
+        started,
+    )
+
+
+@app.cell(hide_code=True)
+def _(mo, torch, torch_tpu):
+    mo.md(f"""
+    **This (notebook) process:** {torch.tpu.device_count()} `tpu` device(s), kind
+    **{torch.tpu.get_device_properties().device_kind}**, platform
+    **{torch_tpu.runtime.platform.platform()}**. The device count is fixed when
+    JAX starts, so the multi-device parts run in child processes started with
+    the flag set.
+    """)
+    return
+
+
+@app.cell
+def _(START_DEVICES, mo):
+    n_devices = mo.ui.slider(2, 8, value=START_DEVICES, label="devices in the child process")
+    n_devices
+    return (n_devices,)
 
 
 @app.cell(hide_code=True)
@@ -255,49 +308,27 @@ def _(mo):
     The Llama example trains with `--dp N` (data parallel: gradients averaged
     with `all_reduce` over the `dp` process group) and `--tp N` (Megatron-style
     tensor parallelism over a `DeviceMesh`: attention heads and MLP columns
-    split across ranks). Below, the notebook launches 2-process runs of each and
-    of a single-process reference, with the same seed and the same global
-    batch, all three at once, and compares their losses.
+    split across ranks). Below, the notebook launches 2-process runs of each
+    and, meanwhile, a single-process reference (the example's `main()` in the
+    child process of parts 1 and 2), with the same seed and the same global
+    batch, and compares their losses.
     """)
     return
 
 
 @app.cell
-def _(Path, torch_tpu):
-    REPO = Path(torch_tpu.__file__).resolve().parents[1]
-    try:
-        import sys as _sys
-
-        if str(REPO) not in _sys.path:
-            _sys.path.insert(0, str(REPO))
-        from examples.common.cli import tpu_distributed_available
-
-        backend_ready, backend_reason = tpu_distributed_available()
-    except ImportError as _e:
-        backend_ready, backend_reason = False, f"the examples are not importable: {_e}"
-    parallel_device = "tpu" if backend_ready else "cpu"
+def _(backend_ready, backend_reason, parallel_device):
     print(f"torch.distributed backend 'tpu' available: {backend_ready}"
           + ("" if backend_ready else f" ({backend_reason})"))
     print(f"part 3 runs with --device {parallel_device}")
-    return REPO, backend_ready, backend_reason, parallel_device
+    return
 
 
 @app.cell
-def _(REPO, os, parallel_device, re, subprocess, sys):
-    def launch(extra, nproc):
-        """Start a run of the Llama example (nproc > 1: under torchrun); don't wait."""
-        script = str(REPO / "examples" / "llama" / "train.py")
-        args = ["--device", parallel_device, "--steps", "4", "--seed", "0", "--batch-size", "4",
-                "--log-interval", "1", "--no-progress", *extra]
-        if nproc > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", script, *args]
-        else:
-            cmd = [sys.executable, script, *args]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=str(REPO))
-        return cmd, proc
+def _(LLAMA_ARGS, REPO, json, re, run_child, started, subprocess):
+    def _losses(text):
+        return [float(v) for v in re.findall(r"^step\s+\d+/\d+\s+loss\s+([0-9.]+)", text,
+                                             flags=re.M)]
 
     def result(cmd, proc):
         """Wait for a launched run; its command, exit code and losses."""
@@ -306,22 +337,32 @@ def _(REPO, os, parallel_device, re, subprocess, sys):
         except subprocess.TimeoutExpired:
             proc.kill()
             stdout, stderr = proc.communicate()
-        losses = [float(v) for v in re.findall(r"^step\s+\d+/\d+\s+loss\s+([0-9.]+)",
-                                               stdout, flags=re.M)]
         return {"cmd": " ".join(cmd[1:]).replace(str(REPO) + "/", ""), "rc": proc.returncode,
-                "losses": losses, "tail": (stdout + stderr)[-1500:]}
+                "losses": _losses(stdout), "tail": (stdout + stderr)[-1500:]}
 
-    # The three runs are independent: they start together and share the
-    # machine's cores (torchrun's --standalone rendezvous picks a free port
-    # per run), then the notebook waits for each.
-    _started = {"single process": launch([], 1),
-                "--dp 2 (DDP)": launch(["--dp", "2"], 2),
-                "--tp 2 (tensor parallel)": launch(["--tp", "2"], 2)}
-    runs = {_name: result(*_p) for _name, _p in _started.items()}
+    def reference():
+        """The single-process run: the example's main() in the child process of
+        parts 1 and 2, which has torch and JAX loaded already (a new Python
+        would spend most of this run importing them)."""
+        code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+                "from examples.llama.train import main\n"
+                f"main({json.dumps(LLAMA_ARGS)})\n")
+        try:
+            out, rc = run_child(code), 0
+        except RuntimeError as _e:
+            out, rc = str(_e), 1
+        return {"cmd": " ".join(["examples/llama/train.py", *LLAMA_ARGS])
+                + "   (in the child process)", "rc": rc, "losses": _losses(out),
+                "tail": out[-1500:]}
+
+    # The torchrun runs started with the notebook (above); the reference runs
+    # now, then the notebook waits for the other two.
+    runs = {"single process": reference()}
+    runs.update({_name: result(*_p) for _name, _p in started.items()})
     for _name, _r in runs.items():
         print(f"{_name:<26} rc={_r['rc']}  losses {[round(v, 4) for v in _r['losses']]}")
         print(f"   $ python {_r['cmd']}")
-    return launch, result, runs
+    return result, runs
 
 
 @app.cell

@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import async_compile as _aco
-from . import calling, fused, oom, platform, programs, registry, verdict
+from . import calling, fused, gc_pause, oom, platform, programs, registry, verdict
 from . import opt_level as _olevel
 from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
@@ -587,7 +587,8 @@ class _Runner:
         if entry is None:
             if recipes is None:  # the same slots and dyn indices as `sig`'s
                 recipes = _classify(plan, vals, _Signature(plan))
-            entry = self._build(key, vals, args, kwargs, sig, recipes)
+            with gc_pause.paused():  # meta kernels and tracing: short-lived cycles
+                entry = self._build(key, vals, args, kwargs, sig, recipes)
             if entry is None:  # out= tensors were resized: the signature changed
                 return self(*args, **kwargs)
         else:
