@@ -31,3 +31,22 @@ def _private_cache_dir():
 _private_cache_dir()
 
 import torch_tpu  # noqa: E402,F401
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A private, empty disk tier for one test (the previous one restored after)."""
+    import torch_tpu.cache as cache
+    from torch_tpu.cache import store as store_mod
+
+    s = cache.disk_store()
+    old_root, old_max = s.root, s.max_bytes
+    store_mod._warned.clear()
+    cache.set_dir(str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+    s.max_bytes = old_max
+    s.set_dir(old_root)
+    store_mod._warned.clear()

@@ -24,19 +24,6 @@ from torch_tpu.runtime import executor
 _counter = [0]
 
 
-@pytest.fixture
-def cache_dir(tmp_path):
-    """A private, empty disk tier for one test (the previous one restored after)."""
-    s = cache.disk_store()
-    old_root, old_max = s.root, s.max_bytes
-    store_mod._warned.clear()
-    cache.set_dir(str(tmp_path / "cache"))
-    yield tmp_path / "cache"
-    s.max_bytes = old_max
-    s.set_dir(old_root)
-    store_mod._warned.clear()
-
-
 def _program():
     """A program no other test compiles (so the first compile is a true miss)."""
     _counter[0] += 1

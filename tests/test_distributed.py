@@ -698,8 +698,10 @@ x = torch.arange(6.0, device="tpu").reshape(2, 3) * (r + 1)
 y = (x.sin() + 1).relu().sum(0)
 dist.all_reduce(y)
 torch.tpu.synchronize()
-disk = torch_tpu.cache.stats()["disk"]
-report(rank=r, y=y.cpu().tolist(), hits=disk["hits"], misses=disk["misses"], writes=disk["writes"])
+stats = torch_tpu.cache.stats()
+disk, index = stats["disk"], stats["eager_index"]
+report(rank=r, y=y.cpu().tolist(), hits=disk["hits"], misses=disk["misses"], writes=disk["writes"],
+       index_hits=index["hits"], index_misses=index["misses"], index_writes=index["writes"])
 dist.destroy_process_group()
 """
 
@@ -707,7 +709,8 @@ dist.destroy_process_group()
 def test_every_rank_starts_warm(tmp_path):
     """JAX writes persistent-cache entries from process 0 only; the other ranks'
     per-device programs (keyed by their device) must be written too, or each
-    rank but the first compiles every op again on every run."""
+    rank but the first compiles every op again on every run. Each rank's eager
+    index entries are its own: every rank's `tpu:0` is another global device."""
     env = _env(TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"))
     body = "import torch_tpu\n" + WARM_RANKS
     cold = run_ranks(tmp_path, body, env=env, timeout=240)
@@ -721,6 +724,8 @@ def test_every_rank_starts_warm(tmp_path):
         assert cold_res["writes"] > 0, cold_res           # rank 1 wrote its programs too
         assert res["y"] == cold_res["y"]
         assert res["misses"] == 0 and res["hits"] > 0, (r, res)
+        assert cold_res["index_writes"] > 0 and res["index_writes"] == 0, (r, cold_res, res)
+        assert res["index_hits"] == cold_res["index_writes"] and res["index_misses"] == 0, res
 
 
 def test_dead_rank_is_an_error_on_the_survivor(tmp_path):

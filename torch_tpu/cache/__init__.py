@@ -185,6 +185,10 @@ class _Tier:
 
 _programs.set_disk_tier(_Tier())
 
+from . import eager as _eager  # noqa: E402
+
+_programs.set_index_tier(_eager.Tier())
+
 
 def last_compile_keys() -> list:
     """The JAX cache keys the last compile on this thread asked the disk tier for."""
@@ -214,6 +218,9 @@ def stats() -> dict:
       loaded without lowering; seconds spent in each phase).
     - ``graph_disk``: the graph tier (see `torch_tpu.cache.graphs`): hits
       (graphs run without lowering), misses, index writes, skipped graphs.
+    - ``eager_index``: the same for eager ops' programs (see
+      `torch_tpu.cache.eager`): hits (loaded without lowering), misses,
+      index writes, skipped programs, load seconds.
     """
     mem = _programs.memory_stats()
     mem_hits = mem["hits"]
@@ -244,6 +251,7 @@ def stats() -> dict:
         "per_entry": per_entry,
         "graphs": graph,
         "graph_disk": _graph_tier().stats(),
+        "eager_index": _eager.stats(),
     }
 
 
@@ -274,6 +282,7 @@ def reset_stats() -> None:
     _programs.STATS.reset()
     disk_store().stats.reset()
     _graph_tier().reset_stats()
+    _eager.reset_stats()
     with _lock:
         _RECORDS.clear()
         for v in _TOTALS.values():

@@ -29,29 +29,16 @@ development checkout never runs programs lowered by older code.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import threading
 import time
 from typing import Any
+
+from .index import Index, executable
 
 PREFIX = "torch_tpu-graph-v1:"
 
 
-class _Stats:
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.hits = 0         # graphs loaded without lowering
-        self.misses = 0       # lookups that found nothing usable
-        self.writes = 0       # index entries written
-        self.skipped = 0      # graphs not stored (not portable)
-        self.load_seconds = 0.0
-
-
-STATS = _Stats()
-_lock = threading.Lock()
+STATS = Index()
 _source_fp = None
 
 
@@ -105,13 +92,14 @@ def _settings() -> str:
     return "\n".join(values)
 
 
-def key_for(description: str) -> str:
-    """The index key of a graph specialization described by `description`."""
+def key_for(description: str, prefix: str = PREFIX) -> str:
+    """The index key of a graph specialization described by `description`
+    (`prefix`: another index's name, e.g. the eager index's)."""
     h = hashlib.sha256()
     for part in (source_fingerprint(), _settings(), description):
         h.update(part.encode("utf-8", "replace"))
         h.update(b"\0")
-    return PREFIX + h.hexdigest()
+    return prefix + h.hexdigest()
 
 
 # -- portable values (what tracing recorded besides the executable) -------------
@@ -146,72 +134,25 @@ def decode_value(v):
 
 def store(key: str, jax_key: str, meta: dict) -> bool:
     """Write the index entry `key` -> (the executable under `jax_key`, meta)."""
-    from . import disk_store
-
-    try:
-        blob = json.dumps({"jax_key": jax_key, "meta": meta}, sort_keys=True,
-                          allow_nan=True).encode()
-    except (TypeError, ValueError):
-        with _lock:
-            STATS.skipped += 1
-        return False
-    disk_store().put(key, blob, count=False)
-    with _lock:
-        STATS.writes += 1
-    return True
+    return STATS.write(key, jax_key, meta)
 
 
 def skipped() -> None:
-    with _lock:
-        STATS.skipped += 1
+    STATS.skip()
 
 
 def load(key: str, jax_device: Any) -> tuple[Any, dict[str, Any]] | None:
     """(loaded PJRT executable, meta) for index entry `key`, or None."""
-    from . import disk_store
-
     t0 = time.perf_counter()
-    s = disk_store()
-    blob = s.get(key, count=False)
-    if blob is None:
-        with _lock:
-            STATS.misses += 1
-        return None
-    try:
-        entry = json.loads(blob.decode())
-        jax_key = entry["jax_key"]
-        meta = entry["meta"]
-        if not isinstance(jax_key, str) or not isinstance(meta, dict):
-            raise ValueError("bad entry")
-    except (ValueError, KeyError, UnicodeDecodeError, TypeError):
-        with _lock:
-            STATS.misses += 1
-        return None
-    from jax._src import compilation_cache as cc
-    from jax._src.lib import xla_client as xc
-
-    try:
-        exe, _ = cc.get_executable_and_time(jax_key, None, jax_device.client,
-                                            xc.DeviceList((jax_device,)))
-    except Exception:  # an entry this jaxlib cannot load: compile instead
-        exe = None
-    if exe is None:
-        with _lock:
-            STATS.misses += 1
-        return None
-    with _lock:
-        STATS.hits += 1
-        STATS.load_seconds += time.perf_counter() - t0
-    return exe, meta
+    entry = STATS.read(key)
+    exe = executable(entry[0], jax_device) if entry is not None else None
+    STATS.count(exe is not None, time.perf_counter() - t0)
+    return (exe, entry[1]) if exe is not None and entry is not None else None
 
 
 def stats() -> dict:
-    with _lock:
-        return {"hits": STATS.hits, "misses": STATS.misses, "writes": STATS.writes,
-                "skipped": STATS.skipped, "load_seconds": STATS.load_seconds,
-                "enabled": enabled()}
+    return STATS.stats(enabled())
 
 
 def reset_stats() -> None:
-    with _lock:
-        STATS.reset()
+    STATS.reset()

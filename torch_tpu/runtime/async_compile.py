@@ -220,7 +220,8 @@ def lower(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> tuple[A
     return lowered, level, trace_s
 
 
-def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> PendingExecutable:  # noqa: A001
+def compile(name: str, key: Any, fn: Any, args: Any, index_key: str | None = None,  # noqa: A001
+            **jit_kwargs: Any) -> PendingExecutable:
     """`programs.compile`, with XLA's compile in the pool: trace and lower
     `fn` here (raising what JAX raises for bad input), then return at once."""
     lowered, level, trace_s = lower(name, key, fn, args, **jit_kwargs)
@@ -230,12 +231,12 @@ def compile(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> Pendi
     p = PendingExecutable(name)
     p._torch_tpu_specs = _specs_of(lowered.out_info, _committed(lowered))
     pool, _ = _executors()
-    p.future = _submit(pool, _compile_task, p, name, key, lowered, level, trace_s)
+    p.future = _submit(pool, _compile_task, p, name, key, lowered, level, trace_s, index_key)
     return p
 
 
 def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level: int,
-                  trace_s: float) -> None:
+                  trace_s: float, index_key: str | None = None) -> None:
     tier = programs.disk_tier()
     token = tier.begin() if tier is not None else None
     t0 = time.perf_counter()
@@ -253,6 +254,7 @@ def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level
         return
     seconds = trace_s + time.perf_counter() - t0
     source = tier.end(token, name, seconds, trace_s, compiled) if tier is not None else "compiled"
+    programs.store_indexed(index_key, compiled)
     try:
         compiled._torch_tpu_bytes = p._torch_tpu_bytes
         compiled._torch_tpu_specs = p._torch_tpu_specs

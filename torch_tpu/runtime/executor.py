@@ -723,14 +723,29 @@ class _Runner:
             # inputs, and JAX drops inputs a program does not read (zero_,
             # fill_, ones_like's fill) together with the device they name, so
             # such a program would otherwise run on the default device.
+            jax_device = platform.jax_device(sig.device)
             jit_kwargs: dict[str, Any] = {"out_shardings": jax.sharding.SingleDeviceSharding(
-                platform.jax_device(sig.device))}
+                jax_device)}
+            # A warm process finds the executable by this key, without
+            # tracing or lowering (torch_tpu.cache.eager); the debug tools
+            # lower it when asked for its stages. Not for fused mode's recordings.
+            index = None if fused.ACTIVE else programs.index_tier()
+            index_key = index.key(key, jax_device) if index is not None else None
+            compiled = None if index_key is None else programs.load_indexed(
+                name, key, index_key, (arrays, list(sig.dyn)), jax_device,
+                relower=_relowerer(program, jit_kwargs, (arrays, list(sig.dyn))))
+            if compiled is not None:  # results committed: out_shardings names their device
+                compiled._torch_tpu_specs = _aco._specs_of(compiled.out_info, True)
             try:
                 # XLA compiles in the background (runtime.async_compile); in
                 # fused mode at the first call only (fused.LazyExecutable).
-                compiled = (fused.compile_later if fused.ACTIVE else _aco.compile
-                            if _aco.ENABLED and not LAUNCH_BLOCKING else _compile)(
-                    name, key, program, (arrays, list(sig.dyn)), **jit_kwargs)
+                if compiled is None and fused.ACTIVE:
+                    compiled = fused.compile_later(name, key, program, (arrays, list(sig.dyn)),
+                                                   **jit_kwargs)
+                elif compiled is None:
+                    compiled = (_aco.compile if _aco.ENABLED and not LAUNCH_BLOCKING
+                                else _compile)(name, key, program, (arrays, list(sig.dyn)),
+                                               index_key=index_key, **jit_kwargs)
             except (TypeError, ValueError):
                 # JAX rejected the lowering's input (a dtype or shape PyTorch's
                 # meta kernel let through): CPU's error if CPU has one.
@@ -811,6 +826,19 @@ class _Runner:
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)
+
+
+def _relowerer(program, jit_kwargs, args):
+    """A thunk lowering `program` for `args` again (debug tools, on demand), holding
+    their shapes only: an argument's device memory is not kept alive by it."""
+    def shape_of(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
+                                        weak_type=x.aval.weak_type)
+        return x
+
+    shapes = jax.tree_util.tree_map(shape_of, args)
+    return lambda: jax.jit(program, **jit_kwargs).lower(*shapes)
 
 
 def _check_inplace_cast(name, targets, fmeta):

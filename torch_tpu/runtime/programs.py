@@ -20,6 +20,10 @@ name from this layer except the default disk tier on first compile:
   where the executable came from ("compiled", "disk" or "uncached") and may
   store `compiled`. torch_tpu.cache
   installs itself when imported.
+- the **index tier** (`set_index_tier`): finds an eager op's executable by
+  the executor's key, without tracing or lowering (`load_indexed`), and
+  indexes each one compiled (`compile(..., index_key=...)`).
+  torch_tpu.cache installs it with the disk tier.
 - **listeners**: callables appended to `COMPILE_LISTENERS` (name, key,
   seconds, compiled) and `LOWERED_LISTENERS` (name, key, lowered) — the
   debug tools.
@@ -414,6 +418,78 @@ def disk_tier() -> DiskTier | None:
     return _DISK_TIER[0]
 
 
+class IndexTier(Protocol):
+    """Eager programs found by their executor key, not lowered (torch_tpu.cache.eager)."""
+
+    def key(self, key: tuple, device: Any) -> str | None: ...  # None: not indexable, or off
+
+    def load(self, index_key: str, args: Any, device: Any) -> Any: ...  # an executable or None
+
+    def store(self, index_key: str, compiled: Any) -> None: ...  # after a compile on this thread
+
+
+_INDEX_TIER: list = []
+
+
+def set_index_tier(tier: IndexTier | None) -> None:
+    """Install the index tier consulted before an eager op is lowered (None: none)."""
+    _INDEX_TIER[:] = [tier]
+
+
+def index_tier() -> IndexTier | None:
+    """The index tier (installed with the default disk tier, see `disk_tier`)."""
+    if not _INDEX_TIER:
+        disk_tier()
+    return _INDEX_TIER[0] if _INDEX_TIER else None
+
+
+def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
+                 relower: Callable | None = None) -> Any:
+    """The executable that the index tier holds for `index_key`, for `args` on
+    JAX device `device`, or None: one memory-tier miss served from disk
+    without lowering, counted and announced as `compile` does. `relower`
+    (a thunk giving the jax.stages.Lowered) goes with it for the debug tools,
+    which show a program's lowered stages on demand."""
+    index = index_tier()
+    if index is None:
+        return None
+    tier = disk_tier()
+    token = tier.begin() if tier is not None else None
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    compiled = None
+    try:
+        compiled = index.load(index_key, args, device)
+    finally:
+        seconds = time.perf_counter() - t0
+        if tier is not None:
+            if compiled is None:
+                tier.abort(token)
+            else:
+                source = tier.end(token, name, seconds, 0.0)
+    if compiled is None:
+        return None
+    try:
+        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
+        compiled.relower = relower
+    except AttributeError:
+        pass
+    record_compile(name, key, seconds, compiled, source if tier is not None else "disk")
+    return compiled
+
+
+def store_indexed(index_key: str | None, compiled: Any) -> None:
+    """Index `compiled`, just produced on this thread, under `index_key` (if any)."""
+    if index_key is None or compiled is None:
+        return
+    index = index_tier()
+    if index is not None:
+        try:
+            index.store(index_key, compiled)
+        except Exception:  # noqa: BLE001 - the program runs; only its index entry is lost
+            pass
+
+
 _COMPILE_HOOKS: list = []
 
 
@@ -446,14 +522,15 @@ def hooked_compile() -> Callable:
 
 
 def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None = None,  # noqa: A001
-            **jit_kwargs: Any) -> Any:
+            index_key: str | None = None, **jit_kwargs: Any) -> Any:
     """Trace, lower and compile `fn` for `args`: one memory-tier miss (not cached).
 
     The persistent tier sits under XLA compilation: on a disk hit the
     executable is loaded instead of compiled. `jit_kwargs` go to `jax.jit`
     (e.g. donate_argnums for compiled graphs). `opt_level`: the XLA
     optimization level (torch_tpu.runtime.opt_level; None: the process-wide
-    one), which the caller's `key` must hold. Callers that keep their own
+    one), which the caller's `key` must hold. `index_key`: the index tier's
+    key of this program (the executor's eager ops), indexed once compiled. Callers that keep their own
     entries (the executor, the graph tier) call this; others call
     `get_or_compile`.
     """
@@ -484,6 +561,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
         if tier is not None:
             source = tier.end(token, name, seconds,
                               (t1 - t0) if t1 is not None else seconds, compiled)
+    store_indexed(index_key, compiled)
     try:
         compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
     except AttributeError:  # an executable type without a __dict__

@@ -1,0 +1,98 @@
+"""Index entries: what lets a warm process skip lowering a program.
+
+JAX keys an executable on its lowered program, so finding one on disk needs
+the lowering. An index entry is a small JSON file in the disk tier, under a
+key that needs no lowering (a compiled graph's fingerprint, an eager op's
+executor key; see `graphs` and `eager`), holding the JAX cache key of the
+executable and what the runtime needs besides it (`meta`). A process that
+reads the entry loads the executable straight from the executable tier (JAX's
+own deserializer, after our checksum; no pickle).
+
+`Index` keeps one tier's counters and reads and writes its entries; anything
+wrong with an entry (malformed, its executable evicted, unloadable) is a
+miss, and the program is lowered as before.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+
+class Index:
+    """One index tier's entries and counters (hits: programs loaded without lowering)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = 0         # programs loaded without lowering
+        self.misses = 0       # lookups that found nothing usable
+        self.writes = 0       # index entries written
+        self.skipped = 0      # programs not indexed (not portable)
+        self.load_seconds = 0.0
+
+    def stats(self, enabled: bool) -> dict:
+        with self.lock:
+            return {"hits": self.hits, "misses": self.misses, "writes": self.writes,
+                    "skipped": self.skipped, "load_seconds": self.load_seconds,
+                    "enabled": enabled}
+
+    def count(self, hit: bool, seconds: float = 0.0) -> None:
+        with self.lock:
+            if hit:
+                self.hits += 1
+                self.load_seconds += seconds
+            else:
+                self.misses += 1
+
+    def skip(self) -> None:
+        with self.lock:
+            self.skipped += 1
+
+    def write(self, key: str, jax_key: str, meta: dict) -> bool:
+        """Write entry `key` -> (the executable under `jax_key`, meta); False
+        (counted as skipped) when `meta` is not plain JSON data."""
+        from . import disk_store
+
+        try:
+            blob = json.dumps({"jax_key": jax_key, "meta": meta}, sort_keys=True,
+                              allow_nan=True).encode()
+        except (TypeError, ValueError):
+            self.skip()
+            return False
+        disk_store().put(key, blob, count=False)
+        with self.lock:
+            self.writes += 1
+        return True
+
+    def read(self, key: str) -> tuple[str, dict] | None:
+        """(JAX key, meta) of entry `key`, or None (absent or malformed; not counted)."""
+        from . import disk_store
+
+        blob = disk_store().get(key, count=False)
+        if blob is None:
+            return None
+        try:
+            entry = json.loads(blob.decode())
+            jax_key, meta = entry["jax_key"], entry["meta"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+        if not isinstance(jax_key, str) or not isinstance(meta, dict):
+            return None
+        return jax_key, meta
+
+
+def executable(jax_key: str, device: Any) -> Any:
+    """The loaded executable stored under `jax_key` for JAX device `device`, or None."""
+    from jax._src import compilation_cache as cc
+    from jax._src.lib import xla_client as xc
+
+    try:
+        exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
+                                            xc.DeviceList((device,)))
+    except Exception:  # noqa: BLE001 - an entry this jaxlib cannot load: lower instead
+        return None
+    return exe
