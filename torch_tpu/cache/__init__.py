@@ -28,6 +28,12 @@ Tiers, looked up in order:
    warm process loads a graph's executable without tracing or lowering it
    (`torch_tpu.cache.graphs`; ``TORCH_TPU_GRAPH_CACHE=0`` turns it off).
    ``stats()["graph_disk"]`` counts its hits.
+4. **eager index** - the same for eager ops: from the executor's key (op,
+   argument signatures, device, dtype and precision settings, torch_tpu's
+   source hash) to the op's executable, so that a warm process runs an op
+   without tracing or lowering it (`torch_tpu.cache.eager`;
+   ``TORCH_TPU_EAGER_INDEX=0`` turns it off). ``stats()["eager_index"]``
+   counts its hits.
 
 The disk tier is JAX's persistent compilation cache machinery (its key covers
 the lowered program, compile options and shardings, devices, backend, jaxlib
