@@ -331,14 +331,18 @@ def _(LLAMA_ARGS, REPO, json, re, run_child, started, subprocess):
                                              flags=re.M)]
 
     def result(cmd, proc):
-        """Wait for a launched run; its command, exit code and losses."""
-        try:
-            stdout, stderr = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        return {"cmd": " ".join(cmd[1:]).replace(str(REPO) + "/", ""), "rc": proc.returncode,
-                "losses": _losses(stdout), "tail": (stdout + stderr)[-1500:]}
+        """Wait for a launched run; its command, exit code and losses (kept on
+        `proc`: re-running this cell shows the same runs)."""
+        if not hasattr(proc, "outcome"):
+            try:
+                stdout, stderr = proc.communicate(timeout=900)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            proc.outcome = {"cmd": " ".join(cmd[1:]).replace(str(REPO) + "/", ""),
+                            "rc": proc.returncode, "losses": _losses(stdout),
+                            "tail": (stdout + stderr)[-1500:]}
+        return proc.outcome
 
     def reference():
         """The single-process run: the example's main() in the child process of
