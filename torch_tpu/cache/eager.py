@@ -42,11 +42,10 @@ not consulted while a debug tool listens for lowered programs.
 from __future__ import annotations
 
 import enum
-import os
 import time
 from typing import Any
 
-from . import graphs
+from . import graphs, index
 from .index import Index, executable
 from .store import warn_once
 
@@ -55,13 +54,7 @@ STATS = Index()
 
 
 def enabled() -> bool:
-    from . import disk_store
-
-    if os.environ.get("TORCH_TPU_EAGER_INDEX", "1").strip() in ("0", "false", "False", "off"):
-        return False
-    if os.environ.get("TORCH_TPU_DUMP_DIR"):
-        return False
-    return disk_store().enabled
+    return index.enabled("TORCH_TPU_EAGER_INDEX")
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -260,12 +253,7 @@ def load(index_key: str, args: Any, device: Any) -> Any:
             compiled = _rebuild_or_none(exe, entry[1], args, device)
     STATS.count(compiled is not None, time.perf_counter() - t0)
     if compiled is not None:
-        # What JAX reports for a program it found in its cache (the debug
-        # tools' metrics and compile log count tiers by these events).
-        from jax import monitoring
-
-        monitoring.record_event("/jax/compilation_cache/compile_requests_use_cache")
-        monitoring.record_event("/jax/compilation_cache/cache_hits")
+        index.report_hit()
     return compiled
 
 
@@ -292,9 +280,9 @@ class Tier:
     def store(self, index_key: str, compiled: Any) -> None:
         """Index `compiled`, just compiled or loaded on this thread (its JAX key
         is the disk tier's last one here)."""
-        from . import disk_store
+        from . import last_compile_keys
 
-        keys = disk_store().last_keys
+        keys = last_compile_keys()
         if len(keys) == 1:
             store(index_key, keys[0], compiled)
 

@@ -33,6 +33,7 @@ import os
 import time
 from typing import Any
 
+from . import index
 from .index import Index, executable
 
 PREFIX = "torch_tpu-graph-v1:"
@@ -43,13 +44,7 @@ _source_fp = None
 
 
 def enabled() -> bool:
-    from . import disk_store
-
-    if os.environ.get("TORCH_TPU_GRAPH_CACHE", "1").strip() in ("0", "false", "False", "off"):
-        return False
-    if os.environ.get("TORCH_TPU_DUMP_DIR"):
-        return False
-    return disk_store().enabled
+    return index.enabled("TORCH_TPU_GRAPH_CACHE")
 
 
 def source_fingerprint() -> str:
@@ -156,3 +151,8 @@ def stats() -> dict:
 
 def reset_stats() -> None:
     STATS.reset()
+
+
+def report_hit() -> None:
+    """A graph loaded through this tier, reported as JAX reports its cache hits."""
+    index.report_hit()

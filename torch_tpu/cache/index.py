@@ -16,8 +16,34 @@ miss, and the program is lowered as before.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
+
+
+def enabled(switch: str) -> bool:
+    """Whether an index tier may be used: its switch (`switch`, e.g.
+    TORCH_TPU_GRAPH_CACHE) is not off, nothing is being dumped (dumping needs
+    the lowered program), and the disk tier is on."""
+    from . import disk_store
+
+    if os.environ.get(switch, "1").strip() in ("0", "false", "False", "off"):
+        return False
+    if os.environ.get("TORCH_TPU_DUMP_DIR"):
+        return False
+    return disk_store().enabled
+
+
+def report_hit() -> None:
+    """Tell JAX's monitoring that a program came from its cache, as JAX does for
+    the programs it finds there (the debug tools count tiers by these events)."""
+    try:
+        from jax import monitoring
+
+        monitoring.record_event("/jax/compilation_cache/compile_requests_use_cache")
+        monitoring.record_event("/jax/compilation_cache/cache_hits")
+    except Exception:  # noqa: BLE001 - pragma: no cover (an older JAX)
+        pass
 
 
 class Index:

@@ -463,13 +463,7 @@ class CompiledGraph:
         with _lock:
             GRAPH_STATS.disk_loads += 1
             GRAPH_STATS.load_seconds += seconds
-        try:
-            from jax import monitoring
-
-            monitoring.record_event("/jax/compilation_cache/compile_requests_use_cache")
-            monitoring.record_event("/jax/compilation_cache/cache_hits")
-        except Exception:  # pragma: no cover
-            pass
+        _graph_tier.report_hit()
         programs.record_compile(self.name, entry.key, seconds, prog, source)
         return True
 

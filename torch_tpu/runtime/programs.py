@@ -458,6 +458,7 @@ def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
     rss0 = _rss()
     t0 = time.perf_counter()
     compiled = None
+    source = "disk"
     try:
         compiled = index.load(index_key, args, device)
     finally:
@@ -474,7 +475,7 @@ def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
         compiled.relower = relower
     except AttributeError:
         pass
-    record_compile(name, key, seconds, compiled, source if tier is not None else "disk")
+    record_compile(name, key, seconds, compiled, source)
     return compiled
 
 
@@ -530,9 +531,9 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     (e.g. donate_argnums for compiled graphs). `opt_level`: the XLA
     optimization level (torch_tpu.runtime.opt_level; None: the process-wide
     one), which the caller's `key` must hold. `index_key`: the index tier's
-    key of this program (the executor's eager ops), indexed once compiled. Callers that keep their own
-    entries (the executor, the graph tier) call this; others call
-    `get_or_compile`.
+    key of this program (the executor's eager ops), indexed once compiled.
+    Callers that keep their own entries (the executor, the graph tier) call
+    this; others call `get_or_compile`.
     """
     # Lazy: this module loads at start-up (torch_tpu.cache imports it, under
     # the torch.compile wrapper) and must not import JAX there.
