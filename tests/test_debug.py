@@ -18,8 +18,14 @@ _shape_counter = iter(range(3, 10_000))
 
 
 def fresh_shape():
-    """A shape no other test uses: its ops compile (a cache miss) on first use."""
-    return (next(_shape_counter), 5)
+    """A shape no other test uses: its ops compile (a cache miss) on first use.
+
+    The second size is a prime no other test or OpInfo sample picks: with a
+    common one such as 5, a test file that ran earlier on the same worker
+    could already have compiled `x * x` at (3, 5), and the compile-log tests
+    saw no compile.
+    """
+    return (next(_shape_counter), 1021)
 
 
 # --------------------------------------------------------------------------
