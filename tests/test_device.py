@@ -410,3 +410,45 @@ def test_more_than_64_dims_round_trip():
     assert t.dim() == 65
     assert torch.equal(t.cpu(), x)
     assert torch.equal((t * 2).cpu(), x * 2)
+
+
+
+
+_EMPTY_DTYPES = [torch.float32, torch.bfloat16, torch.complex64, torch.bool, torch.int8,
+                 torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", _EMPTY_DTYPES)
+def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
+    """A new shape's zeros are copied from the host while its program compiles
+    in the background; once compiled, it is used. Without compile threads
+    the program compiles on first use. The memory is zeros on the device
+    asked for, either way."""
+    from torch_tpu.ops import core
+    from torch_tpu.runtime import async_compile, platform, storage
+
+    last = torch.tpu.device_count() - 1
+    as_number = torch.complex64 if dtype.is_complex else torch.float32
+
+    def make(shape, index):
+        t = torch.empty(shape, dtype=dtype, device=f"tpu:{index}")
+        assert t.device == torch.device("tpu", index)
+        assert storage.data_of(t).array.devices() == {platform.jax_device(index)}
+        assert not t.cpu().to(as_number).any()
+
+    shape = (3, 7919 + _EMPTY_DTYPES.index(dtype))
+    for index in {0, last}:
+        key = (shape, dtype, index)
+        make(shape, index)
+        assert key not in core._zeros_cache
+        compiling = core._zeros_compiling[key]
+        make(shape, index)  # still compiling, or just done: a copy either way
+        compiling.result(timeout=120)
+        make(shape, index)
+        assert key in core._zeros_cache and key not in core._zeros_compiling
+        make(shape, index)
+
+    monkeypatch.setattr(async_compile, "ENABLED", False)
+    shape = (5, 7919 + _EMPTY_DTYPES.index(dtype))
+    make(shape, 0)
+    assert (shape, dtype, 0) in core._zeros_cache
