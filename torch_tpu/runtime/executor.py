@@ -323,7 +323,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
 
             native.setup_kernel(sys.modules[__name__], fused, _olevel,
                                 precision._jax_precision_state, precision.cache_token,
-                                _fast_spec, type(jnp.zeros(())))
+                                _fast_spec, platform.array_class())
             # Its hits are counted in C++ and read back with the statistics.
             STATS.native_counts = getattr(native, "take_stats", None)
             # The kernel's memo of recent hits holds entries: emptied whenever

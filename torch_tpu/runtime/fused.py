@@ -668,7 +668,7 @@ def _donatable(ext: list, live_nodes: list) -> tuple:
     if not _DONATE:
         return ()
     getref = sys.getrefcount
-    jarray = _ARRAY_TYPE
+    jarray = platform.array_class()
     out = []
     outputs: dict | None = None  # (shape, dtype) -> outputs left to take a buffer
     for i in range(len(ext)):
@@ -683,9 +683,6 @@ def _donatable(ext: list, live_nodes: list) -> tuple:
                 outputs[k] -= 1
                 out.append(i)
     return tuple(out)
-
-
-_ARRAY_TYPE = type(jnp.zeros(()))
 
 
 def _compile(key: tuple, fn: Any, args: tuple, donate: tuple, device: int) -> Any:
