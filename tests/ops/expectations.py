@@ -3,7 +3,12 @@
 TOLERANCES: {(op_name, dtype): (atol, rtol, reason)}; a key may carry a third
 element, the kind ("forward" or "grad"), to loosen only that kind. Entries
 apply to every sample of the op in that dtype; the default is
-torch.testing.assert_close's per-dtype tolerance.
+torch.testing.assert_close's per-dtype tolerance. bfloat16 and float16
+results that miss it are also judged against a float64 run of the sample
+(harness.no_less_accurate_than_cpu): CPU's half kernels accumulate in the
+half type or in float32 depending on the kernel and the host's CPU, so a
+per-op tolerance measured on one host failed on another; none is needed
+where the tpu is at least as accurate as CPU.
 
 XFAILS: {(op_name, dtype, kind): reason}, kind in ("forward", "grad"). The
 test is marked xfail(strict=True): an op that starts passing fails the run
@@ -16,13 +21,6 @@ op_name is the OpInfo name, plus "." and the variant_test_name if any.
 
 _SUM_ORDER = ("float32 sums of products in a different order than CPU's BLAS/oneDNN "
               "kernels (XLA:CPU dot/conv): rounding only, measured <= 1.3e-4")
-_BF16_ULP = ("bfloat16 result within one or two bf16 ulps of the operands' scale "
-             "(CPU computes in float32 and rounds once; intermediate rounding or "
-             "reduction order differs); measured <= {}")
-
-_HALF_ACC = ("CPU's half-precision kernel accumulates in the half type; the tpu accumulates "
-             "in float32 and rounds once, as CUDA and XLA do (tests/test_ops_nn_extra.py "
-             "checks that it is at least as close to float64 as CPU's)")
 
 TOLERANCES = {
     ("fft.hfft2", "float32"): (
@@ -77,55 +75,7 @@ TOLERANCES = {
     ("stft", "float32", "grad"): (
         1e-4, 1e-5, "FFT sums in another order (XLA:CPU ducc vs PocketFFT), measured 4.6e-5 "
         "abs (2.8e-6 rel) on 1 of 16"),
-    ("nn.functional.embedding_bag", "bfloat16"): (
-        0.004, 0.016, _BF16_ULP.format(0.002) + " (a bag sum near zero)"),
-    # bfloat16: one-ulp effects around cancellation and normalization
-    ("cross", "bfloat16"): (
-        0.07, 0.016, "a*b - c*d cancels: products rounded differently, one bf16 ulp of "
-        "the products (measured 0.0625)"),
-    ("linalg.cross", "bfloat16"): (
-        0.07, 0.016, "a*b - c*d cancels: products rounded differently, one bf16 ulp of "
-        "the products (measured 0.0625)"),
-    ("log_softmax", "bfloat16"): (0.01, 0.016, "x - logsumexp(x) cancels to ~0; " +
-                                  _BF16_ULP.format(0.0038)),
-    ("masked.log_softmax", "bfloat16"): (0.01, 0.016, "x - logsumexp(x) cancels to ~0; " +
-                                         _BF16_ULP.format(0.0038)),
-    ("native_batch_norm", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
-    ("_native_batch_norm_legit", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
-    ("_batch_norm_with_update", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
-    ("nn.functional.batch_norm", "bfloat16"): (0.01, 0.016, _BF16_ULP.format(0.0078)),
-    ("nn.functional.instance_norm", "bfloat16"): (0.03, 0.016, _BF16_ULP.format(0.024)),
-    ("nn.functional.interpolate.linear", "bfloat16"): (0.02, 0.016, _BF16_ULP.format(0.0107)),
-    ("nn.functional.interpolate.trilinear", "bfloat16"): (0.02, 0.016,
-                                                          _BF16_ULP.format(0.0156)),
-    ("nn.functional.interpolate.area", "bfloat16"): (0.02, 0.016, _BF16_ULP.format(0.0137)),
-    ("nn.functional.interpolate.bicubic", "bfloat16"): (0.03, 0.016,
-                                                        _BF16_ULP.format(0.0195)),
-    ("nn.functional.linear_cross_entropy", "bfloat16"): (
-        1e-4, 0.016, "a loss that is ~0: absolute error 7.4e-5"),
-    # CPU's half-type accumulation vs float32 on the tpu (see _HALF_ACC)
-    ("nn.functional.adaptive_avg_pool3d", "bfloat16"): (
-        0.03, 0.016, _HALF_ACC + ": windows summed in bfloat16; measured 0.0234"),
-    ("nn.functional.conv_transpose2d", "bfloat16"): (
-        0.25, 0.016, _HALF_ACC + ": CPU's slow_conv_transpose (taken where oneDNN lacks "
-        "output_padding >= stride) adds each kernel offset's columns in bfloat16; "
-        "measured 0.1875 on outputs up to ~40"),
-    ("nn.functional.conv_transpose1d", "bfloat16"): (
-        0.125, 0.016, _HALF_ACC + ": as conv_transpose2d, on hosts whose CPU takes that path "
-        "(an AVX2-only EPYC, 2026-12-05): measured 0.094 on outputs up to ~117, where "
-        "against float64 CPU is 0.29 off and the tpu 0.21"),
-    ("nn.functional.conv_transpose3d", "bfloat16"): (
-        8.0, 0.016, _HALF_ACC + ": as conv_transpose2d; measured 0.375, and 8.0 (two "
-        "bfloat16 ulps) on outputs up to ~890 on an AVX2-only EPYC host (2026-12-05), where "
-        "against float64 CPU is 7.5 off and the tpu 2.0"),
-    ("nn.functional.nll_loss", "bfloat16"): (
-        0.004, 0.04, _HALF_ACC + ": a 16-way cascade of bfloat16 partial sums; measured "
-        "0.00195 abs (3.2e-2 rel) on a mean loss of ~0.06"),
     # exact zeros where CPU has rounding noise
-    ("native_layer_norm", "bfloat16", "forward"): (
-        2e-3, 0.016, "a one-element row: x - mean is exactly 0, so the output is the bias; "
-        "CPU's fma(x, rstd, -rstd * mean) leaves the rounding error of rstd * mean "
-        "(measured 1.04e-3 after the weight)"),
     ("native_layer_norm", "float32", "grad"): (
         2e-4, 1.3e-6, "a one-element row: the weight gradient is exactly 0 on the tpu, CPU's is "
         "the rounding error of rstd * mean times the incoming gradient (measured 1.1e-4)"),
@@ -140,13 +90,6 @@ TOLERANCES = {
         5e-4, 1e-5, "grid gradient (values up to ~675): sums of products in another order; "
         "measured 2.8e-4 between CPU and tpu, while CPU's float32 is 6.3e-4 from float64 "
         "and ours 4.8e-4"),
-    ("add", "float16", "forward"): (
-        1e-3, 2e-3, "with alpha != 1 CPU's half kernel rounds alpha * other to half before "
-        "adding; the tpu rounds once (float32 opmath, as CUDA): measured one half ulp "
-        "(9.8e-4 at 0.44, 1/25 elements)"),
-    ("sub", "float16", "forward"): (
-        2e-3, 2e-3, "as add float16 (alpha * other rounded to half first on CPU); measured "
-        "2.0e-3 at 1.08, 2/25 elements"),
     ("nn.functional.multi_head_attention_forward", "float32", "forward"): (
         0.03, 5e-5, "outputs ~1600 from inputs ~9 through three projections: CPU's float32 "
         "result is itself 0.0122 from float64, ours 0.0087; measured 0.0209 abs (3.4e-5 rel) "
@@ -156,22 +99,10 @@ TOLERANCES = {
 XFAILS = {
     ('__rpow__', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/50 elements, max abs diff 1117.7119140625 (allowed 1e-05), max rel diff 1.535497744953318e-06 (allowed 1.3e-06)',
-    ('_batch_norm_with_update', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 6/125 elements, max abs diff 0.000732421875 (allowed 1e-05), max rel diff 0.00908660888671875 (allowed 0.001), output [0]',
-    ('_native_batch_norm_legit', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 6/125 elements, max abs diff 0.000732421875 (allowed 1e-05), max rel diff 0.00908660888671875 (allowed 0.001), output [0]',
     ('baddbmm', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 2/250 elements, max abs diff 4.3494241253938526e-05 (allowed 1e-05), max rel diff 9.422655239177402e-06 (allowed 1.3e-06)',
-    ('cross', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 5/75 elements, max abs diff 0.005859375 (allowed 1e-05), max rel diff 0.0026416778564453125 (allowed 0.001)',
     ('fft.hfft2', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 5/360 elements, max abs diff 3.0517578125e-05 (allowed 1e-05), max rel diff 1.854599395301193e-05 (allowed 1.3e-06)',
-    ('grid_sampler_2d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 188/780 elements, max abs diff 0.01904296875 (allowed 1e-05), max rel diff 0.87353515625 (allowed 0.001)',
-    ('grid_sampler_3d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 18788/1168860 elements, max abs diff 0.01220703125 (allowed 1e-05), max rel diff 182.0 (allowed 0.001)',
-    ('linalg.cross', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 5/75 elements, max abs diff 0.005859375 (allowed 1e-05), max rel diff 0.0026416778564453125 (allowed 0.001)',
     ('linalg.ldl_factor', 'complex64', 'forward'):
         'no lowering: aten.linalg_ldl_factor_ex.default',
     ('linalg.ldl_factor_ex', 'complex64', 'forward'):
@@ -182,58 +113,22 @@ XFAILS = {
         'mismatch (forward sample N): Tensor-likes are not close!, 1/50 elements, max abs diff 0.015625 (allowed 1e-05), max rel diff 0.0010728836059570312 (allowed 0.001)',
     ('linspace.tensor_overload', 'float16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/50 elements, max abs diff 0.015625 (allowed 1e-05), max rel diff 0.0010728836059570312 (allowed 0.001)',
-    ('log_softmax', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/25 elements, max abs diff 0.0001926422119140625 (allowed 1e-05), max rel diff 0.049407958984375 (allowed 0.001)',
-    ('masked.log_softmax', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/25 elements, max abs diff 0.0001926422119140625 (allowed 1e-05), max rel diff 0.049407958984375 (allowed 0.001)',
     ('matrix_exp', 'bfloat16', 'forward'):
         "CPU's bfloat16 matrix_exp is wrong: NaN here, and e.g. exp(0.01 * I) is NaN, exp(0.5 * I) -1.3e30; the tpu's result is finite and matches float64 within bfloat16 rounding",
     ('matrix_exp', 'float16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 25/25 elements, max abs diff nan (allowed 1e-05), max rel diff nan (allowed 0.001)',
     ('matrix_exp', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 6/25 elements, max abs diff 1.8895916938781738 (allowed 1e-05), max rel diff 1.4924419247108744e-06 (allowed 1.3e-06)',
-    ('native_batch_norm', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 6/125 elements, max abs diff 0.000732421875 (allowed 1e-05), max rel diff 0.00908660888671875 (allowed 0.001), output [0]',
-    ('native_layer_norm', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/1 elements, max abs diff 0.0007600784301757812 (allowed 1e-05), max rel diff 1.0 (allowed 0.001), output [0]',
-    ('nn.functional.adaptive_avg_pool3d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 199/1120 elements, max abs diff 0.00390625 (allowed 1e-05), max rel diff 0.10418701171875 (allowed 0.001)',
-    ('nn.functional.batch_norm', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 6/125 elements, max abs diff 0.000732421875 (allowed 1e-05), max rel diff 0.00908660888671875 (allowed 0.001)',
     ('nn.functional.conv2d', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 1/192 elements, max abs diff 1.3486991520039737e-05 (allowed 1e-05), max rel diff 6.113535164331552e-06 (allowed 1.3e-06)',
     ('nn.functional.conv3d', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 3/1320 elements, max abs diff 4.825252835871652e-05 (allowed 1e-05), max rel diff 8.29637428978458e-06 (allowed 1.3e-06)',
-    ('nn.functional.conv_transpose1d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/18 elements, max abs diff 0.0078125 (allowed 1e-05), max rel diff 0.00116729736328125 (allowed 0.001)',
-    ('nn.functional.conv_transpose2d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 8/108 elements, max abs diff 0.25 (allowed 1e-05), max rel diff 0.006084442138671875 (allowed 0.001)',
-    ('nn.functional.conv_transpose3d', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 77/648 elements, max abs diff 0.25 (allowed 1e-05), max rel diff 1.634765625 (allowed 0.001)',
     ('nn.functional.conv_transpose3d', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 2/648 elements, max abs diff 2.412626417935826e-05 (allowed 1e-05), max rel diff 5.125169991515577e-06 (allowed 1.3e-06)',
-    ('nn.functional.embedding_bag', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 2/10 elements, max abs diff 0.0009765625 (allowed 1e-05), max rel diff 0.0027256011962890625 (allowed 0.001)',
-    ('nn.functional.grid_sample', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 33/150 elements, max abs diff 0.00341796875 (allowed 1e-05), max rel diff 0.046142578125 (allowed 0.001)',
-    ('nn.functional.instance_norm', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 6/125 elements, max abs diff 0.001953125 (allowed 1e-05), max rel diff 0.0180206298828125 (allowed 0.001)',
-    ('nn.functional.interpolate.area', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 52/750 elements, max abs diff 0.00390625 (allowed 1e-05), max rel diff 0.0234375 (allowed 0.001)',
-    ('nn.functional.interpolate.bicubic', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/72 elements, max abs diff 0.00048828125 (allowed 1e-05), max rel diff 0.0010814666748046875 (allowed 0.001)',
-    ('nn.functional.linear_cross_entropy', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/8 elements, max abs diff 7.152557373046875e-05 (allowed 1e-05), max rel diff inf (allowed 0.001)',
     ('nn.functional.linear_cross_entropy.chunked_none', 'bfloat16', 'forward'):
         "PyTorch's LinearCrossEntropyOptions picks the algorithm per device type: CPU gets 'accurate' (float32 accumulation), other devices 'compact' (bfloat16 accumulation); the tpu equals CPU run with acc_policy='compact' exactly",
     ('nn.functional.linear_cross_entropy.chunked_none', 'float16', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 2/8 elements, max abs diff 0.0006103515625 (allowed 1e-05), max rel diff 0.00946044921875 (allowed 0.001)',
-    ('nn.functional.mse_loss', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/5 elements, max abs diff 0.03125 (allowed 1e-05), max rel diff 0.0012941360473632812 (allowed 0.001)',
-    ('nn.functional.nll_loss', 'float16', 'forward'):
-        'mismatch (forward sample N): Scalars are not close!, abs diff 0.000244140625 (allowed 1e-05), rel diff 0.004166666666666667 (allowed 0.001)',
-    ('nn.functional.scaled_dot_product_attention', 'float16', 'forward'):
-        'mismatch (forward sample N): Tensor-likes are not close!, 1/96 elements, max abs diff 0.0009765625 (allowed 1e-05), max rel diff 0.0013875961303710938 (allowed 0.001)',
     ('pow', 'complex64', 'forward'):
         'mismatch (forward sample N): Tensor-likes are not close!, 5/50 elements, max abs diff 0.02931314706802368 (allowed 1e-05), max rel diff 2.3584404971188633e-06 (allowed 1.3e-06)',
     ('sparse.mm.reduce', 'float32', 'forward'):

@@ -103,3 +103,48 @@ def test_fallback_switch_is_read_at_call_time():
         with harness.cpu_fallback(True):
             assert fallback.cpu_fallback_enabled()
         assert not fallback.cpu_fallback_enabled()
+
+
+def _judge(actual, expected, exact, dtype=torch.bfloat16, op="add"):
+    return harness.no_less_accurate_than_cpu(op, actual, expected, exact, dtype, {})
+
+
+def test_half_rule_passes_only_results_as_accurate_as_cpu():
+    """bfloat16/float16 results outside the tolerance pass only when they are
+    no further from the float64 result than CPU's, element by element."""
+    exact = torch.tensor([100.3, 0.5, -7.0], dtype=torch.float64)
+    cpu = torch.tensor([98.0, 0.5, -7.0], dtype=torch.bfloat16)  # CPU 2.3 off (half sums)
+    closer = torch.tensor([100.0, 0.5, -7.0], dtype=torch.bfloat16)
+    assert _judge(closer, cpu, exact)
+    # as far off as CPU on the other side: passes; further: fails
+    assert _judge(torch.tensor([102.5, 0.5, -7.0], dtype=torch.bfloat16), cpu, exact)
+    # bound: 2.3 + rtol 0.016 * 100.3 = 3.9
+    assert not _judge(torch.tensor([106.0, 0.5, -7.0], dtype=torch.bfloat16), cpu, exact)
+    # where CPU is exact, a one-tolerance error is the most the tpu may add
+    assert not _judge(torch.tensor([100.0, 0.53, -7.0], dtype=torch.bfloat16), cpu, exact)
+    # wrong dtype or shape: never
+    assert not _judge(closer.float(), cpu, exact)
+    assert not _judge(closer[:2], cpu, exact)
+
+
+def test_half_rule_needs_exact_agreement_where_cpu_is_not_finite():
+    exact = torch.tensor([1e40, 1.0], dtype=torch.float64)  # beyond float16's range
+    cpu = torch.tensor([float("inf"), 1.0], dtype=torch.float16)
+    assert _judge(cpu.clone(), cpu, exact, torch.float16)
+    assert not _judge(torch.tensor([0.0, 1.0], dtype=torch.float16), cpu, exact, torch.float16)
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.float16)
+    assert _judge(nan.clone(), nan, exact, torch.float16)
+    assert not _judge(torch.tensor([5.0, 1.0], dtype=torch.float16), nan, exact, torch.float16)
+
+
+def test_half_rule_scope():
+    """Only half dtypes, only with a float64 run, never for precision-defined
+    ops, and integer outputs must match exactly."""
+    exact = torch.tensor([1.0], dtype=torch.float64)
+    cpu, tpu = torch.tensor([1.5]), torch.tensor([1.0])
+    assert not _judge(tpu, cpu, exact, torch.float32)
+    assert not _judge(tpu.bfloat16(), cpu.bfloat16(), None)
+    assert not _judge(tpu.bfloat16(), cpu.bfloat16(), exact, op="nextafter")
+    idx_cpu, idx_tpu = torch.tensor([2]), torch.tensor([3])
+    assert not _judge((tpu.bfloat16(), idx_tpu), (cpu.bfloat16(), idx_cpu), (exact, idx_cpu))
+    assert _judge((tpu.bfloat16(), idx_cpu), (cpu.bfloat16(), idx_cpu), (exact, idx_cpu))
