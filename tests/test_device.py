@@ -412,8 +412,6 @@ def test_more_than_64_dims_round_trip():
     assert torch.equal((t * 2).cpu(), x * 2)
 
 
-
-
 _EMPTY_DTYPES = [torch.float32, torch.bfloat16, torch.complex64, torch.bool, torch.int8,
                  torch.float8_e4m3fn]
 

@@ -164,8 +164,7 @@ def _zeros(shape, dtype: torch.dtype, index: int):
         if pending is None:
             _zeros_compiling[key] = async_compile.compile_pool().submit(
                 _zeros_program, shape, jd, index)
-            return jax.device_put(np.zeros(shape, jd), platform.jax_device(index))
-        if not pending.done():
+        if pending is None or not pending.done():
             return jax.device_put(np.zeros(shape, jd), platform.jax_device(index))
         del _zeros_compiling[key]
         if pending.exception() is None:
