@@ -9,7 +9,9 @@ A run is `pytest -n 2 tests/ops --opinfo-results <file>` with the CPU
 fallback disabled (TORCH_TPU_CPU_FALLBACK=0, the harness's default), so an op
 that needs the CPU counts as failing. `--fallback-results` adds a run made
 with `--cpu-fallback` (the issue's "100 % produce a result or the same
-exception type" check).
+exception type" check). `--with-fallback-run` makes that run itself, over
+the native run's failures only: a test that passes with the fallback
+disabled never reached the fallback, so enabling it cannot change the result.
 
 It prints the counts issue 4 is judged by (float32 forward, float32
 gradients, bfloat16 forward; random OpInfo entries and CUDA-only jiterator
@@ -37,10 +39,12 @@ SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64",
          "int32": "i32", "bool": "bool", "complex64": "c64"}
 
 
-def run_pytest(all_dtypes, fallback, extra, workers=2, files=("tests/ops/test_opinfo.py",)):
+def run_pytest(all_dtypes, fallback, extra, workers=2, files=("tests/ops/test_opinfo.py",),
+               nodeids=None):
     fd, path = tempfile.mkstemp(suffix=".json", prefix="opinfo-")
     os.close(fd)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           *(nodeids if nodeids is not None else files),
            f"--opinfo-results={path}", "-rN", "--no-header"]
     if workers > 1:
         cmd += ["-n", str(workers)]
@@ -49,7 +53,9 @@ def run_pytest(all_dtypes, fallback, extra, workers=2, files=("tests/ops/test_op
     if fallback:
         cmd += ["--cpu-fallback"]
     cmd += list(extra)
-    print("running:", " ".join(cmd), flush=True)
+    shown = cmd if nodeids is None else [a for a in cmd if a not in set(nodeids)]
+    print("running:", " ".join(shown), *([f"({len(nodeids)} tests by node id)"] if nodeids
+                                          is not None else []), flush=True)
     env = dict(os.environ)
     env.pop("TORCH_TPU_CPU_FALLBACK", None)
     subprocess.run(cmd, cwd=ROOT, env=env, check=False)
@@ -70,6 +76,24 @@ def load(paths):
     for r in recs:
         by_key[(r["op"], r["dtype"], r["kind"])] = r
     return by_key
+
+
+def failed_nodeids(paths):
+    """The node ids of the failing (or expected-failing) tests of result files `paths`."""
+    ids = []
+    for p in paths:
+        with open(p) as f:
+            ids += [r["nodeid"] for r in json.load(f)["records"]
+                    if r["kind"] in ("forward", "grad") and failed(r)]
+    return sorted(set(ids))
+
+
+def with_native_passes(fallback, native):
+    """Fallback results over the native run's tests: the fallback run's records,
+    and the native passes (which never reached the fallback) as they are."""
+    out = {k: r for k, r in native.items() if passed(r)}
+    out.update(fallback)
+    return out
 
 
 def passed(rec):
@@ -281,8 +305,12 @@ def main(argv=None):
 
     paths = args.results or [run_pytest(args.all, False, args.pytest_args, args.workers)]
     fb_paths = args.fallback_results
+    fb_failures_only = False
     if fb_paths is None and args.with_fallback_run:
-        fb_paths = [run_pytest(args.all, True, args.pytest_args, args.workers)]
+        fb_failures_only = True
+        ids = failed_nodeids(paths)
+        fb_paths = ([run_pytest(args.all, True, args.pytest_args, args.workers, nodeids=ids)]
+                    if ids else [])
 
     sys.path.insert(0, ROOT)
     import torch
@@ -294,8 +322,10 @@ def main(argv=None):
     results = load(paths)
     sums = summary(cases, results, random_ops)
     fb_sum = None
-    if fb_paths:
+    if fb_paths or fb_failures_only:
         fbr = load(fb_paths)
+        if fb_failures_only:
+            fbr = with_native_passes(fbr, results)
         fb_sum = (sum(passed(r) for r in fbr.values()), len(fbr))
 
     try:
@@ -305,7 +335,7 @@ def main(argv=None):
         commit = "?"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "commit": commit}
-    write_page(args.output, cases, results, fb_paths and fbr, random_ops, sums, fb_sum, meta)
+    write_page(args.output, cases, results, fbr if fb_sum is not None else None, random_ops, sums, fb_sum, meta)
 
     n_ops = len({c[0] for c in cases})
     print(f"OpInfo entries tested: {n_ops} (op_db {len(harness.op_db)}, "

@@ -50,3 +50,42 @@ def test_page_counts_and_documented_reasons(tmp_path):
     assert "*Expected failure:* CPU's bfloat16 matrix_exp is wrong" in page
     assert page.count("*Expected failure:*") == 1
     assert "- `aten._sparse_mm_reduce_impl.default`: 1" in page
+
+
+def test_fallback_run_reruns_only_the_native_failures(tmp_path):
+    """`--with-fallback-run` re-runs the failing tests only; native passes count as
+    fallback passes (they never reached the fallback)."""
+    tool = _tool()
+    native, out = tmp_path / "r.json", tmp_path / "ops.md"
+    bad = "mismatch (forward sample 3): Tensor-likes are not close!"
+    _write(native, False, [
+        _rec("add", "float32", "forward", "passed", native=["aten.add.Tensor"]),
+        _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
+        _rec("sparse.mm.reduce", "float32", "forward", "xfailed",
+             "no lowering: aten._sparse_mm_reduce_impl.default"),
+    ])
+    calls = []
+
+    def fake_run(all_dtypes, fallback, extra, workers=2, files=(), nodeids=None):
+        calls.append((fallback, nodeids))
+        path = tmp_path / "rf.json"
+        _write(path, True, [
+            _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
+            _rec("sparse.mm.reduce", "float32", "forward", "passed"),
+        ])
+        return str(path)
+
+    tool.run_pytest = fake_run
+    tool.main(["--from", str(native), "--with-fallback-run", "-o", str(out)])
+    assert calls == [(True, ["x::matrix_exp-bfloat16-forward",
+                             "x::sparse.mm.reduce-float32-forward"])]
+    page = out.read_text()
+    assert "With the CPU fallback on: 2 of 3 tests" in page
+    assert "The others: `matrix_exp` bfloat16 forward" in page
+
+    # Nothing failed natively: no fallback run, every test counts as passing.
+    calls.clear()
+    _write(native, False, [_rec("add", "float32", "forward", "passed")])
+    tool.main(["--from", str(native), "--with-fallback-run", "-o", str(out)])
+    assert calls == []
+    assert "With the CPU fallback on: 1 of 1 tests" in out.read_text()
