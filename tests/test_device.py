@@ -423,7 +423,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
     the program compiles on first use. The memory is zeros on the device
     asked for, either way."""
     from torch_tpu.ops import core
-    from torch_tpu.runtime import async_compile, platform, storage
+    from torch_tpu.runtime import async_compile, platform, programs, storage
 
     last = torch.tpu.device_count() - 1
     as_number = torch.complex64 if dtype.is_complex else torch.float32
@@ -434,19 +434,51 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
         assert storage.data_of(t).array.devices() == {platform.jax_device(index)}
         assert not t.cpu().to(as_number).any()
 
+    def cached(key):
+        return programs.peek(key) is not None
+
     shape = (3, 7919 + _EMPTY_DTYPES.index(dtype))
     for index in {0, last}:
-        key = (shape, dtype, index)
+        key = (programs.ProgramKind.ZEROS, shape, dtype, index)
         make(shape, index)
-        assert key not in core._zeros_cache
+        assert not cached(key)
         compiling = core._zeros_compiling[key]
         make(shape, index)  # still compiling, or just done: a copy either way
         compiling.result(timeout=120)
         make(shape, index)
-        assert key in core._zeros_cache and key not in core._zeros_compiling
+        assert cached(key) and key not in core._zeros_compiling
         make(shape, index)
 
     monkeypatch.setattr(async_compile, "ENABLED", False)
     shape = (5, 7919 + _EMPTY_DTYPES.index(dtype))
     make(shape, 0)
-    assert (shape, dtype, 0) in core._zeros_cache
+    assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0))
+
+
+def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
+    """Zeros programs of many shapes (shape churn) live in the one program
+    cache and leave it with its LRU bound; finished background compiles of
+    shapes never asked for again do not pile up either."""
+    from torch_tpu.ops import core
+    from torch_tpu.runtime import async_compile, programs
+
+    shapes = [(2, 6007 + i) for i in range(6)]
+    for shape in shapes:
+        torch.empty(shape, device="tpu")  # a copy; the program compiles in the background
+    for shape in shapes:
+        key = (programs.ProgramKind.ZEROS, shape, torch.float32, 0)
+        pending = core._zeros_compiling.get(key)
+        if pending is not None:
+            pending.result(timeout=120)
+    torch.empty((2, 6100), device="tpu")  # a miss: the finished compiles move to the cache
+    keys = [(programs.ProgramKind.ZEROS, s, torch.float32, 0) for s in shapes]
+    assert not any(k in core._zeros_compiling for k in keys)
+    assert all(programs.peek(k) is not None for k in keys)
+
+    monkeypatch.setenv("TORCH_TPU_CACHE_SIZE", "3")
+    monkeypatch.setattr(async_compile, "ENABLED", False)
+    t = torch.empty((2, 6101), device="tpu")  # compiled and inserted at once
+    assert len(programs._CACHE) <= 3
+    assert sum(programs.peek(k) is not None for k in keys) <= 3
+    monkeypatch.delenv("TORCH_TPU_CACHE_SIZE")
+    assert not t.cpu().any()

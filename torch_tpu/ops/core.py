@@ -141,19 +141,35 @@ def _device_index(device) -> int:
 # warm of host time. Buffers above _ZEROS_TRANSFER_MAX are never copied
 # (no large host allocation); without compile threads (TORCH_TPU_COMPILE_
 # THREADS=0, TORCH_TPU_LAUNCH_BLOCKING=1) every shape compiles on first use.
+# The compiled programs live in the program cache (runtime.programs), under
+# (ProgramKind.ZEROS, shape, dtype, device), bounded with every other program;
+# finished background compiles move there on the next miss.
 _ZEROS_TRANSFER_MAX = 64 << 20
-_zeros_cache: dict = {}  # key -> compiled program
 _zeros_compiling: dict = {}  # key -> Future of its compiled program
 
 
 def _zeros_program(shape, jd, index):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
-    return jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower().compile()
+    compiled = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower().compile()
+    try:
+        compiled._torch_tpu_bytes = programs.footprint(programs.ProgramKind.ZEROS.value, compiled)
+    except AttributeError:
+        pass
+    return compiled
+
+
+def _zeros_settle() -> None:
+    """Move the finished background zeros compiles into the program cache (a
+    failed one stays, for its own shape's next call to raise)."""
+    for key, pending in list(_zeros_compiling.items()):
+        if pending.done() and pending.exception() is None:
+            del _zeros_compiling[key]
+            programs.insert(key, pending.result())
 
 
 def _zeros(shape, dtype: torch.dtype, index: int):
-    key = (shape, dtype, index)
-    fn = _zeros_cache.get(key)
+    key = (programs.ProgramKind.ZEROS, shape, dtype, index)
+    fn = programs.peek(key)
     if fn is not None:
         return fn()
     jd = st.jax_dtype(dtype)
@@ -161,17 +177,20 @@ def _zeros(shape, dtype: torch.dtype, index: int):
 
     if async_compile.ENABLED and math.prod(shape) * dtype.itemsize <= _ZEROS_TRANSFER_MAX:
         pending = _zeros_compiling.get(key)
-        if pending is None:
-            _zeros_compiling[key] = async_compile.compile_pool().submit(
-                _zeros_program, shape, jd, index)
         if pending is None or not pending.done():
+            _zeros_settle()
+            if pending is None:
+                _zeros_compiling[key] = async_compile.compile_pool().submit(
+                    _zeros_program, shape, jd, index)
             return jax.device_put(np.zeros(shape, jd), platform.jax_device(index))
         del _zeros_compiling[key]
         if pending.exception() is None:
-            fn = _zeros_cache[key] = pending.result()
+            fn = pending.result()
+            programs.insert(key, fn)
             return fn()
         # The compile failed: compiling here raises its error for this op.
-    fn = _zeros_cache[key] = _zeros_program(shape, jd, index)
+    fn = _zeros_program(shape, jd, index)
+    programs.insert(key, fn)
     return fn()
 
 

@@ -61,6 +61,7 @@ class ProgramKind(str, enum.Enum):
     PAD = "pad_to_bucket"        # dynamic-shape padding (compile.padding)
     UNPAD = "unpad_from_bucket"
     FUSED = "fused_eager"        # a fused eager mode trace (runtime.fused)
+    ZEROS = "zeros"              # a zero-filled buffer of one shape (ops.core._zeros)
 
     # Enum's own __hash__ is Python code (hash of the name), run on every
     # lookup of a key holding a kind: the str's C hash is equal-consistent
@@ -316,6 +317,21 @@ def lookup(key: Any) -> Any:
         STATS.hits += 1
         _CACHE.move_to_end(key)
     return entry
+
+
+def peek(key: Any) -> Any:
+    """`lookup` without counting a request: for programs compiled outside
+    `compile` (the zeros programs, ops.core), which count no miss either."""
+    entry = _CACHE.get(key)
+    if entry is not None:
+        _CACHE.move_to_end(key)
+    return entry
+
+
+def footprint(name: str, compiled: Any) -> int:
+    """The bytes `insert` charges for `compiled`, a program compiled outside
+    `compile` (which measures its own)."""
+    return _footprint(name, 0, compiled)
 
 
 def insert(key: Any, entry: Any) -> None:
