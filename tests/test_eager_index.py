@@ -141,6 +141,43 @@ def test_key_parts_without_a_stable_text_are_not_indexed():
     assert eager.key_for(key + (object(),)) is None
 
 
+
+def test_a_new_process_prefetches_what_the_last_one_asked_for(cache_dir, ab, monkeypatch):
+    """The sequence of lookups is stored under the first one; a new process
+    (reset) whose first lookup matches loads the rest ahead of the ops, which
+    take them from memory: nothing lowered, the same values. A damaged
+    sequence entry prefetches nothing and changes nothing."""
+    from torch_tpu.cache import prefetch
+
+    a, b = ab
+    prefetch.reset()
+    cold = _run_fresh(a, b)
+    recorded = prefetch.stats()["recorded"]
+    assert recorded >= 4 and prefetch.stats()["listed"] == 0
+    prefetch.flush()
+
+    prefetch.reset()  # a new process
+    lowered = _lowered_ops(monkeypatch)
+    warm = _run_fresh(a, b)
+    st = prefetch.stats()
+    assert lowered == [] and torch.equal(warm, cold)
+    assert st["listed"] == recorded - 1, st  # all but the first, which started it
+    assert st["used"] == st["listed"], st
+
+    # The same order again: the stored sequence is not rewritten.
+    key = prefetch._seq_key(prefetch._S.seq[0][0])
+    before = cache.disk_store().get(key, count=False)
+    prefetch.flush()
+    assert cache.disk_store().get(key, count=False) == before
+
+    cache.disk_store().put(key, b'{"keys": [["x", "not an id"]', count=False)
+    prefetch.reset()
+    warm2 = _run_fresh(a, b)
+    assert torch.equal(warm2, cold) and prefetch.stats()["listed"] == 0
+    assert lowered == []
+    prefetch.reset()
+
+
 _CHILD = textwrap.dedent(r"""
     import hashlib, json
     import torch
@@ -208,4 +245,9 @@ def test_second_process_lowers_no_eager_op(tmp_path):
     assert cold["addmm"]["tier"] == "compile" and warm["addmm"]["tier"] == "disk"
     assert warm["addmm"]["stablehlo"] == cold["addmm"]["stablehlo"]
     assert warm["addmm"]["flops"] == cold["addmm"]["flops"] > 0
+    # The warm process loaded its programs ahead of the ops (cache.prefetch),
+    # in the order the cold one asked for them.
+    pre = warm["index"]["prefetch"]
+    assert cold["index"]["prefetch"]["listed"] == 0
+    assert pre["listed"] >= cold["index"]["writes"] - 1 and pre["used"] >= pre["listed"] // 2, pre
 

@@ -33,7 +33,8 @@ Tiers, looked up in order:
    source hash) to the op's executable, so that a warm process runs an op
    without tracing or lowering it (`torch_tpu.cache.eager`;
    ``TORCH_TPU_EAGER_INDEX=0`` turns it off). ``stats()["eager_index"]``
-   counts its hits.
+   counts its hits; its ``prefetch`` part, the programs a warm process
+   loaded ahead of its ops in the previous run's order (`torch_tpu.cache.prefetch`).
 
 The disk tier is JAX's persistent compilation cache machinery (its key covers
 the lowered program, compile options and shardings, devices, backend, jaxlib

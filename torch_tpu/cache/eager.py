@@ -34,6 +34,8 @@ types). Edits to torch_tpu's sources change the source fingerprint.
 The rebuilding uses JAX internals (`pxla.UnloadedMeshExecutable`,
 `stages.Compiled`): a JAX whose internals differ fails the rebuild, which is
 a miss with one warning, and the op is lowered as before.
+A warm process loads the entries it will ask for ahead of its ops, in the
+order the previous run asked for them (`torch_tpu.cache.prefetch`).
 ``TORCH_TPU_EAGER_INDEX=0`` turns the tier off; so does
 ``TORCH_TPU_DUMP_DIR`` (dumping needs the lowered program), and the index is
 not consulted while a debug tool listens for lowered programs.
@@ -45,7 +47,7 @@ import enum
 import time
 from typing import Any
 
-from . import graphs, index
+from . import graphs, index, prefetch
 from .index import Index, executable
 from .store import warn_once
 
@@ -245,12 +247,17 @@ def store(index_key: str, jax_key: str, compiled: Any) -> bool:
 def load(index_key: str, args: Any, device: Any) -> Any:
     """The `Compiled` program of index entry `index_key` for `args` on `device`, or None."""
     t0 = time.perf_counter()
-    entry = STATS.read(index_key)
+    prefetch.note(index_key, device)
+    got = prefetch.take(index_key)
     compiled = None
-    if entry is not None:
-        exe = executable(entry[0], device)
-        if exe is not None:
-            compiled = _rebuild_or_none(exe, entry[1], args, device)
+    if got is not None:
+        compiled = _rebuild_or_none(got[2], got[1], args, device)
+    else:
+        entry = STATS.read(index_key)
+        if entry is not None:
+            exe = executable(entry[0], device)
+            if exe is not None:
+                compiled = _rebuild_or_none(exe, entry[1], args, device)
     STATS.count(compiled is not None, time.perf_counter() - t0)
     if compiled is not None:
         index.report_hit()
@@ -288,7 +295,9 @@ class Tier:
 
 
 def stats() -> dict:
-    return STATS.stats(enabled())
+    out = STATS.stats(enabled())
+    out["prefetch"] = prefetch.stats()
+    return out
 
 
 def reset_stats() -> None:
