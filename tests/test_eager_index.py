@@ -143,8 +143,8 @@ def test_key_parts_without_a_stable_text_are_not_indexed():
 
 
 def test_a_new_process_prefetches_what_the_last_one_asked_for(cache_dir, ab, monkeypatch):
-    """The sequence of lookups is stored under the first one; a new process
-    (reset) whose first lookup matches loads the rest ahead of the ops, which
+    """The sequence of lookups is stored under the first ones; a new process
+    (reset) whose first lookups match loads the rest ahead of the ops, which
     take them from memory: nothing lowered, the same values. A damaged
     sequence entry prefetches nothing and changes nothing."""
     from torch_tpu.cache import prefetch
@@ -153,7 +153,7 @@ def test_a_new_process_prefetches_what_the_last_one_asked_for(cache_dir, ab, mon
     prefetch.reset()
     cold = _run_fresh(a, b)
     recorded = prefetch.stats()["recorded"]
-    assert recorded >= 4 and prefetch.stats()["listed"] == 0
+    assert recorded >= prefetch.HEAD + 2 and prefetch.stats()["listed"] == 0
     prefetch.flush()
 
     prefetch.reset()  # a new process
@@ -161,11 +161,11 @@ def test_a_new_process_prefetches_what_the_last_one_asked_for(cache_dir, ab, mon
     warm = _run_fresh(a, b)
     st = prefetch.stats()
     assert lowered == [] and torch.equal(warm, cold)
-    assert st["listed"] == recorded - 1, st  # all but the first, which started it
+    assert st["listed"] == recorded - prefetch.HEAD, st  # all but those that started it
     assert st["used"] == st["listed"], st
 
     # The same order again: the stored sequence is not rewritten.
-    key = prefetch._seq_key(prefetch._S.seq[0][0])
+    key = prefetch._seq_key(prefetch._S.seq)
     before = cache.disk_store().get(key, count=False)
     prefetch.flush()
     assert cache.disk_store().get(key, count=False) == before
@@ -249,5 +249,5 @@ def test_second_process_lowers_no_eager_op(tmp_path):
     # in the order the cold one asked for them.
     pre = warm["index"]["prefetch"]
     assert cold["index"]["prefetch"]["listed"] == 0
-    assert pre["listed"] >= cold["index"]["writes"] - 1 and pre["used"] >= pre["listed"] // 2, pre
+    assert pre["listed"] >= cold["index"]["writes"] - 3 and pre["used"] >= pre["listed"] // 2, pre
 

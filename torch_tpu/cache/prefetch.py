@@ -9,12 +9,13 @@ program asks for its ops repeats from one run to the next.
 
 So each process records the index keys it looks up, in first-lookup order
 (its *sequence*, at most `MAX_KEYS`), and stores the sequence in the disk
-tier under its first key: after every `_WRITE_EVERY` new keys and at exit,
-and only where it differs from the sequence it was given. A later process
-whose first lookup has a stored sequence loads those entries on the compile
-threads (`runtime.async_compile.compile_pool`), in order, ahead of the ops;
-an op whose program was prefetched takes it from memory, or waits for the
-load in flight instead of starting a second one.
+tier under its first `HEAD` keys (two scripts that start with the same op
+rarely share three): after every `_WRITE_EVERY` new keys and at exit, and
+only where it differs from the sequence it was given. A later process whose
+first `HEAD` lookups have a stored sequence loads the rest of its entries on
+the compile threads (`runtime.async_compile.compile_pool`), in order, ahead
+of the ops; an op whose program was prefetched takes it from memory, or
+waits for the load in flight instead of starting a second one.
 
 Nothing about a result changes: a prefetched program is what `eager.load`
 would have loaded, and it is still checked against the op's arguments
@@ -36,6 +37,7 @@ from typing import Any
 
 PREFIX = "torch_tpu-eager-seq-v1:"
 MAX_KEYS = 512
+HEAD = 3
 _WRITE_EVERY = 32
 SWITCH = "TORCH_TPU_EAGER_PREFETCH"
 
@@ -60,24 +62,29 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def _seq_key(first: str) -> str:
-    return PREFIX + first.rsplit(":", 1)[-1]
+def _seq_key(head: list) -> str:
+    """The disk-tier key of the sequence whose first lookups are `head` ([key, device] pairs)."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(head[:HEAD]).encode())
+    return PREFIX + h.hexdigest()
 
 
 def note(index_key: str, device: Any) -> None:
     """Record a lookup of `index_key` (for JAX device `device`); the process's
-    first lookup starts the prefetch of the sequence stored under it."""
+    `HEAD`-th lookup starts the prefetch of the sequence stored under its first ones."""
     s = _S
     if index_key in s.seen or len(s.seq) >= MAX_KEYS or not enabled():
         return
     with s.lock:
         if index_key in s.seen:
             return
-        first = not s.seq
         s.seen.add(index_key)
         s.seq.append([index_key, int(device.id)])
-    if first:
-        _start(index_key)
+        n = len(s.seq)
+    if n == HEAD:
+        _start(s.seq[:HEAD])
+    if n == 1:
         if not s.at_exit:
             s.at_exit = True
             atexit.register(flush)
@@ -88,7 +95,7 @@ def note(index_key: str, device: Any) -> None:
 def flush() -> None:
     """Store this process's sequence, if it is not the one it was given."""
     s = _S
-    if not s.seq or len(s.seq) == s.written:
+    if len(s.seq) < HEAD or len(s.seq) == s.written:
         return
     s.written = len(s.seq)
     if s.seq == s.given[:len(s.seq)]:
@@ -97,15 +104,15 @@ def flush() -> None:
         from . import disk_store
 
         blob = json.dumps({"keys": s.seq}).encode()
-        disk_store().put(_seq_key(s.seq[0][0]), blob, count=False)
+        disk_store().put(_seq_key(s.seq), blob, count=False)
     except Exception:  # noqa: BLE001 - a sequence is an optimization; its loss costs time only
         pass
 
 
-def _read(first: str) -> list:
+def _read(head: list) -> list:
     from . import disk_store
 
-    blob = disk_store().get(_seq_key(first), count=False)
+    blob = disk_store().get(_seq_key(head), count=False)
     if blob is None:
         return []
     try:
@@ -122,15 +129,18 @@ def _read(first: str) -> list:
     return out
 
 
-def _start(first: str) -> None:
-    """Read the sequence stored under `first` and load its entries on the compile threads."""
+def _start(head: list) -> None:
+    """Read the sequence stored under `head` and load the rest of its entries on
+    the compile threads."""
     from ..runtime import async_compile
 
     if not async_compile.ENABLED:
         return
-    given = _read(first)
+    given = _read(head)
+    if given[:HEAD] != head:
+        return  # malformed, or (by a hash collision) another sequence
     _S.given = given
-    todo = [(k, d) for k, d in given[1:]]
+    todo = [(k, d) for k, d in given[HEAD:]]
     if not todo:
         return
     with _S.lock:
