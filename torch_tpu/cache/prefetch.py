@@ -148,11 +148,27 @@ def _start(head: list) -> None:
             _S.futures.setdefault(k, Future())
         _S.listed += len(todo)
     pool = async_compile.compile_pool()
+    if not _STOP_HOOKED:
+        _STOP_HOOKED.append(True)
+        # Called when the interpreter starts to exit, before it joins the pool's
+        # threads (the hook concurrent.futures itself uses; absent: loads finish).
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_stop)
     # One loader keeps ahead of the host on 2 cores; more cores, more loaders
     # (interleaved, so the order still follows the ops).
     n = max(1, min(4, (os.cpu_count() or 1) - 1))
     for i in range(n):
         pool.submit(_load_all, todo[i::n])
+
+
+_STOP = False
+_STOP_HOOKED: list = []
+
+
+def _stop() -> None:
+    global _STOP
+    _STOP = True
 
 
 def _load_all(todo: list) -> None:
@@ -162,9 +178,8 @@ def _load_all(todo: list) -> None:
     from .index import executable
 
     devices = {d.id: d for d in jax.devices()}
-    main = threading.main_thread()
     for key, dev_id in todo:
-        if not main.is_alive():
+        if _STOP:
             return  # the interpreter is exiting: do not hold it up (the futures stay pending)
         fut = _S.futures.get(key)
         if fut is None or not fut.set_running_or_notify_cancel():
