@@ -62,9 +62,10 @@ def pytest_collection_modifyitems(config, items):
             continue
         if fallback and reason.startswith("no lowering:"):
             continue
-        # A distribution check is statistical: its xfail may pass by chance.
+        # A distribution check is statistical: its xfail may pass by chance; a
+        # host-dependent failure passes on other hosts' CPUs.
         item.add_marker(pytest.mark.xfail(
-            reason=reason, strict=not reason.startswith("distribution")))
+            reason=reason, strict=not reason.startswith(("distribution", "host-dependent"))))
 
 
 @pytest.fixture(autouse=True)

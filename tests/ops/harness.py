@@ -611,7 +611,7 @@ def run_forward(name, op, dtype_name, *, stats=None):
         what = f"forward sample {i}"
         # Copy first: the CPU run may mutate its inputs.
         t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
-        exact_inputs = _upcast_half(sample) if dtype in HALF_DTYPES else None
+        exact_inputs = _upcast_exact(sample, dtype) if dtype in JUDGED_DTYPES else None
         rec = RandomRecorder()
         if dtype.is_complex:
             # PyTorch's CPU kernels can give wrong complex results under a
@@ -675,19 +675,26 @@ def run_forward(name, op, dtype_name, *, stats=None):
 
 
 # --------------------------------------------------------------------------
-# half precision: judged against float64, not only against CPU
+# half precision and complex64: judged against a wider run, not only CPU
 #
 # CPU's bfloat16/float16 kernels differ in how they accumulate: some sum in
 # the half type, some in float32, and which one a host takes depends on its
-# CPU (oneDNN's paths on AVX-512 vs AVX2-only hosts). The tpu accumulates in
-# float32 and rounds once, as CUDA and XLA do. Where the tpu and CPU are
-# further apart than the dtype's tolerance, the harness runs the sample in
-# float64 (the half inputs upcast exactly) and passes it when, at every
-# element, the tpu is no further from that result than CPU is, plus one
-# tolerance. A wrong result still fails unless CPU is as wrong; by the
-# triangle inequality the rule admits everything the plain comparison does.
+# CPU (oneDNN's paths on AVX-512 vs AVX2-only hosts, AVX512-FP16 kernels).
+# The tpu accumulates in float32 and rounds once, as CUDA and XLA do.
+# complex64 sums of products (matmuls, convolutions, powers) round
+# differently from one host's kernels to another's as well. Where the tpu
+# and CPU are further apart than the dtype's tolerance, the harness runs the
+# sample in float64 / complex128 (the inputs upcast exactly) and passes it
+# when, at every element, the tpu is no further from that result than CPU
+# is, plus one tolerance. A wrong result still fails unless CPU is as wrong;
+# by the triangle inequality the rule admits everything the plain
+# comparison does.
 
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+# The judged dtype -> what its tensors (and a complex sample's float32 ones) become.
+JUDGED_DTYPES = {torch.bfloat16: {torch.bfloat16: torch.float64},
+                 torch.float16: {torch.float16: torch.float64},
+                 torch.complex64: {torch.complex64: torch.complex128,
+                                   torch.float32: torch.float64}}
 
 # Ops whose result is defined by the dtype's precision, so a float64 run is
 # not the exact answer of the half-precision one (nextafter steps one ulp of
@@ -695,13 +702,15 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 _PRECISION_DEFINED = {"nextafter"}
 
 
-def _upcast_half(sample):
-    """(input, args, kwargs) of `sample`, half-precision tensors as float64
-    copies (taken before the CPU run, which may mutate the sample); None
-    where a leaf cannot be copied that way."""
+def _upcast_exact(sample, dtype):
+    """(input, args, kwargs) of `sample`, its `dtype` tensors as exact wider
+    copies (JUDGED_DTYPES; taken before the CPU run, which may mutate the
+    sample); None where a leaf cannot be copied that way."""
+    wider = JUDGED_DTYPES[dtype]
+
     def up(x):
-        if isinstance(x, torch.Tensor) and x.dtype in HALF_DTYPES:
-            return x.detach().to(torch.float64)
+        if isinstance(x, torch.Tensor) and x.dtype in wider:
+            return x.detach().to(wider[x.dtype])
         if isinstance(x, torch.Tensor):
             return x.detach().clone()
         return x
@@ -712,7 +721,7 @@ def _upcast_half(sample):
 
 
 def _exact_run(op, exact_inputs, i):
-    """(result, inputs after the call) of `op` on the float64 inputs, or None."""
+    """(result, inputs after the call) of `op` on the wider inputs, or None."""
     if exact_inputs is None:
         return None
     inp, args, kwargs = exact_inputs
@@ -731,7 +740,7 @@ def no_less_accurate_than_cpu(op_name, actual, expected, exact, dtype, tol) -> b
     NaN) the tpu must equal CPU exactly, and non-floating outputs must
     match exactly.
     """
-    if exact is None or dtype not in HALF_DTYPES or op_name in _PRECISION_DEFINED:
+    if exact is None or dtype not in JUDGED_DTYPES or op_name in _PRECISION_DEFINED:
         return False
     la, le, lx = (pytree.tree_leaves(v) for v in (actual, expected, exact))
     if not (len(la) == len(le) == len(lx)):
@@ -746,11 +755,12 @@ def no_less_accurate_than_cpu(op_name, actual, expected, exact, dtype, tol) -> b
         if not (isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor)
                 and a.shape == e.shape == x.shape and a.dtype == e.dtype):
             return False
-        if not e.is_floating_point():
+        if not (e.is_floating_point() or e.is_complex()):
             if not _exactly_equal(a, e):
                 return False
             continue
-        a64, e64, x64 = a.double(), e.double(), x.double()
+        wide = torch.complex128 if e.is_complex() or x.is_complex() else torch.float64
+        a64, e64, x64 = a.to(wide), e.to(wide), x.to(wide)
         judged = torch.isfinite(e64) & torch.isfinite(x64)
         if not _exactly_equal(a64[~judged], e64[~judged]):
             return False

@@ -148,3 +148,28 @@ def test_half_rule_scope():
     idx_cpu, idx_tpu = torch.tensor([2]), torch.tensor([3])
     assert not _judge((tpu.bfloat16(), idx_tpu), (cpu.bfloat16(), idx_cpu), (exact, idx_cpu))
     assert _judge((tpu.bfloat16(), idx_cpu), (cpu.bfloat16(), idx_cpu), (exact, idx_cpu))
+
+
+def test_complex64_rule_judges_against_complex128():
+    """complex64 results outside the tolerance are judged against a complex128
+    run the same way (distance: the magnitude of the difference); a sample's
+    float32 inputs go to float64 with it."""
+    exact = torch.tensor([47.0 + 3.0j, 1.0j], dtype=torch.complex128)
+    cpu = torch.tensor([47.0001 + 3.0j, 1.0j], dtype=torch.complex64)
+    closer = torch.tensor([47.0 + 3.00002j, 1.0j], dtype=torch.complex64)
+    assert _judge(closer, cpu, exact, torch.complex64)
+    # further than CPU by more than atol 1e-5 + rtol 1.3e-6 * |47+3j| (~7e-5): fails
+    assert not _judge(torch.tensor([47.0 + 3.0003j, 1.0j], dtype=torch.complex64), cpu, exact,
+                      torch.complex64)
+    # a real output of a complex op (linalg.cond, abs): judged in float64
+    assert _judge(torch.tensor([2.00001]), torch.tensor([2.00002]),
+                  torch.tensor([2.0], dtype=torch.float64), torch.complex64)
+
+    class Sample:
+        input = torch.ones(2, dtype=torch.complex64)
+        args = (torch.ones(2), torch.ones(2, dtype=torch.int64))
+        kwargs: dict = {}
+
+    inp, args, _ = harness._upcast_exact(Sample, torch.complex64)
+    assert (inp.dtype, args[0].dtype, args[1].dtype) == (torch.complex128, torch.float64,
+                                                          torch.int64)

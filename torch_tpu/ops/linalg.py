@@ -140,13 +140,13 @@ def addr(self, v1, v2, *, beta=1, alpha=1):
     if dt == jnp.bool_:
         prod = jnp.logical_and(v1[:, None], v2[None, :])
     elif dt in (jnp.bfloat16, jnp.float16):
-        # PyTorch's CPU kernel: beta * self + alpha * v1 * v2 with every
-        # operation rounded to the half type.
-        al = jnp.asarray(alpha).astype(dt)
-        be = jnp.asarray(beta).astype(dt)
-        prod = (al * v1.astype(dt))[:, None] * v2.astype(dt)[None, :]
-        self = jnp.asarray(self).astype(dt)
-        return jnp.where(be == 0, prod, be * self + prod)
+        # In float32, rounded once (by the executor), as CUDA's kernel does.
+        # CPU's rounds each operation to the half type in its scalar loop and
+        # not always in its vector one (AVX512-FP16 hosts differ from AVX2
+        # ones), so the once-rounded result is the one no host beats.
+        f32 = jnp.float32
+        prod = v1.astype(f32)[:, None] * v2.astype(f32)[None, :]
+        return _beta_alpha(jnp.asarray(self).astype(f32), prod, beta, alpha)
     else:
         prod = v1.astype(dt)[:, None] * v2.astype(dt)[None, :]
     return _beta_alpha(self, prod, beta, alpha)
