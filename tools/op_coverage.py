@@ -79,13 +79,9 @@ def load(paths):
 
 
 def failed_nodeids(paths):
-    """The node ids of the failing (or expected-failing) tests of result files `paths`."""
-    ids = []
-    for p in paths:
-        with open(p) as f:
-            ids += [r["nodeid"] for r in json.load(f)["records"]
-                    if r["kind"] in ("forward", "grad") and failed(r)]
-    return sorted(set(ids))
+    """The node ids of the failing (or expected-failing) tests of result files
+    `paths` (a later file's record of a test replaces an earlier one's)."""
+    return sorted({r["nodeid"] for r in load(paths).values() if failed(r)})
 
 
 def with_native_passes(fallback, native):
