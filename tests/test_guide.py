@@ -10,9 +10,10 @@ notebook.
 
 The default run keeps to the light notebooks; those that start processes of
 their own or train whole models are marked slow (`pytest -m slow`). The
-second run of a notebook is the one most users see, so notebooks 04-06 and
-the strict docs build are also run twice, cold then warm, in new processes
-sharing one cache directory (slow; the default run's guard for that path is
+second run of a notebook is the one most users see, so every notebook but
+the two longest, and the strict docs build, also run twice, cold then warm,
+in new processes sharing one cache directory (slow; the default run's guard
+for that path is
 tests/test_cache.py::test_debug_apis_on_programs_loaded_from_disk). The
 notebooks' test cells can also be run by pytest directly, marimo's own way:
 `pytest guide/notebooks/01_tensors.py`.
@@ -84,9 +85,13 @@ def _assert_passed(nb, result):
     assert "```python" in page
 
 
-# Notebooks whose warm run is tested: torch.compile's programs and their HLO
-# and cost analysis (04), the cache itself (05), the debug APIs (06).
-WARM = ("04_torch_compile", "05_compile_cache", "06_debugging")
+# Notebooks whose warm run is tested: all but 08 and 09 (minutes each, and
+# the programs they load warm are the examples' own, which test_examples and
+# test_eager_index run twice). 04 checks torch.compile's programs and their
+# HLO and cost analysis, 05 the cache itself, 06 the debug APIs; the others
+# the eager index and its prefetch under each notebook's ops.
+WARM = ("01_tensors", "02_ops_and_lowering", "03_autograd_and_training", "04_torch_compile",
+        "05_compile_cache", "06_debugging", "07_performance", "10_custom_ops")
 # 05 points the cache at temporary directories of its own while it compiles
 # (it starts its own cold and warm processes) and leaves TORCH_TPU_CACHE_DIR
 # empty: its second run is checked to pass, not to load from that directory.
