@@ -378,6 +378,7 @@ _CHILD = textwrap.dedent("""
         "y": y.detach().cpu().tolist(), "grad": model[0].weight.grad.cpu().sum().item(),
         "eager": eager.item(), "disk": s["disk"], "by_source": s["compile_seconds_by_source"],
         "graphs": [e for e in s["per_entry"] if e["name"].startswith("graph")],
+        "eager_prefetch": s["eager_index"]["prefetch"],
     }))
 """)
 
@@ -851,7 +852,13 @@ def test_shared_read_only_directory_serves_a_new_process(tmp_path):
     assert warm["disk"]["misses"] == 0 and warm["disk"]["hits"] >= cold["disk"]["writes"] - 1
     assert warm["disk"]["shared_hits"] == warm["disk"]["hits"]
     assert warm["disk"]["writes"] == 0 and warm["disk"]["entries"] == 0
-    assert warm["disk"]["shared_entries"] == cold["disk"]["entries"]
+    # Every entry the cold process left is listed: those it had when it
+    # reported, and the order of its eager lookups, stored at its exit
+    # (torch_tpu.cache.prefetch).
+    left = [p for p in before if p.endswith(store_mod.SUFFIX)]
+    assert len(left) == cold["disk"]["entries"] + 1
+    assert warm["disk"]["shared_entries"] == len(left)
+    assert warm["eager_prefetch"]["used"] > 0
     assert warm["by_source"]["compiled"]["count"] == 0
     assert {g["source"] for g in warm["graphs"]} == {"disk"}
     assert warm["y"] == cold["y"] and warm["grad"] == cold["grad"]
