@@ -26,18 +26,25 @@ def _rec(op, dtype, kind, outcome, cause=None, native=()):
             "native": list(native)}
 
 
-def test_page_counts_and_documented_reasons(tmp_path):
-    native, fb, out = tmp_path / "r.json", tmp_path / "rf.json", tmp_path / "ops.md"
-    bad = "mismatch (forward sample 3): Tensor-likes are not close!"
-    _write(native, False, [
+_BAD = "mismatch (forward sample 3): Tensor-likes are not close!"
+
+
+def _native_records():
+    """A native run: one pass, one documented failure, one op without a lowering."""
+    return [
         _rec("add", "float32", "forward", "passed", native=["aten.add.Tensor"]),
-        _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
+        _rec("matrix_exp", "bfloat16", "forward", "xfailed", _BAD),
         _rec("sparse.mm.reduce", "float32", "forward", "xfailed",
              "no lowering: aten._sparse_mm_reduce_impl.default"),
-    ])
+    ]
+
+
+def test_page_counts_and_documented_reasons(tmp_path):
+    native, fb, out = tmp_path / "r.json", tmp_path / "rf.json", tmp_path / "ops.md"
+    _write(native, False, _native_records())
     _write(fb, True, [
         _rec("add", "float32", "forward", "passed"),
-        _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
+        _rec("matrix_exp", "bfloat16", "forward", "xfailed", _BAD),
         _rec("sparse.mm.reduce", "float32", "forward", "passed"),
     ])
     _tool().main(["--from", str(native), "--fallback-results", str(fb), "-o", str(out)])
@@ -57,20 +64,14 @@ def test_fallback_run_reruns_only_the_native_failures(tmp_path):
     fallback passes (they never reached the fallback)."""
     tool = _tool()
     native, out = tmp_path / "r.json", tmp_path / "ops.md"
-    bad = "mismatch (forward sample 3): Tensor-likes are not close!"
-    _write(native, False, [
-        _rec("add", "float32", "forward", "passed", native=["aten.add.Tensor"]),
-        _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
-        _rec("sparse.mm.reduce", "float32", "forward", "xfailed",
-             "no lowering: aten._sparse_mm_reduce_impl.default"),
-    ])
+    _write(native, False, _native_records())
     calls = []
 
     def fake_run(all_dtypes, fallback, extra, workers=2, files=(), nodeids=None):
         calls.append((fallback, nodeids))
         path = tmp_path / "rf.json"
         _write(path, True, [
-            _rec("matrix_exp", "bfloat16", "forward", "xfailed", bad),
+            _rec("matrix_exp", "bfloat16", "forward", "xfailed", _BAD),
             _rec("sparse.mm.reduce", "float32", "forward", "passed"),
         ])
         return str(path)
