@@ -251,3 +251,35 @@ def test_second_process_lowers_no_eager_op(tmp_path):
     assert cold["index"]["prefetch"]["listed"] == 0
     assert pre["listed"] >= cold["index"]["writes"] - 3 and pre["used"] >= pre["listed"] // 2, pre
 
+
+
+def test_a_forked_child_never_waits_for_its_parents_prefetch():
+    """A load in flight at a fork never finishes in the child: the child starts
+    with nothing prefetched, and its ops load their programs themselves."""
+    import time
+    import warnings
+    from concurrent.futures import Future
+
+    from torch_tpu.cache import prefetch
+
+    prefetch.reset()
+    running = Future()
+    assert running.set_running_or_notify_cancel()
+    prefetch._S.futures["k"] = running
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX warns that fork() and threads do not mix
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0 if prefetch.take("k") is None and not prefetch._S.futures else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            pytest.fail("the forked child waited for its parent's prefetch")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    running.set_result(None)
+    prefetch.reset()

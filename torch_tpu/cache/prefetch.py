@@ -83,7 +83,10 @@ def note(index_key: str, device: Any) -> None:
         s.seq.append([index_key, int(device.id)])
         n = len(s.seq)
     if n == HEAD:
-        _start(s.seq[:HEAD])
+        try:
+            _start(s.seq[:HEAD])
+        except Exception:  # noqa: BLE001 - an optimization: the ops load as without it
+            pass
     if n == 1:
         if not s.at_exit:
             s.at_exit = True
@@ -235,10 +238,21 @@ def stats() -> dict:
 
 def reset() -> None:
     """Forget this process's sequence and prefetched programs (tests)."""
-    global _S
     with _S.lock:
         for fut in _S.futures.values():
             fut.cancel()
+    _forget()
+
+
+def _forget() -> None:
+    # Also a forked child's first step: its copies of the loads in flight
+    # would never finish, and a lock held at the fork would never be
+    # released, so nothing of the old state is touched but its exit hook.
+    global _S
     at_exit = _S.at_exit
     _S = _State()
     _S.at_exit = at_exit
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
