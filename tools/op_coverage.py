@@ -43,19 +43,19 @@ def run_pytest(all_dtypes, fallback, extra, workers=2, files=("tests/ops/test_op
                nodeids=None):
     fd, path = tempfile.mkstemp(suffix=".json", prefix="opinfo-")
     os.close(fd)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           *(nodeids if nodeids is not None else files),
-           f"--opinfo-results={path}", "-rN", "--no-header"]
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    opts = [f"--opinfo-results={path}", "-rN", "--no-header"]
     if workers > 1:
-        cmd += ["-n", str(workers)]
+        opts += ["-n", str(workers)]
     if all_dtypes:
-        cmd += ["-m", ""]
+        opts += ["-m", ""]
     if fallback:
-        cmd += ["--cpu-fallback"]
-    cmd += list(extra)
-    shown = cmd if nodeids is None else [a for a in cmd if a not in set(nodeids)]
-    print("running:", " ".join(shown), *([f"({len(nodeids)} tests by node id)"] if nodeids
-                                          is not None else []), flush=True)
+        opts += ["--cpu-fallback"]
+    opts += list(extra)
+    targets = list(files) if nodeids is None else list(nodeids)
+    cmd = pytest + targets + opts
+    shown = targets if nodeids is None else [f"<{len(nodeids)} tests by node id>"]
+    print("running:", " ".join(pytest + shown + opts), flush=True)
     env = dict(os.environ)
     env.pop("TORCH_TPU_CPU_FALLBACK", None)
     subprocess.run(cmd, cwd=ROOT, env=env, check=False)
@@ -318,7 +318,7 @@ def main(argv=None):
     results = load(paths)
     sums = summary(cases, results, random_ops)
     fb_sum = None
-    if fb_paths or fb_failures_only:
+    if fb_paths is not None:
         fbr = load(fb_paths)
         if fb_failures_only:
             fbr = with_native_passes(fbr, results)

@@ -244,20 +244,22 @@ def store(index_key: str, jax_key: str, compiled: Any) -> bool:
     return STATS.write(index_key, jax_key, meta)
 
 
+def fetch(index_key: str, device: Any) -> tuple[str, dict, Any] | None:
+    """(JAX key, meta, loaded executable) of index entry `index_key` on
+    `device`, or None: the disk reads of `load` (prefetch runs them ahead)."""
+    entry = STATS.read(index_key)
+    if entry is None:
+        return None
+    exe = executable(entry[0], device)
+    return (entry[0], entry[1], exe) if exe is not None else None
+
+
 def load(index_key: str, args: Any, device: Any) -> Any:
     """The `Compiled` program of index entry `index_key` for `args` on `device`, or None."""
     t0 = time.perf_counter()
     prefetch.note(index_key, device)
-    got = prefetch.take(index_key)
-    compiled = None
-    if got is not None:
-        compiled = _rebuild_or_none(got[2], got[1], args, device)
-    else:
-        entry = STATS.read(index_key)
-        if entry is not None:
-            exe = executable(entry[0], device)
-            if exe is not None:
-                compiled = _rebuild_or_none(exe, entry[1], args, device)
+    got = prefetch.take(index_key) or fetch(index_key, device)
+    compiled = _rebuild_or_none(got[2], got[1], args, device) if got is not None else None
     STATS.count(compiled is not None, time.perf_counter() - t0)
     if compiled is not None:
         index.report_hit()

@@ -32,6 +32,7 @@ import atexit
 import json
 import os
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -177,8 +178,7 @@ def _stop() -> None:
 def _load_all(todo: list) -> None:
     import jax
 
-    from .eager import STATS
-    from .index import executable
+    from .eager import fetch
 
     devices = {d.id: d for d in jax.devices()}
     for key, dev_id in todo:
@@ -187,14 +187,9 @@ def _load_all(todo: list) -> None:
         fut = _S.futures.get(key)
         if fut is None or not fut.set_running_or_notify_cancel():
             continue  # the op asked first and loaded it itself
-        result = None
         try:
             device = devices.get(dev_id)
-            entry = STATS.read(key) if device is not None else None
-            if entry is not None:
-                exe = executable(entry[0], device)
-                if exe is not None:
-                    result = (entry[0], entry[1], exe)
+            result = fetch(key, device) if device is not None else None
         except Exception:  # noqa: BLE001 - the op loads it (or lowers) as without prefetching
             result = None
         if result is not None:
@@ -213,8 +208,6 @@ def take(index_key: str) -> Any:
         fut = s.futures.pop(index_key, None)
     if fut is None or fut.cancel():
         return None  # not listed, or not started: the caller loads it now
-    import time
-
     t0 = time.perf_counter()
     waited = not fut.done()
     result = fut.result()

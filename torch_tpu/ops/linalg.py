@@ -21,7 +21,7 @@ import torch
 from jax import lax
 
 from . import core
-from .opmath import is_half, opmath_dtype
+from .opmath import is_half, opmath_dtype, upcast
 from .registry import lower, out_dtype, out_meta
 from ..precision import lax_precision
 from ..runtime import executor, platform, programs
@@ -144,9 +144,9 @@ def addr(self, v1, v2, *, beta=1, alpha=1):
         # CPU's rounds each operation to the half type in its scalar loop and
         # not always in its vector one (AVX512-FP16 hosts differ from AVX2
         # ones), so the once-rounded result is the one no host beats.
-        f32 = jnp.float32
-        prod = v1.astype(f32)[:, None] * v2.astype(f32)[None, :]
-        return _beta_alpha(jnp.asarray(self).astype(f32), prod, beta, alpha)
+        # The inputs in the result's type first, as PyTorch converts them.
+        self = upcast(jnp.asarray(self).astype(dt))
+        prod = upcast(v1.astype(dt))[:, None] * upcast(v2.astype(dt))[None, :]
     else:
         prod = v1.astype(dt)[:, None] * v2.astype(dt)[None, :]
     return _beta_alpha(self, prod, beta, alpha)
