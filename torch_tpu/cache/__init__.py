@@ -193,6 +193,7 @@ class _Tier:
 _programs.set_disk_tier(_Tier())
 
 from . import eager as _eager  # noqa: E402
+from . import needs as _needs  # noqa: E402
 
 _programs.set_index_tier(_eager.Tier())
 
@@ -228,6 +229,10 @@ def stats() -> dict:
     - ``eager_index``: the same for eager ops' programs (see
       `torch_tpu.cache.eager`): hits (loaded without lowering), misses,
       index writes, skipped programs, load seconds.
+    - ``index_needs``: what indexed executables needed from this process
+      (see `torch_tpu.cache.needs`): ``ready``, the kernel setups done
+      (``lapack``); ``unknown``, entries refused (lowered again) per
+      custom-call target with no known setup.
     """
     mem = _programs.memory_stats()
     mem_hits = mem["hits"]
@@ -259,6 +264,7 @@ def stats() -> dict:
         "graphs": graph,
         "graph_disk": _graph_tier().stats(),
         "eager_index": _eager.stats(),
+        "index_needs": _needs.stats(),
     }
 
 
@@ -290,6 +296,7 @@ def reset_stats() -> None:
     disk_store().stats.reset()
     _graph_tier().reset_stats()
     _eager.reset_stats()
+    _needs.reset_stats()
     with _lock:
         _RECORDS.clear()
         for v in _TOTALS.values():

@@ -241,7 +241,7 @@ def store(index_key: str, jax_key: str, compiled: Any) -> bool:
     if meta is None:
         STATS.skip()
         return False
-    return STATS.write(index_key, jax_key, meta)
+    return STATS.write(index_key, jax_key, meta, compiled.runtime_executable())
 
 
 def fetch(index_key: str, device: Any) -> tuple[str, dict, Any] | None:

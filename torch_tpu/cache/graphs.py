@@ -127,9 +127,10 @@ def decode_value(v):
 # -- store / load -------------------------------------------------------------------
 
 
-def store(key: str, jax_key: str, meta: dict) -> bool:
-    """Write the index entry `key` -> (the executable under `jax_key`, meta)."""
-    return STATS.write(key, jax_key, meta)
+def store(key: str, jax_key: str, meta: dict, exe: Any) -> bool:
+    """Write the index entry `key` -> (the executable under `jax_key`, meta);
+    `exe` is the loaded executable (its custom calls are recorded)."""
+    return STATS.write(key, jax_key, meta, exe)
 
 
 def skipped() -> None:

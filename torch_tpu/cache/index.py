@@ -10,7 +10,9 @@ own deserializer, after our checksum; no pickle).
 
 `Index` keeps one tier's counters and reads and writes its entries; anything
 wrong with an entry (malformed, its executable evicted, unloadable) is a
-miss, and the program is lowered as before.
+miss, and the program is lowered as before. Each entry also records the
+custom-call targets its executable calls, and nothing is loaded before the
+process is ready for them (`torch_tpu.cache.needs`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import os
 import threading
 from typing import Any
+
+from . import needs
 
 
 def enabled(switch: str) -> bool:
@@ -78,14 +82,20 @@ class Index:
         with self.lock:
             self.skipped += 1
 
-    def write(self, key: str, jax_key: str, meta: dict) -> bool:
-        """Write entry `key` -> (the executable under `jax_key`, meta); False
-        (counted as skipped) when `meta` is not plain JSON data."""
+    def write(self, key: str, jax_key: str, meta: dict, exe: Any) -> bool:
+        """Write entry `key` -> (the executable under `jax_key`, meta, the
+        custom-call targets of `exe`, the loaded executable itself); False
+        (counted as skipped) when `meta` is not plain JSON data or the
+        executable's targets cannot be read."""
         from . import disk_store
 
+        targets = needs.of(exe)
+        if targets is None:
+            self.skip()
+            return False
         try:
-            blob = json.dumps({"jax_key": jax_key, "meta": meta}, sort_keys=True,
-                              allow_nan=True).encode()
+            blob = json.dumps({"jax_key": jax_key, "meta": meta, "needs": targets},
+                              sort_keys=True, allow_nan=True).encode()
         except (TypeError, ValueError):
             self.skip()
             return False
@@ -95,7 +105,8 @@ class Index:
         return True
 
     def read(self, key: str) -> tuple[str, dict] | None:
-        """(JAX key, meta) of entry `key`, or None (absent or malformed; not counted)."""
+        """(JAX key, meta) of entry `key`, or None (absent, malformed, or calling
+        a kernel this process cannot be made ready for; not counted)."""
         from . import disk_store
 
         blob = disk_store().get(key, count=False)
@@ -103,11 +114,13 @@ class Index:
             return None
         try:
             entry = json.loads(blob.decode())
-            jax_key, meta = entry["jax_key"], entry["meta"]
+            jax_key, meta, targets = entry["jax_key"], entry["meta"], entry["needs"]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None
         if not isinstance(jax_key, str) or not isinstance(meta, dict):
             return None
+        if not needs.prepare(targets):
+            return None  # lowered again: the lowering sets up what it calls
         return jax_key, meta
 
 

@@ -485,7 +485,7 @@ class CompiledGraph:
                 return
             values = [[k, _graph_tier.encode_value(v)] for k, v in value_results.items()]
             _graph_tier.store(pkey, keys[0], {"n_in": n_in, "n_out": n_unique,
-                                              "values": values, "name": self.name})
+                                              "values": values, "name": self.name}, exe)
         except Exception:  # not portable (a value we cannot encode, ...): not stored
             _graph_tier.skipped()
 
