@@ -42,6 +42,7 @@ from ..runtime import async_compile, executor, gc_pause, programs
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
+from . import effects
 from . import padding
 from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
 from .outputs import wrap_outputs
@@ -150,13 +151,17 @@ class CompiledGraph:
         # option); None: the process-wide level when a program is compiled.
         self.opt_level = self.options.get("opt_level")
         self.name = f"graph_{kind}"
+        # Effectful ops (linalg's error checks) leave the graph and run after it.
+        self.hoisted, tokens, self.n_graph_outputs = effects.hoist(gm)
         self.program = GraphProgram(gm, self.name)
         self.device = _device_of(example_inputs)
         self.specs = []
         placeholders = self.program.placeholders
         for n, ex in zip(placeholders, example_inputs):
             val = n.meta.get("val", ex)
-            if isinstance(val, torch.Tensor):
+            if n in tokens:  # an effect token: None at run time
+                self.specs.append(_Spec("x", static=None))
+            elif isinstance(val, torch.Tensor):
                 self.specs.append(_Spec("t", val.dtype))
             elif isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
                 self.specs.append(_Spec("s"))
@@ -281,7 +286,7 @@ class CompiledGraph:
             syms = SymEnv()
             for n, v in zip(placeholders, inputs):
                 val = n.meta.get("val")
-                if isinstance(val, torch.Tensor):
+                if isinstance(val, torch.Tensor) and v is not None:  # (None: a token)
                     for d, size in zip(val.shape, v.shape):
                         syms.bind(d, size)
                 elif isinstance(val, torch.SymInt):
@@ -499,12 +504,16 @@ class CompiledGraph:
         else:
             args = list(args)
         if self.eager:
-            return self._run_eager(args)
-        try:
-            return self._run(args)
-        except LoweringError as e:
-            self._to_eager(e)
-            return self._run_eager(args)
+            results = self._run_eager(args)
+        else:
+            try:
+                results = self._run(args)
+            except LoweringError as e:
+                self._to_eager(e)
+                results = self._run_eager(args)
+        if self.hoisted:
+            results = effects.run_hoisted(results, self.hoisted, self.n_graph_outputs)
+        return results
 
     def _run(self, args):
         if self.consts is None:

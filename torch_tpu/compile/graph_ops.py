@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..ops import registry
 from ..ops.opmath import opmath_dtype
 from ..runtime import storage as st
 
@@ -69,6 +70,31 @@ def _to_copy(g, a):
 @graph_op(aten.copy.default)
 def _copy(g, a):
     return jnp.broadcast_to(st.convert(a["src"], g.out.dtype), g.out.shape)
+
+
+# -- linear algebra with no lowering-table entry ---------------------------------
+
+
+@graph_op(aten.cholesky_solve.default)
+def _cholesky_solve(g, a):
+    # Eager runs PyTorch's composite (batch broadcasting, then the helper).
+    b, f = a["self"], a["input2"]
+    batch = g.out.shape[:-2]
+    b = jnp.broadcast_to(b, tuple(batch) + tuple(b.shape[-2:]))
+    f = jnp.broadcast_to(f, tuple(batch) + tuple(f.shape[-2:]))
+    helper = registry.LOWERINGS[aten._cholesky_solve_helper.default].fn
+    return helper(b, f, bool(a.get("upper", False)))
+
+
+@graph_op(aten.geqrf.default)
+def _geqrf(g, a):
+    from ..ops.linalg import geqrf_values
+
+    x = a["self"]
+    if x.size == 0:
+        m, n = x.shape[-2:]
+        return x, jnp.zeros(tuple(x.shape[:-2]) + (min(m, n),), x.dtype)
+    return geqrf_values(x)
 
 
 # -- factories -------------------------------------------------------------------
@@ -265,6 +291,16 @@ def _split(g, a):
         results.append(lax.slice_in_dim(x, start, start + size, axis=d))
         start = start + size
     return results if isinstance(g.out, (list, tuple)) else results[0]
+
+
+@graph_op(aten.view_as_real.default, aten.view_as_complex.default)
+def _complex_view(g, a):
+    # By value, as their *_copy lowerings: a graph's arrays are logical
+    # values whatever the strides (a solver's column-major result), and these
+    # views change the element size, which storage positions cannot follow.
+    copy = {aten.view_as_real.default: aten.view_as_real_copy.default,
+            aten.view_as_complex.default: aten.view_as_complex_copy.default}[g.node.target]
+    return registry.LOWERINGS[copy].fn(a["self"])
 
 
 @graph_op(aten.as_strided.default, aten.as_strided_copy.default)

@@ -401,8 +401,6 @@ _VIEW_OPS = (
     aten.alias.default,
     aten._conj.default,
     aten._neg_view.default,
-    aten.real.default,
-    aten.imag.default,
 )
 
 

@@ -950,12 +950,17 @@ def _geqrf_kernel(A):
     if A.numel() == 0:
         return (torch.zeros(tuple(A.shape), dtype=A.dtype, device=A.device),
                 torch.zeros(tau_shape, dtype=A.dtype, device=A.device))
+    qr, tau = _jit_run("aten::geqrf", geqrf_values, [A])
+    return _wrap_out(qr, A, A.dtype), _wrap_out(tau, A, A.dtype)
+
+
+def geqrf_values(a):
+    """(qr, tau) of `a` (non-empty; the eager kernel and the graph rule)."""
     # jax has geqrf (LAPACK's on CPU/GPU, a Householder loop elsewhere) but
     # does not export it from jax.lax.linalg.
     from jax._src.lax.linalg import geqrf
 
-    qr, tau = _jit_run("aten::geqrf", lambda a: tuple(geqrf(a)), [A])
-    return _wrap_out(qr, A, A.dtype), _wrap_out(tau, A, A.dtype)
+    return tuple(geqrf(a))
 
 
 core.KERNELS[aten.geqrf.default] = _geqrf_kernel
