@@ -15,7 +15,7 @@ import torch
 
 from ..runtime import calling
 from . import registry  # noqa: F401  (the table, filled by the imports below)
-from . import core, fallback, quantized, sparse
+from . import bounds, core, fallback, quantized, sparse
 from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
 
 _libs = []
@@ -31,7 +31,9 @@ def install() -> None:
     _libs.append(lib)
     registered = set()
     for op, fn in core.KERNELS.items():
-        if getattr(fn, "hits_as_runner", False):  # behind the native kernel, as a runner is
+        if bounds.spec_for(op) is not None:  # index bounds checked first (ops/bounds.py)
+            lib.impl(op, bounds.guard(op, fn), "PrivateUse1")
+        elif getattr(fn, "hits_as_runner", False):  # behind the native kernel, as a runner is
             executor.install_kernel(lib, op, executor.runner_for(op), fn)
         else:
             lib.impl(op, fn, "PrivateUse1")
@@ -40,14 +42,14 @@ def install() -> None:
         if op in registered:
             continue
         runner = executor.runner_for(op)
-        executor.install_kernel(lib, op, runner)  # PrivateUse1, maybe behind the C++ kernel
+        _install(_lib_for(op, lib), op, runner)
         registered.add(op)
         # The in-place and out= forms run through the same lowering.
         for variant in _variants(op):
             if variant not in registered and variant not in registry.LOWERINGS:
                 r = executor.runner_for(variant)
                 if r is not None:
-                    executor.install_kernel(lib, variant, r)
+                    _install(lib, variant, r)
                     registered.add(variant)
     # The device's one PrivateUse1 fallback was registered with the device
     # (torch_tpu.device.registration): it now hands every op with no kernel
@@ -58,6 +60,28 @@ def install() -> None:
     registration.set_fallback(fallback.handle)
     sparse.install()
     quantized.install()
+
+
+def _lib_for(op, aten_lib):
+    """The IMPL library of `op`'s namespace (the table also holds torch_tpu's own ops)."""
+    ns = op._schema.name.split("::")[0]
+    if ns == "aten":
+        return aten_lib
+    for lib in _libs:
+        if lib.ns == ns:
+            return lib
+    lib = torch.library.Library(ns, "IMPL")
+    _libs.append(lib)
+    return lib
+
+
+def _install(lib, op, runner) -> None:
+    from ..runtime import executor
+
+    if bounds.spec_for(op) is not None:  # index bounds checked first (ops/bounds.py)
+        lib.impl(op, bounds.guard(op, runner.__call__), "PrivateUse1")
+    else:
+        executor.install_kernel(lib, op, runner)  # PrivateUse1, maybe behind the C++ kernel
 
 
 def _variants(op):

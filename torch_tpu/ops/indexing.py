@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from . import core
+from . import bounds, core
 from .registry import lower, out_dtype, out_meta
 
 aten = torch.ops.aten
@@ -345,6 +345,7 @@ def _index_kernel(op):
 
         runner = executor.runner_for(op)
         indices = _strip(indices if new is None else new)
+        bounds.check_indices(op._schema.name, self, indices)
         if not _ambiguous(indices):
             return runner(self, indices)
         perm, tensors, p, nb, adjacent = _front_plan(self, indices)
@@ -414,6 +415,7 @@ def _index_put_kernel(op):
 
         runner = executor.runner_for(op)
         indices = _strip(indices if new is None else new)
+        bounds.check_indices(op._schema.name, self, indices)
         if not _ambiguous(indices):
             return runner(self, indices, values, *args, **kwargs)
         perm, tensors, p, nb, adjacent = _front_plan(self, indices)

@@ -510,9 +510,11 @@ def to_host(t: torch.Tensor) -> np.ndarray:
 def host_array(value: jax.Array, op: str, index: int) -> np.ndarray:
     """jax.Array `value` as numpy; the failure of the work that computed it
     raised as PyTorch's error for `op` (reading a failed buffer's memory
-    directly would abort the process)."""
-    from . import oom
+    directly would abort the process). Device-side checks pending from
+    earlier ops are raised first (`asserts`), as CUDA reports its asserts."""
+    from . import asserts, oom
 
+    asserts.check()
     oom.ready((value,), op, index)
     return np.asarray(value)
 
