@@ -6,15 +6,18 @@ import os
 os.environ.setdefault("TORCH_TPU_CPU_FALLBACK", "1")
 
 
-def _private_cache_dir():
-    """Each test process (xdist worker) gets its own, empty persistent cache.
+def _shared_cache_dir():
+    """One persistent cache for the whole run, shared by every xdist worker,
+    as users share one across processes (the default ~/.cache/torch_tpu).
 
-    Executables are still cached for the whole run (in memory, and on disk
-    for the process), but no worker loads another process's XLA:CPU
-    executables from a shared directory: deserializing those has crashed a
-    worker twice (a segfault inside XLA's loader on an entry that passed our
-    checksum; upstream jax-ml/jax#28908). Tests of cross-process loading make
-    their own directories. TORCH_TPU_CACHE_DIR, when set, is kept.
+    The controller process makes it when it loads this file, before the
+    workers start, and they inherit it; so every worker after the first to
+    compile a program loads it from disk: the warm path, on every run.
+    (Workers had private, empty directories while loading a LAPACK program
+    that another process stored crashed the loader; the cause is fixed in
+    torch_tpu.cache.needs.) Tests that need an empty or isolated cache make
+    their own directory (the `cache_dir` fixture below, or a tmp_path).
+    TORCH_TPU_CACHE_DIR, when set, is kept.
     """
     if "TORCH_TPU_CACHE_DIR" in os.environ:
         return
@@ -22,13 +25,12 @@ def _private_cache_dir():
     import shutil
     import tempfile
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    path = tempfile.mkdtemp(prefix=f"torch_tpu-test-cache-{worker}-")
+    path = tempfile.mkdtemp(prefix="torch_tpu-test-cache-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     os.environ["TORCH_TPU_CACHE_DIR"] = path
 
 
-_private_cache_dir()
+_shared_cache_dir()
 
 import torch_tpu  # noqa: E402,F401
 
@@ -50,3 +52,15 @@ def cache_dir(tmp_path):
     s.max_bytes = old_max
     s.set_dir(old_root)
     store_mod._warned.clear()
+
+
+@pytest.fixture(autouse=True)
+def _device_side_checks():
+    """Each test starts with no pending device-side check (index bounds) and
+    must not leave one unreported: a test whose ops indexed out of range
+    without reading a value fails here, not in whichever test reads next."""
+    from torch_tpu.runtime import asserts
+
+    asserts.discard()
+    yield
+    asserts.check()

@@ -351,7 +351,27 @@ def test_index_out_of_range():
     torch.testing.assert_close(x.to("tpu")[torch.tensor([3, -4])].cpu(), x[[3, -4]])
     with pytest.raises(IndexError):
         x.to("tpu")[torch.ones(3, dtype=torch.bool)]
-    # Device index tensors: deterministic fill on reads, dropped writes.
+    # Device index tensors: a device-side check raises at the next read.
+    t = x.to("tpu")
+    bad = torch.tensor([1, 7, -9]).to("tpu")
+    with pytest.raises(IndexError, match=r"aten::index: index 7 is out of bounds for "
+                                         r"dimension 0 with size 4"):
+        t[bad].cpu()
+    with pytest.raises(RuntimeError, match="aten::gather: index 5 is out of bounds"):
+        t.gather(1, torch.tensor([[0, 5]]).to("tpu")).sum().item()
+    with pytest.raises(IndexError, match="index -9 is out of bounds"):
+        t2 = t.clone()
+        t2[torch.tensor([-9]).to("tpu")] = 1.0
+        torch.tpu.synchronize()
+    torch.testing.assert_close(t.cpu(), x)  # nothing pending is raised twice
+
+
+def test_index_out_of_range_unchecked(monkeypatch):
+    """TORCH_TPU_INDEX_CHECKS=0: deterministic fill on reads, dropped writes."""
+    from torch_tpu.ops import bounds
+
+    monkeypatch.setattr(bounds, "ENABLED", False)
+    x = make((4, 5))
     t = x.to("tpu")
     bad = torch.tensor([1, 7, -9]).to("tpu")
     got = t[bad].cpu()

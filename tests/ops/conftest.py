@@ -10,6 +10,8 @@ Options:
                        outcome, cause, samples, duration, decomposed/fallback
                        ATen ops) to F; tools/op_coverage.py and
                        tests/ops/refresh_expectations.py read it.
+  --opinfo-path P      the path of the tpu calls: eager (default), fused or
+                       compiled (also TORCH_TPU_OPINFO_PATH); see harness.tpu_call.
   --opinfo-max-samples N
                        run N sample inputs per op, dtype and kind, evenly
                        spaced over the OpInfo's list (default 12, 0 = all;
@@ -32,11 +34,17 @@ def pytest_addoption(parser):
                 help="run tests/ops with the CPU fallback enabled")
     g.addoption("--opinfo-results", default=None,
                 help="write per-test JSON records of the OpInfo run to this file")
+    g.addoption("--opinfo-path", default=None, choices=("eager", "fused", "compiled"),
+                help="the path of the tpu calls: eager (default), fused (inside "
+                     "torch_tpu.fused()) or compiled (torch.compile(backend='tpu'))")
     g.addoption("--opinfo-max-samples", default=None, type=int,
                 help="sample inputs per op, dtype and kind (default 12; 0 = all)")
 
 
 def pytest_configure(config):
+    p = config.getoption("--opinfo-path", None)
+    if p is not None:
+        os.environ["TORCH_TPU_OPINFO_PATH"] = p
     n = config.getoption("--opinfo-max-samples", None)
     if n is not None:
         os.environ["TORCH_TPU_OPINFO_MAX_SAMPLES"] = str(n)

@@ -339,6 +339,64 @@ def _call(op, inp, args, kwargs):
     return op(inp, *args, **kwargs)
 
 
+# --------------------------------------------------------------------------
+# the path a tpu call takes (--opinfo-path, TORCH_TPU_OPINFO_PATH)
+#
+# eager: each op as its own cached executable (the default); fused: inside
+# `torch_tpu.fused()`, the sample's ops recorded and run as one program when
+# the block ends; compiled: through `torch.compile(backend="tpu")` of a
+# function calling the op (dynamo reset per sample: no recompile limit can
+# send a sample back to eager). A compiled sample that ran no compiled graph
+# (dynamo broke the graph at the op) or whose graph fell back to running op
+# by op fails as "not compiled". The warm path is the eager path in a second
+# process on the cache the first one filled (tools/op_coverage.py --path warm).
+
+PATHS = ("eager", "fused", "compiled")
+
+
+def path() -> str:
+    p = os.environ.get("TORCH_TPU_OPINFO_PATH", "eager") or "eager"
+    if p not in PATHS:
+        raise ValueError(f"TORCH_TPU_OPINFO_PATH={p!r}: one of {PATHS}")
+    return p
+
+
+def _graph_counts():
+    from torch_tpu.compile import backend
+
+    s = backend.GRAPH_STATS
+    return s.runs, s.eager_fallbacks
+
+
+def tpu_call(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` on tpu arguments, on this run's path."""
+    p = path()
+    if p == "fused":
+        with torch_tpu.fused():
+            return fn(*args, **kwargs)
+    if p == "compiled":
+        torch._dynamo.reset()
+        runs, fallbacks = _graph_counts()
+        out = torch.compile(fn, backend="tpu", dynamic=False)(*args, **kwargs)
+        runs2, fallbacks2 = _graph_counts()
+        if runs2 == runs:
+            raise Outcome("not compiled: no compiled graph ran (dynamo ran the op eagerly)")
+        if fallbacks2 != fallbacks:
+            raise Outcome("not compiled: the graph ran op by op (a lowering failed inside it)")
+        return out
+    return fn(*args, **kwargs)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The user-facing error under dynamo's wrappers (compiled path): the
+    exception PyTorch's own check raised while tracing."""
+    seen = 0
+    while (type(e).__module__.startswith("torch._dynamo") and e.__cause__ is not None
+           and seen < 8):
+        e, seen = e.__cause__, seen + 1
+    return e
+
+
 def _compare(actual, expected, tol, what):
     try:
         torch.testing.assert_close(actual, expected, equal_nan=True, check_device=False,
@@ -557,8 +615,10 @@ def _cpu_run(fn, recorder=None):
 def _tpu_run(fn):
     try:
         return fn(), None
+    except Outcome:
+        raise
     except Exception as e:  # noqa: BLE001
-        return None, e
+        return None, _unwrap(e)
 
 
 def classify_exception(e: BaseException) -> str:
@@ -628,7 +688,7 @@ def run_forward(name, op, dtype_name, *, stats=None):
             torch.manual_seed(1234 + i)
             expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args,
                                                        sample.kwargs), rec)
-        actual, tpu_exc = _tpu_run(lambda: to_cpu(_call(op, t_inp, t_args, t_kwargs)))
+        actual, tpu_exc = _tpu_run(lambda: to_cpu(tpu_call(_call, op, t_inp, t_args, t_kwargs)))
         stats["samples"] += 1
         if cpu_exc is not None or tpu_exc is not None:
             _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
@@ -649,7 +709,7 @@ def run_forward(name, op, dtype_name, *, stats=None):
                 ci, ca, ck = sample_clone(sample)
                 ti, ta, tk = sample_to_tpu(sample, op.name)
                 d_cpu.append(_call(op, ci, ca, ck))
-                d_tpu.append(to_cpu(_call(op, ti, ta, tk)))
+                d_tpu.append(to_cpu(tpu_call(_call, op, ti, ta, tk)))
             _compare_distribution(d_tpu, d_cpu, what)
             continue
         exact = None
@@ -924,14 +984,22 @@ def run_grad(name, op, dtype_name, *, stats=None):
         stats["samples"] += 1
 
         def tpu_side():
-            out = sample.output_process_fn_grad(call(t_inp, t_args, t_kwargs))
-            outs = _diff_outputs(out)
-            ins = _grad_inputs(t_inp, t_args, t_kwargs)
-            if len(outs) != len(res[0]):
-                raise Outcome(f"mismatch ({what}): {len(outs)} differentiable outputs, "
-                              f"CPU has {len(res[0])}")
-            cots = [c.to(o.device) for c, o in zip(res[0], outs)]
-            return to_cpu(torch.autograd.grad(outs, ins, cots, allow_unused=True))
+            # fused: the forward and the backward recorded in one block;
+            # compiled: the forward compiled (its backward graph with it).
+            fwd = tpu_call if path() == "compiled" else (lambda f, *a: f(*a))
+            fallbacks = _graph_counts()[1] if path() == "compiled" else 0
+            with torch_tpu.fused() if path() == "fused" else contextlib.nullcontext():
+                out = sample.output_process_fn_grad(fwd(call, t_inp, t_args, t_kwargs))
+                outs = _diff_outputs(out)
+                ins = _grad_inputs(t_inp, t_args, t_kwargs)
+                if len(outs) != len(res[0]):
+                    raise Outcome(f"mismatch ({what}): {len(outs)} differentiable outputs, "
+                                  f"CPU has {len(res[0])}")
+                cots = [c.to(o.device) for c, o in zip(res[0], outs)]
+                grads = torch.autograd.grad(outs, ins, cots, allow_unused=True)
+            if path() == "compiled" and _graph_counts()[1] != fallbacks:
+                raise Outcome("not compiled: the backward graph ran op by op")
+            return to_cpu(grads)
 
         actual, tpu_exc = _tpu_run(tpu_side)
         if cpu_exc is not None or tpu_exc is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from torch_tpu.runtime.asserts import DeviceIndexError
 import torch
 
 from . import expectations, harness
@@ -62,6 +63,7 @@ def check_bad_call(name, fn_cpu, fn_tpu, what):
         expected, cpu_exc = None, e
     try:
         actual, tpu_exc = to_cpu(fn_tpu()), None
+        torch.tpu.synchronize()  # device-side checks of calls that return nothing
     except Exception as e:  # noqa: BLE001
         actual, tpu_exc = None, e
     if cpu_exc is None:
@@ -77,6 +79,8 @@ def check_bad_call(name, fn_cpu, fn_tpu, what):
     if tpu_exc is not None:
         if type(tpu_exc) is type(cpu_exc):
             return "same error"
+        if isinstance(tpu_exc, DeviceIndexError) and isinstance(tpu_exc, type(cpu_exc)):
+            return "same error (device-side index check)"  # an IndexError and a RuntimeError
         raise harness.Outcome(
             f"{what}: tpu raises {type(tpu_exc).__name__} ({classify_exception(tpu_exc)}), "
             f"CPU raises {type(cpu_exc).__name__}: {str(cpu_exc).splitlines()[0][:120]}"

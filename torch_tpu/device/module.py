@@ -162,6 +162,9 @@ def synchronize(device=None) -> None:
     devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
     # Raises the error of failed asynchronous work, as torch.cuda.synchronize().
     _memory.synchronize(devs)
+    from ..runtime import asserts
+
+    asserts.check()  # device-side checks (index bounds) of the ops that ran
 
 
 # -- properties ------------------------------------------------------------

@@ -19,6 +19,10 @@ scatter*, index_select, index_add/copy/reduce, embedding) is the table
 `_SPECS` below, one line per op; their in-place and out= overloads share it.
 Compiled graphs (`torch.compile`) are not checked: their ops never reach these
 kernels (listed in docs/troubleshooting.md).
+
+``TORCH_TPU_INDEX_CHECKS=0`` turns the checks off for the process (read at
+start-up): the ops then run behind the native kernel again, and an index out
+of range reads the fill value or drops the write, as before the checks.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ import numpy as np
 import torch
 
 from ..runtime import asserts, calling
+from ..runtime.switches import switch_on
 from .registry import lower
+
+ENABLED = switch_on("TORCH_TPU_INDEX_CHECKS")
 
 _lib = torch.library.Library("torch_tpu", "FRAGMENT")
 _lib.define("index_bounds(Tensor index, int size, bool negative) -> Tensor")
@@ -61,9 +68,9 @@ _WHERE = (" (a device-side check, reported at the first host read after the op; 
 def check(op: str, index: Any, size: int, dim: int | None, negative: bool) -> None:
     """Defer the bounds check of tpu tensor `index` against `size` (see the
     module docstring); `dim` None: an index into the flattened tensor."""
-    if not isinstance(index, torch.Tensor) or index.device.type != "tpu" \
-            or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
-                                   torch.uint8) or index.numel() == 0:
+    if not ENABLED or not isinstance(index, torch.Tensor) or index.device.type != "tpu" \
+            or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8) \
+            or index.numel() == 0:  # (uint8 and bool index tensors are masks)
         return
     flags = index_bounds_op(index, int(size), bool(negative))
     text = _TEXT if dim is not None else _TAKE_TEXT
@@ -84,16 +91,21 @@ def check_indices(op: str, x: torch.Tensor, indices: Any) -> None:
             check(op, idx, x.shape[d], d, True)
 
 
-def _dim_size(x: torch.Tensor, dim: int) -> tuple[int, int]:
+def _dim_size(x: torch.Tensor, dim: int) -> tuple[int, int] | None:
+    """(size, dim) of `x` along `dim`; None for a bad dim (the op raises its own error)."""
     n = max(x.dim(), 1)
     d = dim + n if dim < 0 else dim
+    if not 0 <= d < n:
+        return None
     return (x.shape[d] if x.dim() else 1), d
 
 
 def _along_dim(negative: bool, tensor: str = "self", index: str = "index") -> Callable:
     def spec(a: dict) -> list:
-        size, d = _dim_size(a[tensor], a["dim"])
-        return [(a[index], size, d, negative)]
+        if not isinstance(a[tensor], torch.Tensor) or not isinstance(a["dim"], int):
+            return []
+        got = _dim_size(a[tensor], a["dim"])
+        return [] if got is None else [(a[index], got[0], got[1], negative)]
 
     return spec
 
@@ -132,6 +144,9 @@ _SPECS: dict = {
 
 
 def spec_for(op: Any) -> Callable | None:
+    """The bounds checks of `op` (or of its functional form), None without any."""
+    if not ENABLED:
+        return None
     spec = _SPECS.get(op)
     if spec is None:
         try:
