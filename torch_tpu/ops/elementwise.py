@@ -194,8 +194,18 @@ def add(self, other, alpha=1):
     return _axpy(x, y, alpha, 1)
 
 
+def _sub_check(self, other):
+    """CPU's sub_check: the kernel (not the meta function) rejects a bool operand."""
+    if any(isinstance(v, bool) or (hasattr(v, "dtype") and v.dtype == jnp.bool_)
+           for v in (self, other)):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+            "trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
+    _sub_check(self, other)
     x, y = prep(self, other)
     _alpha_check(x, alpha)
     return _axpy(x, y, alpha, -1)
@@ -203,6 +213,7 @@ def sub(self, other, alpha=1):
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self, other, alpha=1):
+    _sub_check(self, other)
     x, y = prep(self, other)
     _alpha_check(x, alpha)
     return y - _scaled(x, alpha)
@@ -331,12 +342,14 @@ def _remainder(x, y):
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(self, other):
     x, y = prep(self, other)
+    _reject(x, "remainder_cpu", bool_=True)
     return _remainder(x, y)
 
 
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(self, other):
     x, y = prep(self, other)
+    _reject(x, "fmod_cpu", bool_=True)
     return _fmod(x, y)
 
 
@@ -425,11 +438,15 @@ def _min(x, y):
 
 @lower(aten.maximum.default)
 def maximum(self, other):
+    if _is_complex(self) or _is_complex(other):
+        raise RuntimeError("maximum not implemented for complex tensors.")
     return _max(*prep(self, other))
 
 
 @lower(aten.minimum.default)
 def minimum(self, other):
+    if _is_complex(self) or _is_complex(other):
+        raise RuntimeError("minimum not implemented for complex tensors.")
     return _min(*prep(self, other))
 
 
@@ -672,6 +689,12 @@ def lcm(self, other):
 
 
 # -- bitwise and logical ------------------------------------------------------------
+
+
+def _reject(x, kernel, **kinds):
+    from .reductions import reject
+
+    reject(x, kernel, **kinds)
 
 
 def _integral_only(x, kernel):
@@ -950,16 +973,17 @@ _unary([aten.rad2deg.default], lambda x: x * _c(180.0 / math.pi, x))
 _unary([aten.angle.default], _angle)
 
 
-def _keep_int(fn):
+def _keep_int(fn, kernel):
     def f(x):
-        return x if (_is_int(x) or _is_bool(x)) else fn(x)
+        _reject(x, kernel, bool_=True)  # CPU's vml kernels have no bool
+        return x if _is_int(x) else fn(x)
     return f
 
 
-_unary([aten.floor.default], _keep_int(jnp.floor), kind=K.DEFAULT)
-_unary([aten.ceil.default], _keep_int(jnp.ceil), kind=K.DEFAULT)
-_unary([aten.trunc.default], _keep_int(jnp.trunc), kind=K.DEFAULT)
-_unary([aten.round.default], _keep_int(jnp.round), kind=K.DEFAULT)
+_unary([aten.floor.default], _keep_int(jnp.floor, "floor_vml_cpu"), kind=K.DEFAULT)
+_unary([aten.ceil.default], _keep_int(jnp.ceil, "ceil_vml_cpu"), kind=K.DEFAULT)
+_unary([aten.trunc.default], _keep_int(jnp.trunc, "trunc_vml_cpu"), kind=K.DEFAULT)
+_unary([aten.round.default], _keep_int(jnp.round, "round_vml_cpu"), kind=K.DEFAULT)
 _unary([aten.frac.default], lambda x: x - jnp.trunc(x), kind=K.DEFAULT)
 _unary([aten.neg.default], lambda x: -x, kind=K.DEFAULT)
 _unary([aten._conj_physical.default], jnp.conj, kind=K.NO_OPMATH)
@@ -967,14 +991,17 @@ _unary([aten._conj_physical.default], jnp.conj, kind=K.NO_OPMATH)
 
 @lower(aten.abs.default)
 def abs_(self):
+    _reject(self, "abs_cpu", bool_=True)
     x = prep(self, kind=K.COMPLEX_TO_FLOAT)
-    if _is_bool(x):
-        return x
     return jnp.abs(x)
 
 
 @lower(aten.sign.default)
 def sign(self):
+    if _is_complex(self):
+        raise NotImplementedError(
+            "Unlike NumPy, torch.sign is not intended to support complex numbers. Please use "
+            "torch.sgn instead.")
     x = prep(self)
     if _is_bool(x):
         return x
@@ -1066,7 +1093,13 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
     return fix(x)
 
 
+def _no_complex_clamp(*xs):
+    if any(x is not None and _is_complex(x) for x in xs):
+        raise NotImplementedError("clamp is not supported for complex types")
+
+
 def _clamp(x, lo, hi):
+    _no_complex_clamp(x, lo, hi)
     if lo is not None:
         x = _max(x, lo)
     if hi is not None:
@@ -1083,12 +1116,14 @@ def clamp(self, min=None, max=None):  # noqa: A002 (ATen names)
 @lower(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(self, min):  # noqa: A002
     x, lo = prep(self, min)
+    _no_complex_clamp(x, lo)
     return _max(x, lo)
 
 
 @lower(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(self, max):  # noqa: A002
     x, hi = prep(self, max)
+    _no_complex_clamp(x, hi)
     return _min(x, hi)
 
 
@@ -1107,6 +1142,9 @@ def _float(*xs):
 
 @lower(aten.relu.default)
 def relu(self):
+    _no_complex_clamp(self)  # CPU's relu is clamp_min(0)
+    if _is_bool(self):
+        raise RuntimeError("Boolean inputs not supported for relu")
     x = _float(self)
     return jnp.maximum(x, _zero(x))
 

@@ -251,6 +251,10 @@ def _reduction_check(op, label, dim_at, default_dim=None, any_dim_error=None):
     """
     def check(self, *args, **kwargs):
         dim = args[dim_at] if len(args) > dim_at else kwargs.get("dim", default_dim)
+        if any_dim_error is not None and (self.dtype == torch.bool or self.is_complex()):
+            # argmax/argmin: CPU rejects the dtype before looking at sizes.
+            kind = "bool" if self.dtype == torch.bool else "complex"
+            raise RuntimeError(f"{label}: does not support {kind} input")
         if self.numel() == 0:
             if dim is None:
                 if any_dim_error is not None:
