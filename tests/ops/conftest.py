@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -90,6 +91,9 @@ def pytest_runtest_logreport(report):
         return  # xdist workers: the controller writes the file
     props = dict(report.user_properties)
     if "opinfo_op" not in props:
+        crash = _crash_record(report)
+        if crash is not None:
+            config._opinfo_records.append(crash)
         return
     if report.when == "setup" and report.passed:
         return
@@ -117,6 +121,24 @@ def pytest_runtest_logreport(report):
             rec["cause"] = "error: " + (report.longreprtext.strip().splitlines() or [""])[-1][:200]
         config._opinfo_records.append(rec)
 
+
+
+_NODE = re.compile(r"::test_(forward|grad)\[(.+)-([a-z0-9]+)\]$")
+
+
+def _crash_record(report):
+    """A test whose worker died (a signal): xdist reports it without the
+    properties the test would have recorded, so its op comes from the node id.
+    Recorded as outcome "crash"; xdist starts a new worker and the run goes on."""
+    if not report.failed or "crashed while running" not in report.longreprtext:
+        return None
+    m = _NODE.search(report.nodeid)
+    if m is None:
+        return None
+    kind, op, dtype = m.groups()
+    return {"nodeid": report.nodeid, "op": op, "dtype": dtype, "kind": kind,
+            "outcome": "crash", "when": report.when, "duration": round(report.duration, 3),
+            "cause": "crash: " + report.longreprtext.strip().splitlines()[-1][:200]}
 
 
 def pytest_sessionfinish(session):
