@@ -716,6 +716,16 @@ def _eager_kernel(op):
     return kernel
 
 
+def _out_dtype_message(out_op, want, got):
+    if out_op is aten.nonzero.out:
+        from .indexing import _C10_TYPE_NAMES as names
+
+        # CPU's text, verbatim (its missing space included).
+        return (f"nonzero: Expected out tensor to have scalar type {names.get(want, want)} "
+                f"but got scalar type{names.get(got, got)}")
+    return f"{out_op}: Expected out tensor to have dtype {want}, but got {got} instead"
+
+
 def _eager_out_kernel(out_op, functional):
     schema = out_op._schema
     out_names = [a.name for a in schema.arguments if a.is_out]
@@ -732,9 +742,7 @@ def _eager_out_kernel(out_op, functional):
         res = functional(*fpos, **fkw)
         res = res if isinstance(res, tuple) else (res,)
         for o, r in zip(outs, res):
-            torch._check(o.dtype == r.dtype, lambda: (
-                f"{out_op}: Expected out tensor to have dtype {r.dtype}, but got {o.dtype} "
-                "instead"))
+            torch._check(o.dtype == r.dtype, lambda: _out_dtype_message(out_op, r.dtype, o.dtype))
             if tuple(o.shape) != tuple(r.shape):
                 o.resize_(r.shape)
             o.copy_(r)
