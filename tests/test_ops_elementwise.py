@@ -517,6 +517,19 @@ needs_foreach = pytest.mark.skipif(
     reason="foreach/fused lowerings are off until the executor returns None for ops "
            "returning () (see torch_tpu/ops/foreach.py: ACTIVE)")
 
+
+def test_foreach_lowerings_are_active():
+    """The foreach/fused-optimizer lowerings are on: the probe in ops/foreach.py
+    swallows every exception, so a refactor that broke it would turn the
+    product's lowerings off and the tests below into skips."""
+    from torch_tpu.ops.registry import LOWERINGS
+
+    assert _foreach.ACTIVE
+    assert torch.ops.aten._foreach_add_.Scalar in LOWERINGS or \
+        torch.ops.aten._foreach_add.Scalar in LOWERINGS
+    assert torch.ops.aten._fused_adam_.default in LOWERINGS
+
+
 # Lists mix shapes, a 0-dim tensor, an empty one and a non-contiguous view. Each
 # foreach call must be one executable over the whole list.
 
