@@ -59,6 +59,8 @@ def main() -> None:
             return
         if F64.search(text):
             f64[current[0]].add(str(name))
+        if not current[0].endswith("(float32)"):
+            return  # the precision rule is about float32 operands
         for m in DOT.finditer(text):
             line = m.group(0)
             # (no precision attribute at all means DEFAULT)
