@@ -131,6 +131,9 @@ def main() -> None:
     d = args.from_dir or args.out_dir or tempfile.mkdtemp(prefix="op-paths-")
     os.makedirs(d, exist_ok=True)
     seconds: dict = {}
+    if os.path.exists(os.path.join(d, "seconds.json")):  # a rerun of some paths keeps the rest
+        with open(os.path.join(d, "seconds.json")) as f:
+            seconds = json.load(f)
     if not args.from_dir:
         cache = tempfile.mkdtemp(prefix="op-paths-cache-")
         for p in paths:
@@ -140,9 +143,6 @@ def main() -> None:
                              cache if p in ("cold", "warm") else tempfile.mkdtemp(), args)
         with open(os.path.join(d, "seconds.json"), "w") as f:
             json.dump(seconds, f)
-    elif os.path.exists(os.path.join(d, "seconds.json")):
-        with open(os.path.join(d, "seconds.json")) as f:
-            seconds = json.load(f)
     results = {p: load(os.path.join(d, f"{p}.json")) for p in PATHS
                if os.path.exists(os.path.join(d, f"{p}.json"))}
     table = summary(results, seconds)

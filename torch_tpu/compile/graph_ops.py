@@ -293,6 +293,15 @@ def _split(g, a):
     return results if isinstance(g.out, (list, tuple)) else results[0]
 
 
+@graph_op(aten._conj.default, aten._neg_view.default)
+def _lazy_view(g, a):
+    # Eager keeps these as views with a conj/neg bit that readers resolve; a
+    # graph's arrays are values, so the conjugation or negation happens here
+    # (read as a plain alias, a compiled ifft returned its conjugate).
+    x = a["self"]
+    return jnp.conj(x) if g.node.target is aten._conj.default else -x
+
+
 @graph_op(aten.view_as_real.default, aten.view_as_complex.default)
 def _complex_view(g, a):
     # By value, as their *_copy lowerings: a graph's arrays are logical
