@@ -31,8 +31,9 @@ with_effects = torch.ops.higher_order.with_effects
 
 
 class Hoisted:
-    """One effectful call taken out of a graph: `op(*args, **kwargs)`, where the
-    tensor arguments are graph outputs (`("out", k)`: k-th extra output)."""
+    """One effectful call taken out of a graph: `op(*args, **kwargs)`, each
+    argument a slot: `("out", k)`, the graph's output k (one of the extra
+    outputs `hoist` appended), or `("const", value)`."""
 
     __slots__ = ("op", "args", "kwargs")
 
@@ -43,8 +44,7 @@ class Hoisted:
 
 
 def token_placeholders(gm: torch.fx.GraphModule) -> set:
-    """Placeholders that are effect tokens (their only uses are token arguments
-    of `with_effects`, or the graph's output after `hoist`)."""
+    """Placeholders passed as the token argument of a `with_effects` call."""
     tokens = set()
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is with_effects and n.args \

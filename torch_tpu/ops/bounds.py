@@ -69,8 +69,9 @@ def check(op: str, index: Any, size: int, dim: int | None, negative: bool) -> No
     """Defer the bounds check of tpu tensor `index` against `size` (see the
     module docstring); `dim` None: an index into the flattened tensor."""
     if not ENABLED or not isinstance(index, torch.Tensor) or index.device.type != "tpu" \
-            or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8) \
-            or index.numel() == 0:  # (uint8 and bool index tensors are masks)
+            or index.dtype not in (torch.int64, torch.int32) or index.numel() == 0:
+        # (PyTorch's index dtypes; uint8/bool are masks, and the ops reject the
+        # others with their own errors, which a check cast to int8 must not preempt)
         return
     flags = index_bounds_op(index, int(size), bool(negative))
     text = _TEXT if dim is not None else _TAKE_TEXT
