@@ -92,7 +92,10 @@ def _install(s: DiskStore) -> None:
     from jax._src import compilation_cache as cc
 
     # Every executable is worth keeping: an eager op compiles in milliseconds,
-    # but thousands of them add up to the seconds a warm start saves.
+    # but thousands of them add up to the seconds a warm start saves. (The
+    # runtime's compiles turn JAX's own write off for their thread and the
+    # tier writes them itself, under runtime/xla_lock.py's lock: see
+    # `_write_entry`.)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     with cc._cache_initialized_mutex:
@@ -123,12 +126,12 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
     the part spent tracing and lowering to StableHLO (before any tier could
     answer), the rest is XLA compilation or loading from disk. `compiled`
     (the executable, where the caller has one) is written to the disk tier
-    if it missed there and JAX did not write it (`_write_missed`).
+    if it missed there (`_write_entry`).
     """
     store = disk_store()
     events = store.end(token)
     if compiled is not None and "miss" in events and "write" not in events:
-        _write_missed(store, name, seconds - trace_seconds, compiled)
+        _write_entry(store, name, seconds - trace_seconds, compiled)
     if "hit" in events:
         source = "disk"
     elif "miss" in events or "write" in events or not store.enabled:
@@ -143,36 +146,35 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
     return source
 
 
-def _write_missed(store: DiskStore, name: str, seconds: float, compiled: object) -> None:
-    """Store an executable that missed the disk tier and that JAX left unwritten.
+def _write_entry(store: DiskStore, name: str, seconds: float, compiled: object) -> None:
+    """Store an executable that missed the disk tier, under `xla_lock.serializing()`.
 
-    JAX writes persistent-cache entries from process 0 only (to spare shared
-    file systems many writers of one entry). Under torchrun every other rank
-    compiles its own per-device programs (their key names its device), so
-    without this those ranks compiled every op again on every run. Our
-    directory is local to the host and its writes are atomic, so any process
-    may write. Programs that call back into Python are never stored (their
-    callbacks live in this process), as JAX decides.
+    Every process writes its own misses (JAX writes from process 0 only, to
+    spare shared file systems many writers of one entry; under torchrun the
+    other ranks compile their own per-device programs, whose keys name their
+    device, and without this compiled every op again on every run). Our
+    directory is local to the host and its writes are atomic. Programs that
+    call back into Python are never stored (their callbacks live in this
+    process), as JAX decides.
     """
     keys = store.last_keys
     if len(keys) != 1 or not store.writable:
         return
-    import jax
-
-    if jax.process_index() == 0:
-        return  # JAX wrote it, or chose not to (see jax._src.compiler._cache_write)
     unsafe_call = getattr(getattr(compiled, "_executable", None), "unsafe_call", None)
     if getattr(unsafe_call, "has_host_callbacks", True):
         return  # a host callback, or an executable type we cannot inspect: not stored
     if os.path.exists(store.file_for(keys[0])):
-        return  # another rank wrote it (programs that span processes share a key)
+        return  # another process wrote it (programs that span processes share a key)
     from jax._src import compilation_cache as cc
+
+    from ..runtime import xla_lock
 
     try:
         exe = compiled.runtime_executable()  # type: ignore[attr-defined]
-        cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
+        with xla_lock.serializing():
+            cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
     except Exception as e:  # noqa: BLE001 - the program runs; only the disk copy is lost
-        warn_once("write-rank", f"could not write {name}'s executable to the cache ({e})")
+        warn_once("write", f"could not write {name}'s executable to the cache ({e})")
 
 
 class _Tier:

@@ -129,9 +129,12 @@ def executable(jax_key: str, device: Any) -> Any:
     from jax._src import compilation_cache as cc
     from jax._src.lib import xla_client as xc
 
+    from ..runtime import xla_lock
+
     try:
-        exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
-                                            xc.DeviceList((device,)))
+        with xla_lock.compiling():  # a load is a compile's kin (xla_lock's docstring)
+            exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
+                                                xc.DeviceList((device,)))
     except Exception:  # noqa: BLE001 - an entry this jaxlib cannot load: lower instead
         return None
     return exe

@@ -150,7 +150,8 @@ _zeros_compiling: dict = {}  # key -> Future of its compiled program
 
 def _zeros_program(shape, jd, index):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
-    compiled = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower().compile()
+    lowered = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower()
+    compiled = programs.compile_lowered(programs.ProgramKind.ZEROS.value, lowered)[0]
     try:
         compiled._torch_tpu_bytes = programs.footprint(programs.ProgramKind.ZEROS.value, compiled)
     except AttributeError:
@@ -385,6 +386,107 @@ def _cast(value, want):
 def _local_scalar_dense(self):
     metrics.count("item")
     return st.to_host(self).reshape(()).item()
+
+
+# -- results in the memory format PyTorch's meta kernel gives them --------------
+#
+# The executor wraps every result as a plain (contiguous) tensor. Ops whose CPU
+# kernels keep their input's memory format (pooling on a channels_last input
+# returns channels_last, as `is_contiguous(memory_format=...)`, the next op and
+# torch.compile see) get `strided_kernel`: the op's runner, then each result
+# whose meta strides differ from contiguous is laid out in those strides (one
+# transpose program; the storage is then the flat array in that order, like
+# `empty_strided`). PyTorch's meta kernels compute the same strides as its CPU
+# kernels for these ops (tests/test_nn_parity.py compares them).
+
+
+def _dense_order(shape: tuple, stride: tuple) -> tuple | None:
+    """Dims from outermost to innermost if `stride` is dense (no gaps, no
+    overlap) for `shape`; None otherwise. Size-1 dims may sit anywhere."""
+    order = tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] == 1:
+            continue
+        if stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+def restrided(t: torch.Tensor, stride) -> torch.Tensor:
+    """Plain tpu tensor `t`'s value as a new tensor with strides `stride`."""
+    shape, stride = tuple(t.shape), tuple(int(s) for s in stride)
+    if t.numel() <= 1 or stride == tuple(t.stride()):
+        return t
+    order = _dense_order(shape, stride)
+    index = t.device.index or 0
+    if order is None:  # not a permutation of a dense layout: write the view
+        out = new_tensor(shape, t.dtype, index, stride)
+        copy_(out, t)
+        return out
+    value = executor.value(t)
+    key = (programs.ProgramKind.COPY, "restride", value.shape, value.dtype, order,
+           _olevel.LEVEL)
+    flat = programs.get_or_compile(
+        key, lambda v: jnp.transpose(v, order).reshape(-1), (value,))(value)
+    out = st.empty_tensor(shape, t.dtype, index, nbytes=t.numel() * t.element_size(),
+                          stride=stride)
+    st.attach(out, flat, st.data_of(t).origin)
+    return out
+
+
+def _layout_key(args, kwargs):
+    """A hashable key of the arguments' metadata (tensors by sizes, strides,
+    dtype), or None where an argument is not hashable."""
+    def part(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), tuple(v.stride()), v.dtype)
+        if isinstance(v, (list, tuple)):
+            return tuple(part(x) for x in v)
+        return v
+
+    key = (tuple(part(a) for a in args), tuple(sorted((k, part(v)) for k, v in kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def strided_kernel(op, check=None):
+    """A PrivateUse1 kernel for `op`: `check(*args, **kwargs)` if given (as
+    `checked_kernel`), then its runner, with each result in the strides
+    PyTorch's meta kernel gives it (channels_last in, channels_last out).
+    Calls whose tensor arguments are all contiguous return the runner's
+    results as they are."""
+    runner = None
+    strides: dict = {}  # argument metadata -> the results' strides
+
+    def kernel(*args, **kwargs):
+        nonlocal runner
+        if check is not None:
+            check(*args, **kwargs)
+        if runner is None:
+            runner = executor.runner_for(op)
+        out = runner(*args, **kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if all(a.is_contiguous() for a in tensors):
+            return out
+        key = _layout_key(args, kwargs)
+        want = strides.get(key) if key is not None else None
+        if want is None:
+            meta = executor.run_meta(op, args, kwargs)[0]
+            want = tuple(tuple(m.stride()) if isinstance(m, torch.Tensor) else None
+                         for m in (meta if isinstance(meta, (tuple, list)) else (meta,)))
+            if key is not None and len(strides) < 4096:
+                strides[key] = want
+        if isinstance(out, (tuple, list)):
+            return type(out)(restrided(o, s) if s is not None else o for o, s in zip(out, want))
+        return restrided(out, want[0])
+
+    kernel.__name__ = str(op)
+    return kernel
 
 
 # -- views: PyTorch's CPU kernels compute the metadata -------------------------

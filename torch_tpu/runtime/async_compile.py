@@ -237,14 +237,10 @@ def compile(name: str, key: Any, fn: Any, args: Any, index_key: str | None = Non
 
 def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level: int,
                   trace_s: float, index_key: str | None = None) -> None:
-    tier = programs.disk_tier()
-    token = tier.begin() if tier is not None else None
-    t0 = time.perf_counter()
     try:
-        compiled = lowered.compile(_olevel.compiler_options(level))
+        compiled, seconds, source = programs.compile_lowered(
+            name, lowered, _olevel.compiler_options(level), trace_s)
     except BaseException as e:  # noqa: BLE001 - kept, raised where the op's values are read
-        if tier is not None:
-            tier.abort(token)
         import jax
 
         if isinstance(e, jax.errors.JaxRuntimeError):  # no raw JAX error reaches the user
@@ -252,8 +248,6 @@ def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level
         else:
             p.error = _named(e, name)
         return
-    seconds = trace_s + time.perf_counter() - t0
-    source = tier.end(token, name, seconds, trace_s, compiled) if tier is not None else "compiled"
     programs.store_indexed(index_key, compiled)
     try:
         compiled._torch_tpu_bytes = p._torch_tpu_bytes

@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 
-from . import gc_pause
+from . import gc_pause, xla_lock
 
 
 class ProgramKind(str, enum.Enum):
@@ -538,6 +538,39 @@ def hooked_compile() -> Callable:
 # compiling
 
 
+def compile_lowered(name: str, lowered: Any, options: Any = None,
+                    trace_s: float = 0.0) -> tuple[Any, float, str]:
+    """XLA-compile a lowered program with the disk tier around it: every
+    compile of the process goes through here (the executor's, the compile
+    threads', the background zeros programs').
+
+    The compile holds `xla_lock.compiling()` (shared); the disk tier writes the
+    new executable after it, under `xla_lock.serializing()`. Returns
+    (compiled, seconds including `trace_s`, source: "compiled" / "disk" /
+    "uncached"). A failed compile raises, with the tier's bookkeeping undone.
+    """
+    # JAX's persistent-cache write inside `compile` (it serializes there, under
+    # our shared lock) is off for this call, on this thread only: the tier
+    # writes the entry in `end`. JAX compiles outside this function (eager
+    # jnp in a kernel) keep JAX's own write.
+    from jax._src import config as jax_config
+
+    tier = disk_tier()
+    token = tier.begin() if tier is not None else None
+    t0 = time.perf_counter()
+    try:
+        with xla_lock.compiling(), \
+                jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+            compiled = lowered.compile(options) if options is not None else lowered.compile()
+    except BaseException:
+        if tier is not None:
+            tier.abort(token)
+        raise
+    seconds = trace_s + time.perf_counter() - t0
+    source = tier.end(token, name, seconds, trace_s, compiled) if tier is not None else "compiled"
+    return compiled, seconds, source
+
+
 def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None = None,  # noqa: A001
             index_key: str | None = None, **jit_kwargs: Any) -> Any:
     """Trace, lower and compile `fn` for `args`: one memory-tier miss (not cached).
@@ -557,27 +590,19 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
 
     from . import opt_level as _olevel
 
-    tier = disk_tier()
-    token = tier.begin() if tier is not None else None
     rss0 = _rss()
     t0 = time.perf_counter()
-    t1 = None
-    source = "compiled"
-    compiled: Any = None
     gc_pause.begin()
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
-        t1 = time.perf_counter()
+        trace_s = time.perf_counter() - t0
         for listener in LOWERED_LISTENERS:
             listener(name, key, lowered)
-        compiled = lowered.compile(_olevel.compiler_options(
-            _olevel.LEVEL if opt_level is None else opt_level))
+        compiled, seconds, source = compile_lowered(
+            name, lowered, _olevel.compiler_options(
+                _olevel.LEVEL if opt_level is None else opt_level), trace_s)
     finally:
         gc_pause.end()
-        seconds = time.perf_counter() - t0
-        if tier is not None:
-            source = tier.end(token, name, seconds,
-                              (t1 - t0) if t1 is not None else seconds, compiled)
     store_indexed(index_key, compiled)
     try:
         compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
