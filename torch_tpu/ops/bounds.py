@@ -61,20 +61,27 @@ def index_bounds(index, size, negative):
 
 _TEXT = "{op}: index {value} is out of bounds for dimension {dim} with size {size}"
 _TAKE_TEXT = "{op}: out of range: tried to access index {value} on a tensor of {size} elements"
+# embedding_bag's CPU text (its padding_idx and max paths; the others word it
+# "Index 0 of input takes value ..."), which PyTorch's tests match.
+_BAG_TEXT = ("{op}: embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to "
+             "be {value} (num_embeddings {size})")
 _WHERE = (" (a device-side check, reported at the first host read after the op; "
           "TORCH_TPU_LAUNCH_BLOCKING=1 reports it at the op)")
 
 
-def check(op: str, index: Any, size: int, dim: int | None, negative: bool) -> None:
+def check(op: str, index: Any, size: int, dim: int | None, negative: bool,
+          text: str | None = None) -> None:
     """Defer the bounds check of tpu tensor `index` against `size` (see the
-    module docstring); `dim` None: an index into the flattened tensor."""
+    module docstring); `dim` None: an index into the flattened tensor;
+    `text` the error's own format (fields op, value, dim, size)."""
     if not ENABLED or not isinstance(index, torch.Tensor) or index.device.type != "tpu" \
             or index.dtype not in (torch.int64, torch.int32) or index.numel() == 0:
         # (PyTorch's index dtypes; uint8/bool are masks, and the ops reject the
         # others with their own errors, which a check cast to int8 must not preempt)
         return
     flags = index_bounds_op(index, int(size), bool(negative))
-    text = _TEXT if dim is not None else _TAKE_TEXT
+    if text is None:
+        text = _TEXT if dim is not None else _TAKE_TEXT
 
     def make_error(value: np.ndarray) -> BaseException | None:
         if not value[0]:
@@ -116,7 +123,14 @@ def _flat(a: dict) -> list:
 
 
 def _rows(a: dict) -> list:
-    return [(a["indices"], a["weight"].shape[0] if a["weight"].dim() else 1, 0, False)]
+    # A weight that is not 2-D is the op's own error (raised after this check).
+    if not isinstance(a["weight"], torch.Tensor) or a["weight"].dim() != 2:
+        return []
+    return [(a["indices"], a["weight"].shape[0], 0, False)]
+
+
+def _bag_rows(a: dict) -> list:
+    return [(*spec, _BAG_TEXT) for spec in _rows(a)]
 
 
 aten = torch.ops.aten
@@ -139,8 +153,8 @@ _SPECS: dict = {
     aten.take.default: _flat,
     aten.put.default: _flat,
     aten.embedding.default: _rows,
-    aten._embedding_bag.default: _rows,
-    aten._embedding_bag_forward_only.default: _rows,
+    aten._embedding_bag.default: _bag_rows,
+    aten._embedding_bag_forward_only.default: _bag_rows,
 }
 
 
@@ -166,8 +180,8 @@ def guard(op: Any, kernel: Callable) -> Callable:
 
     def guarded(*args, **kwargs):
         a = calling.bind(op, args, kwargs)
-        for index, size, dim, negative in spec(a):
-            check(name, index, size, dim, negative)
+        for spec_args in spec(a):
+            check(name, *spec_args)
         return kernel(*args, **kwargs)
 
     guarded.__name__ = str(op)

@@ -343,12 +343,30 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
              non_blocking=False, memory_format=None):
     dtype = dtype or self.dtype
     target = torch.device(device) if device is not None else self.device
+    stride = _copy_strides(self, dtype, memory_format)
     if target.type == "tpu":
         out = new_tensor_like_value(self, dtype, _device_index(target))
-        return out
-    out = torch.empty(tuple(self.shape), dtype=dtype, device=target)
+        return out if stride is None else restrided(out, stride)
+    if stride is None:
+        out = torch.empty(tuple(self.shape), dtype=dtype, device=target)
+    else:
+        out = torch.empty_strided(tuple(self.shape), stride, dtype=dtype, device=target)
     copy_(out, self)
     return out
+
+
+def _copy_strides(self, dtype, memory_format):
+    """The strides of `self.to(..., memory_format=memory_format)` (PyTorch's
+    rule: preserve_format keeps a dense tensor's strides, channels_last stays
+    channels_last); None for contiguous ones."""
+    if memory_format in (None, torch.preserve_format, torch.contiguous_format) \
+            and (self.is_contiguous() or memory_format is torch.contiguous_format):
+        return None
+    meta = torch.empty_strided(tuple(self.shape), tuple(self.stride()), dtype=self.dtype,
+                               device="meta")
+    stride = tuple(aten._to_copy.default(meta, dtype=dtype, memory_format=memory_format)
+                   .stride())
+    return None if stride == st.contiguous_strides(tuple(self.shape)) else stride
 
 
 def _device_value(src):

@@ -275,10 +275,26 @@ def compressed_moved(x, device, move):
         layout=x.layout, device=device, pin_memory=False)
 
 
+def _overlapping_copy(t, copy):
+    """copy(t), keeping t's strides where elements share memory (an expanded
+    tensor): CPU's sparse kernels choose their algorithm by the contiguity of
+    the values (`add_` merges the matching entries of contiguous values and
+    concatenates the others), so the CPU copy of a sparse tensor whose values
+    are expanded (an embedding's sparse gradient of a `sum()`) keeps them so."""
+    if t.is_contiguous() or t.numel() == 0 or any(s < 0 for s in t.stride()):
+        return copy(t)
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if extent >= t.numel():
+        return copy(t)
+    region = copy(t.as_strided((extent,), (1,), t.storage_offset()))
+    return region.as_strided(tuple(t.shape), tuple(t.stride()))
+
+
 def coo_to_cpu(x, copy):
     """CPU copy of sparse COO tpu tensor `x`; `copy(dense_tpu)` moves a dense part."""
     return aten._sparse_coo_tensor_with_dims_and_tensors.default(
-        x.sparse_dim(), x.dense_dim(), list(x.shape), copy(x._indices()), copy(x._values()),
+        x.sparse_dim(), x.dense_dim(), list(x.shape), copy(x._indices()),
+        _overlapping_copy(x._values(), copy),
         dtype=x.dtype, layout=torch.sparse_coo, device=torch.device("cpu"),
         pin_memory=False, is_coalesced=x.is_coalesced())
 

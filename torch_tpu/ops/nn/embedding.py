@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ...runtime import executor
+from .. import core
 from ..opmath import opmath, upcast
 from ..registry import lower
 from ._common import _meta_list
@@ -82,10 +84,13 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
         out = jnp.where(counts[:, None] > 0, out, 0)
         # First index (in bag order) reaching the maximum, like PyTorch's CPU.
         n = indices.shape[0]
-        hit = valid[:, None] & (vals == out[bag])
-        first = jax.ops.segment_min(jnp.where(hit, jnp.arange(n)[:, None], n), bag,
-                                    num_segments=nbags)
-        maxi = jnp.where(counts[:, None] > 0, indices[jnp.clip(first, 0, max(n - 1, 0))], 0)
+        if n == 0:  # every bag empty: nothing to pick (CPU's indices are 0)
+            maxi = jnp.zeros(tuple(metas[3].shape), jnp.int64)
+        else:
+            hit = valid[:, None] & (vals == out[bag])
+            first = jax.ops.segment_min(jnp.where(hit, jnp.arange(n)[:, None], n), bag,
+                                        num_segments=nbags)
+            maxi = jnp.where(counts[:, None] > 0, indices[jnp.clip(first, 0, n - 1)], 0)
     else:
         if per_sample_weights is not None:
             rows = rows * upcast(per_sample_weights)[:, None]
@@ -165,3 +170,42 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     bag, valid, _ = _bags(indices, offsets, include_last, padding_idx, nbags)
     rows = jnp.take(weight, indices, axis=0, mode="clip")
     return jnp.where(valid, jnp.sum(upcast(grad)[bag] * rows, axis=-1), 0)
+
+
+# --------------------------------------------------------------------------
+# kernels around the lowerings
+
+
+def _check_embedding_bag(weight, indices, offsets, *args, **kwargs):
+    """CPU's argument checks, in CPU's order (the meta kernel has no weight check)."""
+    if indices.dim() not in (1, 2):
+        raise RuntimeError(
+            f"input has to be a 1D or 2D Tensor, but got Tensor of dimension {indices.dim()}")
+    if indices.dim() == 1 and offsets.dim() != 1:
+        raise RuntimeError(
+            f"offsets has to be a 1D Tensor, but got Tensor of dimension {offsets.dim()}")
+    if weight.dim() != 2:
+        raise RuntimeError(
+            f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.dim()}")
+
+
+def _embedding_bag_backward_kernel(grad, indices, offsets, offset2bag, bag_size,
+                                   maximum_indices, num_weights, scale_grad_by_freq, mode,
+                                   sparse, per_sample_weights=None, padding_idx=-1):
+    # The gradient is dense on tpu whether `sparse` is set or not (XLA has no
+    # sparse arrays; docs/troubleshooting.md). PyTorch's meta kernel for the
+    # sparse form decomposes into a data-dependent masked_select when
+    # padding_idx is set, so the dense form is what runs.
+    return executor.runner_for(aten._embedding_bag_backward.default)(
+        grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+        scale_grad_by_freq, mode, False, per_sample_weights, padding_idx)
+
+
+def _install_kernels():
+    for op in (aten._embedding_bag.default, aten._embedding_bag_forward_only.default):
+        core.KERNELS.setdefault(op, core.checked_kernel(op, _check_embedding_bag))
+    core.KERNELS.setdefault(aten._embedding_bag_backward.default,
+                            _embedding_bag_backward_kernel)
+
+
+_install_kernels()

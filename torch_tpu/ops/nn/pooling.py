@@ -12,7 +12,10 @@ import numpy as np
 import torch
 from jax import lax
 
+from ...runtime import storage as st
+from .. import core
 from ..opmath import opmath, upcast
+from ..reductions import type_name
 from ..registry import lower
 from ._common import _expand_param, _is_float, _meta_list, _precision
 
@@ -337,8 +340,11 @@ def _scatter_flat(g, indices, in_sp):
     lead_shape = g.shape[:g.ndim - nsp]
     b = int(np.prod(lead_shape))
     n_in = int(np.prod(in_sp))
-    gf = g.reshape(b, -1)
-    idx = indices.reshape(b, -1)
+    n_out = int(np.prod(g.shape[g.ndim - nsp:]))
+    if b == 0 or n_in == 0 or n_out == 0:  # an empty batch: nothing to scatter
+        return jnp.zeros(lead_shape + tuple(in_sp), g.dtype)
+    gf = g.reshape(b, n_out)
+    idx = indices.reshape(b, n_out)
     rows = jnp.arange(b)[:, None]
     out = jnp.zeros((b, n_in), g.dtype).at[rows, idx].add(gf)
     return out.reshape(lead_shape + tuple(in_sp))
@@ -384,6 +390,10 @@ def _fractional_starts(sample, L, O, k):
 
 def _fractional_max_pool(x, kernel_size, output_size, samples):
     nsp = len(kernel_size)
+    out_meta = _meta_list()[0]
+    if out_meta.numel() == 0:  # an output size or a batch of 0: nothing to pool
+        shape = tuple(out_meta.shape)
+        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
     batched = x.ndim == nsp + 2
     if not batched:
         x, samples = x[None], samples.reshape((1,) + samples.shape[-2:])
@@ -442,11 +452,54 @@ def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size,
     return out.scatter_add(-1, idx, g).reshape(self.shape)
 
 
-def _install_fractional_kernel():
-    from .. import core
+# Ops whose CPU kernels keep the input's memory format (channels_last in,
+# channels_last out; the backwards follow the input): their results take the
+# strides PyTorch's meta kernel gives them (ops.core.strided_kernel).
+_KEEP_MEMORY_FORMAT = (
+    aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+    aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default,
+    aten.avg_pool2d.default, aten.avg_pool3d.default,
+    aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default,
+    aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default,
+    aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default,
+    aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
+    aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default,
+)
 
+
+# CPU's adaptive pooling kernels take floating types only; the name its error
+# gives, for a contiguous and a channels_last input.
+_ADAPTIVE_KERNEL_NAMES = {
+    aten._adaptive_avg_pool2d.default: ("adaptive_avg_pool2d",
+                                        "adaptive_avg_pool2d_channels_last"),
+    aten.adaptive_max_pool2d.default: ("adaptive_max_pool2d",
+                                       "adaptive_max_pool2d_channels_last"),
+    aten._adaptive_avg_pool3d.default: ("adaptive_avg_pool3d_cpu", "adaptive_avg_pool3d_cpu"),
+    aten.adaptive_max_pool3d.default: ("adaptive_max_pool3d_cpu", "adaptive_max_pool3d_cpu"),
+}
+
+
+def _adaptive_dtype_check(op):
+    plain, channels_last = _ADAPTIVE_KERNEL_NAMES[op]
+
+    def check(self, output_size):
+        if self.is_floating_point():
+            return
+        cl = (self.dim() == 4 and not self.is_contiguous()
+              and self.is_contiguous(memory_format=torch.channels_last))
+        name = channels_last if cl else plain
+        raise NotImplementedError(
+            f'"{name}" not implemented for \'{type_name(st.TORCH_TO_JAX[self.dtype])}\'')
+
+    return check
+
+
+def _install_kernels():
     core.KERNELS.setdefault(aten.fractional_max_pool3d_backward.default,
                             _fractional_max_pool3d_backward)
+    for op in _KEEP_MEMORY_FORMAT:
+        check = _adaptive_dtype_check(op) if op in _ADAPTIVE_KERNEL_NAMES else None
+        core.KERNELS.setdefault(op, core.strided_kernel(op, check))
 
 
-_install_fractional_kernel()
+_install_kernels()
