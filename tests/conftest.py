@@ -64,3 +64,60 @@ def _device_side_checks():
     asserts.discard()
     yield
     asserts.check()
+
+
+# Variables that libraries set for themselves, once per process, in whichever
+# test first reaches them: not that test's doing, so their changes are kept.
+ENV_SET_BY_LIBRARIES = frozenset({
+    "PYTEST_CURRENT_TEST",                      # pytest, around each test phase
+    "TF_CPP_MIN_LOG_LEVEL",                     # jax, at import
+    "TORCHINDUCTOR_CACHE_DIR",                  # torch._inductor's cache_dir(), first use
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",  # inductor's C++ wrapper, first load
+    "KMP_DUPLICATE_LIB_OK",                     # inductor's C++ builder
+    "TORCH_WARM_POOL",                          # inductor's compile worker pool
+    "TOKENIZERS_PARALLELISM",                   # transformers' generate
+})
+
+
+@pytest.fixture(autouse=True)
+def _environment_unchanged():
+    """A test leaves os.environ as it found it: a variable set or removed
+    without monkeypatch (or by the code under test) would reach every later
+    test of the worker and every child process they start. A change left
+    behind is undone here and fails the test (at teardown), naming it."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys()
+               if before.get(k) != after.get(k) and k not in ENV_SET_BY_LIBRARIES}
+    if not changed:
+        return
+    for k, (old, _) in changed.items():
+        if old is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = old
+    pytest.fail("the test left os.environ changed (restored now): "
+                + ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+                + " (use monkeypatch.setenv/delenv, which restore at the end of the test)",
+                pytrace=False)
+
+
+@pytest.fixture
+def no_cpu_fallback(monkeypatch):
+    """The CPU fallback off for one test (TORCH_TPU_CPU_FALLBACK=0, which
+    torch_tpu.ops.fallback reads at each op): an op without a tpu lowering
+    raises NotImplementedError naming it instead of quietly running on the
+    CPU, so a lowering that disappears fails the op tests instead of
+    comparing the CPU with itself. Also checked: no fallback was counted.
+    Op test modules turn it on for all their tests with
+    `pytestmark = pytest.mark.usefixtures("no_cpu_fallback")`; an expected
+    fallback is an xfail with its reason."""
+    from torch_tpu.debug import metrics
+
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+    before = dict(metrics.FALLBACKS)
+    yield
+    moved = {k: v - before.get(k, 0) for k, v in metrics.FALLBACKS.items()
+             if v != before.get(k, 0)}
+    assert not moved, f"ops ran through the CPU fallback: {moved}"

@@ -10,7 +10,10 @@ import torch
 
 import torch_tpu  # noqa: F401
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+# The CPU fallback off (conftest.no_cpu_fallback): an op here without a tpu
+# lowering fails instead of comparing the CPU with itself.
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.usefixtures("no_cpu_fallback")]
 
 
 def _bits(t):

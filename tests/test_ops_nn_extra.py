@@ -8,6 +8,10 @@ import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 
+# The CPU fallback off (conftest.no_cpu_fallback): an op here without a tpu
+# lowering fails instead of comparing the CPU with itself.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 aten = torch.ops.aten
 
 

@@ -4,12 +4,12 @@ Inputs are built on the CPU and copied to the device, so these tests only
 exercise the ops under test (plus copies and views).
 """
 
-import warnings
-
 import pytest
 import torch
 
-warnings.filterwarnings("ignore", message=".*has no tpu lowering.*")
+# The CPU fallback off (conftest.no_cpu_fallback): an op here without a tpu
+# lowering fails instead of comparing the CPU with itself.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 DEV = "tpu"
 NAN = float("nan")
