@@ -238,9 +238,8 @@ def test_hlo_of_eager_function_all_stages():
     assert prog.memory["output_size_in_bytes"] == 64
 
 
-@pytest.mark.skipif(aten.mm.default not in registry.LOWERINGS,
-                    reason="aten.mm has no lowering yet (linalg)")
 def test_hlo_of_matmul_plus_one_has_dot_and_add():
+    assert aten.mm.default in registry.LOWERINGS
     a = torch.randn(4, 4, device="tpu")
     b = torch.randn(4, 4, device="tpu")
     text = dbg.hlo(lambda a, b: a @ b + 1, a, b, stage="hlo")

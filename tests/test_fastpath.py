@@ -423,13 +423,27 @@ def test_pure_python_path_runs_eager_ops():
     assert " passed" in r.stdout and "failed" not in r.stdout
 
 
-@pytest.mark.skipif(not FORCED_PURE, reason="checks the forced pure-Python path")
-def test_forced_pure_python_path_is_pure():
+def _check_forced_pure_path():
     assert not fastpath.ACTIVE and fastpath.REASON == "TORCH_TPU_NATIVE=0"
     assert executor._fast_classify is None and storage._NATIVE is None
     assert executor._call is executor._call_python and executor._wrap_array is storage.wrap
     x = torch.ones(2, 2, device="tpu")
     assert torch.equal((x + x).cpu(), torch.full((2, 2), 2.0))
+
+
+def test_forced_pure_python_path_is_pure():
+    """TORCH_TPU_NATIVE=0 leaves nothing native on the path: checked here when
+    this process runs that way (CI's pure-Python step), else in a child that does."""
+    if FORCED_PURE:
+        _check_forced_pure_path()
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TORCH_TPU_NATIVE="0")
+    code = ("import sys; sys.path.insert(0, %r); import test_fastpath; "
+            "test_fastpath._check_forced_pure_path(); print('pure: ok')" % here)
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and "pure: ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def test_contiguous_empty_strided_is_a_plain_storage():

@@ -1,9 +1,11 @@
 """Elementwise lowerings against PyTorch CPU.
 
 Each op runs on CPU and on tpu with the same inputs: every dtype PyTorch's
-CPU supports for it (a dtype the CPU rejects is skipped), broadcasting over
+CPU supports for it (a dtype the CPU rejects is not listed), broadcasting over
 non-contiguous (transposed) inputs, and for float32 also strided slices,
-Python scalars, 0-dim tensors and empty tensors. In-place forms are checked
+Python scalars, 0-dim tensors and empty tensors; every such case compares
+values (a CPU error fails it). Invalid inputs (shapes that do not broadcast,
+an odd dimension for glu, ...) are the cases of `test_errors_match_cpu`. In-place forms are checked
 on views. Run with the CPU fallback disabled, so every op here is lowered.
 """
 
@@ -15,12 +17,8 @@ import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 
-
-
-@pytest.fixture(autouse=True)
-def _no_cpu_fallback(monkeypatch):
-    # Only this module's tests: other modules in the same worker keep the default.
-    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+# The CPU fallback off (conftest.no_cpu_fallback), for this module's tests only.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 I32, I64, BOOL, C64 = torch.int32, torch.int64, torch.bool, torch.complex64
@@ -91,7 +89,12 @@ def _make_args(op, dtype, layout, seed=0):
     g = torch.Generator().manual_seed(seed)
     shapes = _shapes(layout, op.n, op.same)
     if layout == "slice":
-        shapes = [(7, 6)] + [(6, 3) if not op.same else (7, 6)] * (op.n - 1)
+        # Every operand a strided (non-contiguous) view of a larger base: the
+        # first (7, 6)[1:, ::2] -> (6, 3); the others (12, 3)[::2, :] -> (6, 3),
+        # and a third one (12, 1)[::2] -> (6, 1), broadcast against them.
+        shapes = [(7, 6)] + [(12, 3) if not op.same else (7, 6)] * (op.n - 1)
+        if op.n > 2 and not op.same:
+            shapes[2:] = [(12, 1)] * (op.n - 2)
     bases = [_gen(s, dtype, d, g) for s, d in zip(shapes, op.domains)]
     views = _views(layout, op.n)
     if layout == "slice" and op.n > 1 and not op.same:
@@ -114,17 +117,11 @@ def _tol(op, dtype):
 
 
 def _check(op, dtype, layout):
+    """The values (and dtypes, shapes) of the tpu and the CPU agree. Every case
+    here is valid for PyTorch's CPU: a CPU error is a broken case, never a pass
+    (the errors are compared by the tests named `..._errors...` below)."""
     build = _make_args(op, dtype, layout)
-    try:
-        expected = op.fn(*build("cpu"))
-    except (RuntimeError, TypeError, NotImplementedError) as e:
-        # Not supported by PyTorch for this dtype: the tpu must refuse too, or
-        # it is a CPU-only kernel gap ("not implemented for 'Half'").
-        if "not implemented for" in str(e):
-            pytest.skip(f"CPU: {e}")
-        with pytest.raises(type(e)):
-            op.fn(*build("tpu"))
-        return
+    expected = op.fn(*build("cpu"))
     got = op.fn(*build("tpu"))
     exp_l = expected if isinstance(expected, (tuple, list)) else [expected]
     got_l = got if isinstance(got, (tuple, list)) else [got]
@@ -176,8 +173,9 @@ OPS = [
     Op("zeta", torch.special.zeta, 2, (F32,), domains=("gt1", "pos"), tol=SPECIAL_TOL),
     Op("igamma", torch.igamma, 2, (F32,), domains=("pos",), tol=SPECIAL_TOL),
     Op("igammac", torch.igammac, 2, (F32,), domains=("pos",), tol=SPECIAL_TOL),
-    Op("logaddexp", torch.logaddexp, 2, REAL),
-    Op("logaddexp2", torch.logaddexp2, 2, REAL),
+    # (integer logaddexp/logaddexp2/frac: PyTorch's CPU has no kernel to compare with)
+    Op("logaddexp", torch.logaddexp, 2, FLOATS),
+    Op("logaddexp2", torch.logaddexp2, 2, FLOATS),
     Op("lerp", lambda x, y: torch.lerp(x, y, 0.3), 2, FLOATS + (C64,)),
     Op("lerp_big", lambda x, y: torch.lerp(x, y, 0.8), 2, FLOATS),
     Op("lerp_tensor", torch.lerp, 3, FLOATS, domains=("any", "any", "unit")),
@@ -213,7 +211,8 @@ OPS = [
       for n in ("exp", "expm1", "sin", "cos", "tanh", "sqrt", "log", "sigmoid", "reciprocal")],
     *[Op(n, _f(n), 1, REAL) for n in ("exp2", "log2", "log10", "log1p", "rsqrt", "tan", "sinh",
                                       "cosh", "asinh", "atan", "erf", "erfc", "sinc",
-                                      "deg2rad", "rad2deg", "angle", "frac")],
+                                      "deg2rad", "rad2deg", "angle")],
+    Op("frac", torch.frac, 1, FLOATS),
     *[Op(n, _f(n), 1, REAL, domains=("unit",)) for n in ("asin", "acos", "atanh", "erfinv")],
     Op("acosh", torch.acosh, 1, REAL, domains=("gt1",)),
     Op("lgamma", torch.lgamma, 1, REAL, tol=SPECIAL_TOL),
@@ -269,7 +268,9 @@ OPS = [
     Op("softplus", lambda x: F.softplus(x, 2.0, 5.0), 1, FLOATS),
     Op("logsigmoid", F.logsigmoid, 1, FLOATS),
     Op("log_sigmoid_forward", torch.ops.aten.log_sigmoid_forward, 1, (F32,)),
-    Op("glu", lambda x: F.glu(x, 0), 1, FLOATS, layouts=False),
+    # glu halves a dimension of even size (odd sizes: test_errors_match_cpu)
+    Op("glu", lambda x: F.glu(x[:2], 0), 1, FLOATS, layouts=False),
+    Op("glu_last", lambda x: F.glu(x[:, :4], -1), 1, FLOATS, layouts=False),
     Op("hardshrink", lambda x: F.hardshrink(x, 0.7), 1, FLOATS),
     Op("softshrink", lambda x: F.softshrink(x, 0.7), 1, FLOATS),
     Op("prelu_kernel", lambda x, w: torch.ops.aten._prelu_kernel(x, w), 2, FLOATS),
@@ -327,6 +328,47 @@ def _layout_params():
 @pytest.mark.parametrize("op,dtype,layout", _layout_params())
 def test_layouts(op, dtype, layout):
     _check(op, dtype, layout)
+
+
+# -- errors: the tpu refuses what the CPU refuses, with the CPU's error ---------------------
+
+
+def _error_cases():
+    g = torch.Generator().manual_seed(9)
+
+    def rand(*shape, dtype=F32):
+        x = _gen(shape, dtype, "nz", g)  # the same values on both devices
+        return lambda dev: x.clone().to(dev)
+
+    cases = [
+        ("glu_odd_dim", lambda x: F.glu(x, 0), [rand(3, 5)]),
+        ("glu_odd_last_dim", lambda x: F.glu(x, -1), [rand(4, 5)]),
+        ("mul_inplace_self_broadcast", lambda x, y: x.mul_(y), [rand(1, 3), rand(4, 3)]),
+        ("sub_bool", torch.sub, [rand(3, dtype=BOOL), rand(3, dtype=BOOL)]),
+        ("bitwise_and_float", torch.bitwise_and, [rand(3), rand(3)]),
+        ("gcd_float", torch.gcd, [rand(3), rand(3)]),
+    ]
+    # Operands whose shapes do not broadcast, for every op of two or more inputs.
+    for op in OPS + BACKWARD:
+        if op.n > 1:
+            dt = F32 if F32 in op.dtypes else op.dtypes[0]
+            shapes = [(6, 3)] + [(4, 3)] * (op.n - 1)
+            cases.append((f"{op.name}_size_mismatch", op.fn,
+                          [rand(*s, dtype=dt) for s in shapes]))
+    return [pytest.param(fn, makers, id=name) for name, fn, makers in cases]
+
+
+@pytest.mark.parametrize("fn,makers", _error_cases())
+def test_errors_match_cpu(fn, makers):
+    """Invalid inputs: the CPU raises, and the tpu raises the same type with the
+    CPU's message (the tpu adds the op's name; a kernel name says `_tpu`)."""
+    with pytest.raises((RuntimeError, TypeError, NotImplementedError, ValueError)) as cpu:
+        fn(*[m("cpu") for m in makers])
+    with pytest.raises(cpu.type) as tpu:
+        fn(*[m("tpu") for m in makers])
+    want = str(cpu.value).splitlines()[0]
+    got = str(tpu.value)
+    assert got.startswith(want) or got.startswith(want.replace("_cpu", "_tpu")), (want, got)
 
 
 # -- in-place and out= on views ---------------------------------------------------
@@ -512,22 +554,30 @@ def test_shifts_beyond_width():
 
 from torch_tpu.ops import foreach as _foreach  # noqa: E402
 
-needs_foreach = pytest.mark.skipif(
-    not _foreach.ACTIVE,
-    reason="foreach/fused lowerings are off until the executor returns None for ops "
-           "returning () (see torch_tpu/ops/foreach.py: ACTIVE)")
-
 
 def test_foreach_lowerings_are_active():
-    """The foreach/fused-optimizer lowerings are on: the probe in ops/foreach.py
-    swallows every exception, so a refactor that broke it would turn the
-    product's lowerings off and the tests below into skips."""
+    """The foreach/fused-optimizer lowerings are on: were the probe in
+    ops/foreach.py to fail (it warns, naming the cause), the product would run
+    these ops through decompositions, and the foreach and optimizer tests below
+    would fail on their one-executable-per-call counts, not skip."""
     from torch_tpu.ops.registry import LOWERINGS
 
     assert _foreach.ACTIVE
     assert torch.ops.aten._foreach_add_.Scalar in LOWERINGS or \
         torch.ops.aten._foreach_add.Scalar in LOWERINGS
     assert torch.ops.aten._fused_adam_.default in LOWERINGS
+
+
+def test_foreach_probe_failure_warns(monkeypatch):
+    """A probe that breaks says so (a warning naming the cause), not silence."""
+    from torch_tpu.runtime import executor
+
+    def broken(*a, **k):
+        raise AttributeError("no _Runner here")
+
+    monkeypatch.setattr(executor, "_Runner", broken)
+    with pytest.warns(RuntimeWarning, match="lowerings are OFF.*AttributeError: no _Runner"):
+        assert _foreach._executor_returns_none_for_void_ops() is False
 
 
 # Lists mix shapes, a 0-dim tensor, an empty one and a non-contiguous view. Each
@@ -607,7 +657,6 @@ def _run_foreach(fn, a, b):
     return list(out) if out is not None else list(a) + list(b)
 
 
-@needs_foreach
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", list(FOREACH))
 def test_foreach(name, dtype):
@@ -632,7 +681,6 @@ def test_foreach(name, dtype):
     assert executor.STATS.requests - r0 == 1
 
 
-@needs_foreach
 def test_foreach_int_and_mixed_dtypes():
     a = [torch.arange(6).reshape(2, 3), torch.arange(3, dtype=torch.int32)]
     b = [torch.ones(2, 3, dtype=torch.int64), torch.full((3,), 2, dtype=torch.int32)]
@@ -684,7 +732,6 @@ def _steps(device, make, mode, n_steps=3):
     return params, opt
 
 
-@needs_foreach
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_matches_cpu(name, mode):
@@ -699,7 +746,6 @@ def test_optimizer_matches_cpu(name, mode):
                 assert v.device.type == "tpu"
 
 
-@needs_foreach
 @pytest.mark.parametrize("name", ["adamw", "sgd_nesterov"])
 def test_fused_optimizer_step_is_one_executable(name):
     from torch_tpu.runtime import executor
@@ -713,7 +759,6 @@ def test_fused_optimizer_step_is_one_executable(name):
     assert any(k.startswith("aten._fused_") for k in per_op)
 
 
-@needs_foreach
 def test_fused_adam_grad_scale_and_found_inf():
     def run(device, found):
         g = torch.Generator().manual_seed(3)
@@ -732,7 +777,6 @@ def test_fused_adam_grad_scale_and_found_inf():
             torch.testing.assert_close(t.cpu(), c, rtol=1e-5, atol=1e-6)
 
 
-@needs_foreach
 @pytest.mark.parametrize("mode", list(MODES))
 def test_small_model_adamw_matches_cpu(mode):
     # Also needs linear / mse_loss lowerings (other families).

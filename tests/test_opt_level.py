@@ -76,13 +76,15 @@ def test_eager_key_changes_with_level_and_option_reaches_xla(level_reset, xla_ca
     assert levels >= {0, 1, 3}
 
 
-def test_disk_key_changes_with_level(level_reset, monkeypatch):
-    if not cache.is_enabled():
-        pytest.skip("disk tier off")
+def test_disk_key_changes_with_level(level_reset, monkeypatch, cache_dir):
+    # A private, empty disk tier (on, whatever the run's setting) and an empty
+    # memory tier: both levels' programs are compiled here, whatever ran before.
     # last_compile_keys() is this thread's last compile: compile the ops here,
     # not on the background pool (runtime.async_compile).
     from torch_tpu.runtime import async_compile
 
+    assert cache.is_enabled()
+    executor.clear_cache()
     monkeypatch.setattr(async_compile, "ENABLED", False)
     t = torch.randn(11, 3, device="tpu")
     keys = {}

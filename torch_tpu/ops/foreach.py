@@ -34,11 +34,13 @@ def _executor_returns_none_for_void_ops() -> bool:
     """Whether the executor returns None for ops whose schema returns `()`.
 
     `_foreach_add_` and `_fused_adam_` return nothing; a kernel returning
-    anything else makes the dispatcher raise. Until the executor handles
+    anything else makes the dispatcher raise. Unless the executor handles
     them (both for lowerings with `mutates=` and for derived in-place forms),
     registering these lowerings would break every optimizer step, so this
     module then registers nothing and the ops keep their previous path
-    (decompositions or the CPU).
+    (decompositions or the CPU): correct, but one dispatch per tensor. That
+    is a regression of the product, never a choice, so it is said out loud:
+    a warning naming the cause (tests/test_ops_elementwise.py asserts ACTIVE).
     """
     try:
         from torch.utils import _pytree as pytree
@@ -50,10 +52,25 @@ def _executor_returns_none_for_void_ops() -> bool:
         mut = executor._Runner(op, registry.Lowering(op, None, mutates=("self",)))
         derived = executor._Runner(op, registry.Lowering(aten._foreach_zero.default, None),
                                    aten._foreach_zero.default)
-        return all(r._wrap(executor._Entry(None, spec, [None], ()), [], [[]], 0) is None
-                   for r in (mut, derived))
-    except Exception:
+        results = [r._wrap(executor._Entry(None, spec, [None], ()), [], [[]], 0)
+                   for r in (mut, derived)]
+    except Exception as e:  # reported below, with its cause
+        _probe_failed(f"the executor probe raised {type(e).__name__}: {e}")
         return False
+    if any(r is not None for r in results):
+        _probe_failed(f"the executor returns {results!r} for an op returning ()")
+        return False
+    return True
+
+
+def _probe_failed(cause: str) -> None:
+    import warnings
+
+    warnings.warn(
+        "torch_tpu: the _foreach_* and fused optimizer lowerings are OFF (each "
+        "optimizer step runs one op per tensor, through decompositions or the CPU): "
+        f"{cause}. See torch_tpu/ops/foreach.py (_executor_returns_none_for_void_ops).",
+        RuntimeWarning, stacklevel=2)
 
 
 ACTIVE = _executor_returns_none_for_void_ops()

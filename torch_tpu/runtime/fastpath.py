@@ -9,7 +9,8 @@ storage.empty_tensor/wrap), which still runs whenever the native part hands a
 call back and when the extension is absent.
 
 `NATIVE` is the loaded module, or None when TORCH_TPU_NATIVE=0 (forces the
-pure-Python path) or the extension was not built (`REASON` says why).
+pure-Python path) or the extension was not built or does not match this
+torch (`REASON` says why, and a warning at import says it too).
 tests/test_fastpath.py fails when an installed build silently goes unused.
 """
 
@@ -41,6 +42,13 @@ else:
                       f"{torch.__version__}; reinstall with `pip install -e .`")
 
 ACTIVE = NATIVE is not None
+if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0":
+    # A build that silently goes unused makes every eager op slower: said out
+    # loud (TORCH_TPU_NATIVE=0 chooses the pure-Python path and stays quiet).
+    import warnings
+
+    warnings.warn(f"torch_tpu: the native fast path is off: {REASON} (eager ops take the "
+                  "slower pure-Python path)", RuntimeWarning, stacklevel=2)
 
 # The native kernel (executor.install_kernel): ops' cache hits run in C++ from
 # the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
