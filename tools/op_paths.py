@@ -13,7 +13,14 @@ Paths, each a whole pytest run of tests/ops/test_opinfo.py (CPU fallback off):
 - ``fused``: inside ``torch_tpu.fused()`` (``--opinfo-path fused``);
 - ``compiled``: through ``torch.compile(backend="tpu")``
   (``--opinfo-path compiled``; a sample that ran no graph, or whose graph ran
-  op by op, fails as "not compiled").
+  op by op, fails as "not compiled", unless dynamo captures no graph of the
+  same call with CPU arguments either, or raises the same error there: then
+  no backend could compile it, and the case is an expected failure, "not
+  capturable", with its values still compared).
+
+Below the table, the compiled path's passes as a share of the eager (cold)
+passes that dynamo can capture at all: the issue's target (98 % forward,
+95 % grad) is about those.
 
 A worker killed by a signal is recorded as a ``crash`` of its test (xdist
 starts a new worker; tests/ops/conftest.py) and the run goes on. The page
@@ -83,6 +90,18 @@ def summary(results: dict, seconds: dict) -> str:
         row.append(str(len(diff)) if p != "cold" else "-")
         row.append(f"{seconds.get(p, 0):.0f}")
         lines.append("| " + " | ".join(row) + " |")
+    comp = results.get("compiled")
+    if comp and cold:
+        shares = []
+        for kind in ("forward", "grad"):
+            eager_ok = {k for k, v in cold.items() if k[2] == kind and v["outcome"] in PASSING}
+            uncapturable = {k for k in eager_ok if comp.get(k, {}).get("outcome") == "xfailed"
+                            and str(comp[k].get("cause", "")).startswith("not capturable")}
+            base = eager_ok - uncapturable
+            ok = sum(comp.get(k, {}).get("outcome") in PASSING for k in base)
+            shares.append(f"{kind} {ok}/{len(base)} ({100 * ok / max(1, len(base)):.1f} %; "
+                          f"{len(uncapturable)} not capturable on any device)")
+        lines += ["", "compiled, of the eager passes dynamo can capture: " + "; ".join(shares)]
     return "\n".join(lines)
 
 
