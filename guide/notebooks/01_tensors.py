@@ -183,14 +183,15 @@ def _(PLATFORM, mo):
 
 
 @app.cell
-def _(chain_len, chain_size, data_of, time, torch):
+def _(chain_len, chain_size, data_of, dbg, time, torch):
     _a = torch.randn(chain_size.value, chain_size.value, device="tpu") / chain_size.value**0.5
     (_a @ _a).cpu()                       # compile the matmul once, outside the timing
     torch.tpu.synchronize()
     _t0 = time.perf_counter()
     _b = _a
-    for _ in range(chain_len.value):
-        _b = _b @ _a
+    with dbg.capture() as dispatch_metrics:   # what the host did while dispatching
+        for _ in range(chain_len.value):
+            _b = _b @ _a
     dispatch_s = time.perf_counter() - _t0
     ready_after_dispatch = data_of(_b).array.is_ready()
     torch.tpu.synchronize()
@@ -198,7 +199,7 @@ def _(chain_len, chain_size, data_of, time, torch):
     print(f"dispatching {chain_len.value} matmuls: {dispatch_s * 1e3:8.2f} ms "
           f"(result ready right after? {ready_after_dispatch})")
     print(f"until the device finished:  {total_s * 1e3:8.2f} ms")
-    return dispatch_s, ready_after_dispatch, total_s
+    return dispatch_metrics, dispatch_s, ready_after_dispatch, total_s
 
 
 @app.cell(hide_code=True)
@@ -241,6 +242,7 @@ def _(dbg, op_choice, op_size, time, torch):
                            else op_size.value, device="tpu")
     call_times = []
     call_compiles = []
+    call_hits = []
     for _i in range(5):
         torch.tpu.synchronize()
         with dbg.capture() as _cap:
@@ -248,10 +250,11 @@ def _(dbg, op_choice, op_size, time, torch):
             run_op(op_input).cpu()
             call_times.append(time.perf_counter() - _t0)
         call_compiles.append(_cap["cache"]["misses"])
+        call_hits.append(_cap["cache"]["hits"])
     print("call  ms   executables compiled or loaded")
     for _i, (_t, _c) in enumerate(zip(call_times, call_compiles)):
         print(f"{_i + 1:>4}  {_t * 1e3:8.2f}  {_c}")
-    return call_compiles, call_times, op_input, run_op
+    return call_compiles, call_hits, call_times, op_input, run_op
 
 
 @app.cell
@@ -404,17 +407,24 @@ def test_tensors_and_transfers(back, dtype, numpy_error, t, total, transfers, to
 
 
 @app.cell
-def test_async_dispatch(dispatch_s, ready_after_dispatch, total_s):
-    assert not ready_after_dispatch, "the chain finished before the host returned"
-    assert dispatch_s < total_s
+def test_async_dispatch(chain_len, dispatch_metrics):
+    # Counts, not clocks (whether the chain is still running when the loop
+    # returns is a race the timings above show, not a claim to test): every
+    # matmul was dispatched, and the host never waited for the device while
+    # dispatching: no synchronization, no value read back.
+    assert dispatch_metrics["ops"].get("aten.mm.default", 0) == chain_len.value
+    assert dispatch_metrics["synchronizations"] == 0
+    assert dispatch_metrics["item_calls"] == 0
+    assert "device_to_host" not in dispatch_metrics["transfers"]
     return
 
 
 @app.cell
-def test_cache(call_compiles, call_times):
+def test_cache(call_compiles, call_hits):
+    # Counts, not clocks (that a hit is faster than a compile is what the
+    # chart above shows; on a loaded machine a single timing can say otherwise).
     assert all(c == 0 for c in call_compiles[1:]), "later calls must be cache hits"
-    if call_compiles[0]:  # the first call produced an executable (a fresh op/shape)
-        assert min(call_times[1:]) < call_times[0], "a cache hit must be faster than a compile"
+    assert all(h > 0 for h in call_hits[1:]), "later calls must be cache hits"
     return
 
 
