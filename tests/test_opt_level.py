@@ -11,7 +11,7 @@ import torch
 from jax._src import compiler as jax_compiler
 
 import torch_tpu.cache as cache
-from torch_tpu.runtime import executor, opt_level
+from torch_tpu.runtime import executor, opt_level, programs
 
 
 @pytest.fixture
@@ -47,8 +47,11 @@ def test_compiler_options_of_each_level():
             opt_level.set_level(bad)
 
 
-def test_eager_key_changes_with_level_and_option_reaches_xla(level_reset, xla_calls):
-    # Shapes no other test uses: the first call at each level compiles.
+def test_eager_key_changes_with_level_and_option_reaches_xla(level_reset, xla_calls, cache_dir):
+    # A private, empty disk tier and an empty memory tier: the first call at
+    # each level compiles (reaches XLA), whatever ran before, in this process or
+    # in an earlier run on the same cache directory.
+    executor.clear_cache()
     a = torch.randn(7, 13)
     b = torch.randn(7, 13)
     ta, tb = a.to("tpu"), b.to("tpu")
@@ -72,7 +75,7 @@ def test_eager_key_changes_with_level_and_option_reaches_xla(level_reset, xla_ca
     for level, r in results.items():
         torch.testing.assert_close(r, expected, msg=f"level {level}")
     torch.testing.assert_close(again, expected)
-    levels = {k[-1] for k in executor._CACHE if str(k[0]) == "aten.addcmul.default"}
+    levels = {k[-1] for k in programs.CACHE if str(k[0]) == "aten.addcmul.default"}
     assert levels >= {0, 1, 3}
 
 
@@ -105,7 +108,9 @@ class _MLP(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x))).sum()
 
 
-def test_compile_backend_option(level_reset, xla_calls):
+def test_compile_backend_option(level_reset, xla_calls, cache_dir):
+    # (a private, empty disk tier: the graphs are compiled here, reaching XLA,
+    # not loaded from an earlier run's cache)
     torch.manual_seed(0)
     model = _MLP()
     x = torch.randn(6, 9)
