@@ -14,6 +14,10 @@ import torch
 
 import torch_tpu  # noqa: F401
 
+# The CPU fallback off (conftest.no_cpu_fallback): an op here without a tpu
+# lowering fails instead of comparing the CPU with itself.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 
 @pytest.fixture
 def default_float64():
