@@ -109,11 +109,11 @@ def test_warm_path_is_synchronous():
     (x * 1.75).sum()
     torch.tpu.synchronize()
     assert aco.OUTSTANDING == 0
-    key_count = len(programs._CACHE)
+    key_count = len(programs.CACHE)
     y = x * 1.75  # a hit with concrete inputs: the ordinary path
     assert isinstance(_raw(y), jax.Array)
-    assert len(programs._CACHE) == key_count
-    entries = [e for k, e in programs._CACHE.items()
+    assert len(programs.CACHE) == key_count
+    entries = [e for k, e in programs.CACHE.items()
                if k[0] is torch.ops.aten.mul.Tensor and hasattr(e, "compiled")]
     assert entries and all(type(e.compiled) is not aco.PendingExecutable for e in entries)
 
@@ -167,7 +167,7 @@ def test_compile_failure_is_named(monkeypatch):
         # compile failed by then, else by the read.
         torch.sinh(x).cpu()
     monkeypatch.undo()
-    for k in [k for k in list(programs._CACHE) if k[0] is torch.ops.aten.sinh.default]:
+    for k in [k for k in list(programs.CACHE) if k[0] is torch.ops.aten.sinh.default]:
         programs.discard(k)  # (every sinh program: other tests may have made some)
     torch.testing.assert_close(torch.sinh(x).cpu(), torch.sinh(torch.ones(3, 17)))
 

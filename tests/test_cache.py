@@ -19,7 +19,7 @@ import torch
 import torch_tpu  # noqa: F401
 import torch_tpu.cache as cache
 from torch_tpu.cache import store as store_mod
-from torch_tpu.runtime import executor
+from torch_tpu.runtime import programs
 
 _counter = [0]
 
@@ -43,7 +43,7 @@ def _ones2():
 def _compile(fn, arr):
     # A fresh function object each time, so that JAX's own in-process caches
     # do not answer: what is not in our memory tier must come from the disk.
-    return executor._compile("cache_test", None, lambda a: fn(a), (arr,))
+    return programs.compile("cache_test", None, lambda a: fn(a), (arr,))
 
 
 def _entries(path):

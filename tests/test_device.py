@@ -423,7 +423,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
     the program compiles on first use. The memory is zeros on the device
     asked for, either way."""
     from torch_tpu.ops import core
-    from torch_tpu.runtime import async_compile, platform, programs, storage
+    from torch_tpu.runtime import async_compile, opt_level, platform, programs, storage
 
     last = torch.tpu.device_count() - 1
     as_number = torch.complex64 if dtype.is_complex else torch.float32
@@ -439,7 +439,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
 
     shape = (3, 7919 + _EMPTY_DTYPES.index(dtype))
     for index in {0, last}:
-        key = (programs.ProgramKind.ZEROS, shape, dtype, index)
+        key = (programs.ProgramKind.ZEROS, shape, dtype, index, opt_level.LEVEL)
         make(shape, index)
         assert not cached(key)
         compiling = core._zeros_compiling[key]
@@ -452,7 +452,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
     monkeypatch.setattr(async_compile, "ENABLED", False)
     shape = (5, 7919 + _EMPTY_DTYPES.index(dtype))
     make(shape, 0)
-    assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0))
+    assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0, opt_level.LEVEL))
 
 
 def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
@@ -460,25 +460,25 @@ def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
     cache and leave it with its LRU bound; finished background compiles of
     shapes never asked for again do not pile up either."""
     from torch_tpu.ops import core
-    from torch_tpu.runtime import async_compile, programs
+    from torch_tpu.runtime import async_compile, opt_level, programs
 
     shapes = [(2, 6007 + i) for i in range(6)]
     for shape in shapes:
         torch.empty(shape, device="tpu")  # a copy; the program compiles in the background
     for shape in shapes:
-        key = (programs.ProgramKind.ZEROS, shape, torch.float32, 0)
+        key = (programs.ProgramKind.ZEROS, shape, torch.float32, 0, opt_level.LEVEL)
         pending = core._zeros_compiling.get(key)
         if pending is not None:
             pending.result(timeout=120)
     torch.empty((2, 6100), device="tpu")  # a miss: the finished compiles move to the cache
-    keys = [(programs.ProgramKind.ZEROS, s, torch.float32, 0) for s in shapes]
+    keys = [(programs.ProgramKind.ZEROS, s, torch.float32, 0, opt_level.LEVEL) for s in shapes]
     assert not any(k in core._zeros_compiling for k in keys)
     assert all(programs.peek(k) is not None for k in keys)
 
     monkeypatch.setenv("TORCH_TPU_CACHE_SIZE", "3")
     monkeypatch.setattr(async_compile, "ENABLED", False)
     t = torch.empty((2, 6101), device="tpu")  # compiled and inserted at once
-    assert len(programs._CACHE) <= 3
+    assert len(programs.CACHE) <= 3
     assert sum(programs.peek(k) is not None for k in keys) <= 3
     monkeypatch.delenv("TORCH_TPU_CACHE_SIZE")
     assert not t.cpu().any()

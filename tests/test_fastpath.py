@@ -32,10 +32,10 @@ def _delta(before, after):
 def test_native_extension_is_loaded_and_on_the_hot_path():
     assert fastpath.ACTIVE, f"native fast path not loaded: {fastpath.REASON}"
     assert fastpath.KERNEL or NO_KERNEL, "the native kernel is not in front of the Python kernels"
-    assert executor._fast_classify is fastpath.NATIVE.classify
+    assert executor.fast_classify is fastpath.NATIVE.classify
     assert storage._NATIVE is fastpath.NATIVE
-    assert executor._call is fastpath.NATIVE.call
-    assert executor._wrap_array is fastpath.NATIVE.wrap
+    assert executor.call_executable is fastpath.NATIVE.call
+    assert executor.wrap_array is fastpath.NATIVE.wrap
     a = torch.ones(3, 3, device="tpu")
     b = torch.ones(3, 3, device="tpu")
     (a + b).cpu()  # compiled (a miss, maybe in the background) and done before counting
@@ -275,7 +275,7 @@ def test_alpha_one_is_part_of_the_program(dtype):
     x = (torch.randn(4, 5) * 8).to(dtype)
     y = (torch.randn(4, 5) * 8).to(dtype)
     xt, yt = x.to("tpu"), y.to("tpu")
-    plan = executor._Plan(aten.add.Tensor)
+    plan = executor.Plan(aten.add.Tensor)
     sig = _python_signature(plan, plan.bind((xt, yt), {}))
     assert sig.dyn == [] and sig.key[-1] is programs.KeyTag.ONE
     assert _python_signature(plan, plan.bind((xt, yt, True), {})).dyn == [True]
@@ -300,13 +300,13 @@ def test_alpha_one_is_part_of_the_program(dtype):
 
 
 def _python_signature(plan, vals):
-    sig = executor._Signature(plan)
-    executor._classify(plan, vals, sig)
+    sig = executor.Signature(plan)
+    executor.classify(plan, vals, sig)
     return sig
 
 
 def _native_signature(plan, vals):
-    sig = executor._Signature(plan)
+    sig = executor.Signature(plan)
     return sig if fastpath.NATIVE.classify(sig, plan.kinds, vals) else None
 
 
@@ -337,7 +337,7 @@ def test_native_signature_is_the_python_one(case):
         "int_list": (aten.permute.default, (x, [1, 0])),
         "bool_dtype": (aten.eq.Tensor, (x > 0, y > 0)),
     }[case]
-    plan = executor._Plan(op)
+    plan = executor.Plan(op)
     kwargs = {"device": torch.device("tpu", 0)} if case == "device_arg" else {}
     vals = plan.bind(args, kwargs)
     n = _native_signature(plan, vals)
@@ -363,7 +363,7 @@ def test_native_signature_hands_other_calls_back(case):
         "conj": (aten.add.Tensor, (z, z.conj())),
         "cpu_tensor": (aten.add.Tensor, (x, torch.ones(4, 5))),
     }[case]
-    plan = executor._Plan(op)
+    plan = executor.Plan(op)
     assert _native_signature(plan, plan.bind(args, {})) is None
     if case == "complex32_view":  # (a layout that may carry the storage's dtype)
         assert torch.equal(torch.view_as_real(op(*args).cpu()),
@@ -425,8 +425,8 @@ def test_pure_python_path_runs_eager_ops():
 
 def _check_forced_pure_path():
     assert not fastpath.ACTIVE and fastpath.REASON == "TORCH_TPU_NATIVE=0"
-    assert executor._fast_classify is None and storage._NATIVE is None
-    assert executor._call is executor._call_python and executor._wrap_array is storage.wrap
+    assert executor.fast_classify is None and storage._NATIVE is None
+    assert executor.call_executable is executor.call_python and executor.wrap_array is storage.wrap
     x = torch.ones(2, 2, device="tpu")
     assert torch.equal((x + x).cpu(), torch.full((2, 2), 2.0))
 
@@ -625,7 +625,7 @@ def test_memo_forgets_entries_the_cache_drops(monkeypatch):
     fn().cpu()
     assert executor.STATS.misses - misses == 1
     _memo_calls(fn)
-    key = next(k for k in programs._CACHE if k[0] is aten.exp.default)
+    key = next(k for k in programs.CACHE if k[0] is aten.exp.default)
     misses = executor.STATS.misses
     programs.discard(key)
     fn().cpu()

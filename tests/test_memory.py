@@ -164,18 +164,18 @@ def test_cache_byte_cap_evicts(monkeypatch):
     for n in range(3):
         torch.ones(n + 300, device="tpu") + 1
     # A bound of about three of these executables (their measured sizes).
-    cap = 3 * max(executor._ENTRY_BYTES.values())
+    cap = 3 * max(programs.ENTRY_BYTES.values())
     monkeypatch.setattr(programs, "_byte_cap", [cap])  # the program cache's bound
     ev0 = executor.STATS.evictions
     for n in range(3, 10):
         torch.ones(n + 300, device="tpu") + 1
     d = executor.STATS.as_dict()
     assert d["evictions"] - ev0 > 0
-    assert d["bytes"] <= executor._byte_capacity()
-    assert d["bytes"] == sum(executor._ENTRY_BYTES.values())
-    assert set(executor._ENTRY_BYTES) == set(executor._CACHE)
-    assert all(b >= executor._MIN_FOOTPRINT for k, b in executor._ENTRY_BYTES.items()
-               if getattr(executor._CACHE[k], "compiled", None) is not None)
+    assert d["bytes"] <= programs.byte_capacity()
+    assert d["bytes"] == sum(programs.ENTRY_BYTES.values())
+    assert set(programs.ENTRY_BYTES) == set(programs.CACHE)
+    assert all(b >= programs.MIN_FOOTPRINT for k, b in programs.ENTRY_BYTES.items()
+               if getattr(programs.CACHE[k], "compiled", None) is not None)
     mem = torch_tpu.cache.stats()["memory"]
     assert mem["bytes"] == d["bytes"] and mem["byte_capacity"] == cap
     executor.clear_cache()

@@ -573,10 +573,10 @@ def test_foreach_probe_failure_warns(monkeypatch):
     from torch_tpu.runtime import executor
 
     def broken(*a, **k):
-        raise AttributeError("no _Runner here")
+        raise AttributeError("no Runner here")
 
-    monkeypatch.setattr(executor, "_Runner", broken)
-    with pytest.warns(RuntimeWarning, match="lowerings are OFF.*AttributeError: no _Runner"):
+    monkeypatch.setattr(executor, "Runner", broken)
+    with pytest.warns(RuntimeWarning, match="lowerings are OFF.*AttributeError: no Runner"):
         assert _foreach._executor_returns_none_for_void_ops() is False
 
 

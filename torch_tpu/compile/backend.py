@@ -873,7 +873,7 @@ def _abstract(tree):
 
 
 def _relowerer(fn, lower_args, donating):
-    """A thunk lowering `fn` as `executor._compile` did for the graph tier (no
+    """A thunk lowering `fn` as `programs.compile` did for the graph tier (no
     arrays held: only their abstract values)."""
     abstract = _abstract(lower_args)
     kwargs = {"keep_unused": True}

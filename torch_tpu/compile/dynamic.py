@@ -39,7 +39,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..runtime import executor
+from ..runtime import executor, programs
 from ..runtime import storage as st
 from . import padding
 from .lowering import SymEnv
@@ -283,7 +283,7 @@ class Policy:
         rng = np.zeros((4,), np.uint32) if program.uses_rng else None
         sizes = np.zeros((len(symbols),), np.int32)
         try:
-            compiled = executor._compile(graph.name + "_bucketed",
+            compiled = programs.compile(graph.name + "_bucketed",
                                          (graph.fingerprint, graph.kind, key), fn,
                                          (list(arrays), list(graph.consts), rng, sizes),
                                          opt_level=key[2])

@@ -2,7 +2,7 @@
 
 Installed once (idempotently) as a listener on the executor's
 `COMPILE_LISTENERS`, so every program the executor compiles (eager ops, view
-reads, and whatever else goes through `executor._compile`) is recorded.
+reads, and whatever else goes through `programs.compile`) is recorded.
 Other producers (the torch.compile backend, `debug.hlo`) call
 `record(...)` directly, with the `jax.stages.Lowered` when they have it so
 that the dump holds the StableHLO and pre-optimization HLO as well.

@@ -158,7 +158,7 @@ def _rule_all_to_all(g, a):
 
 def _rule_broadcast(g, a):
     _active(a["group_name"])
-    return programs._select_from(a["input"], int(a["src"]))
+    return programs.select_from(a["input"], int(a["src"]))
 
 
 def _rule_wait(g, a):

@@ -148,10 +148,11 @@ _ZEROS_TRANSFER_MAX = 64 << 20
 _zeros_compiling: dict = {}  # key -> Future of its compiled program
 
 
-def _zeros_program(shape, jd, index):
+def _zeros_program(shape, jd, index, level):
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
     lowered = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower()
-    compiled = programs.compile_lowered(programs.ProgramKind.ZEROS.value, lowered)[0]
+    compiled = programs.compile_lowered(programs.ProgramKind.ZEROS.value, lowered,
+                                        _olevel.compiler_options(level))[0]
     try:
         compiled._torch_tpu_bytes = programs.footprint(programs.ProgramKind.ZEROS.value, compiled)
     except AttributeError:
@@ -169,7 +170,7 @@ def _zeros_settle() -> None:
 
 
 def _zeros(shape, dtype: torch.dtype, index: int):
-    key = (programs.ProgramKind.ZEROS, shape, dtype, index)
+    key = (programs.ProgramKind.ZEROS, shape, dtype, index, _olevel.LEVEL)
     fn = programs.peek(key)
     if fn is not None:
         return fn()
@@ -182,7 +183,7 @@ def _zeros(shape, dtype: torch.dtype, index: int):
             _zeros_settle()
             if pending is None:
                 _zeros_compiling[key] = async_compile.compile_pool().submit(
-                    _zeros_program, shape, jd, index)
+                    _zeros_program, shape, jd, index, key[-1])
             return jax.device_put(np.zeros(shape, jd), platform.jax_device(index))
         del _zeros_compiling[key]
         if pending.exception() is None:
@@ -190,7 +191,7 @@ def _zeros(shape, dtype: torch.dtype, index: int):
             programs.insert(key, fn)
             return fn()
         # The compile failed: compiling here raises its error for this op.
-    fn = _zeros_program(shape, jd, index)
+    fn = _zeros_program(shape, jd, index, key[-1])
     programs.insert(key, fn)
     return fn()
 

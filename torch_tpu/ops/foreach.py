@@ -49,10 +49,10 @@ def _executor_returns_none_for_void_ops() -> bool:
 
         op = aten._foreach_zero_.default
         spec = pytree.tree_flatten(None)[1]
-        mut = executor._Runner(op, registry.Lowering(op, None, mutates=("self",)))
-        derived = executor._Runner(op, registry.Lowering(aten._foreach_zero.default, None),
+        mut = executor.Runner(op, registry.Lowering(op, None, mutates=("self",)))
+        derived = executor.Runner(op, registry.Lowering(aten._foreach_zero.default, None),
                                    aten._foreach_zero.default)
-        results = [r._wrap(executor._Entry(None, spec, [None], ()), [], [[]], 0)
+        results = [r._wrap(executor.Entry(None, spec, [None], ()), [], [[]], 0)
                    for r in (mut, derived)]
     except Exception as e:  # reported below, with its cause
         _probe_failed(f"the executor probe raised {type(e).__name__}: {e}")

@@ -1004,7 +1004,7 @@ def _check_written_inputs(written, inputs):
     from ..runtime import executor
 
     for t in inputs:
-        if executor._overlaps(written, t):
+        if executor.overlaps(written, t):
             raise RuntimeError(
                 "unsupported operation: some elements of the input tensor and the written-to "
                 "tensor refer to a single memory location. Please clone() the tensor before "

@@ -69,7 +69,7 @@ def _normal(key, shape, dtype):
 
 
 def _dtype_name(dtype):
-    return executor._dtype_name(dtype)
+    return executor.dtype_name(dtype)
 
 
 def _check_uniform(dtype, lo, hi):
@@ -437,7 +437,7 @@ for _op in (aten.multinomial.default, aten.multinomial.out):
 
 
 def _inplace_runner(inplace, functional):
-    runner = executor._Runner(inplace, LOWERINGS[functional], functional)
+    runner = executor.Runner(inplace, LOWERINGS[functional], functional)
     return runner.__call__
 
 

@@ -4,7 +4,7 @@ A cold eager step is compile-bound: every new op signature costs an XLA
 compile (tens of milliseconds each on XLA:CPU, a hundred programs in the
 tiny Llama's first step) while the host would only need the result's shape
 and dtype, which PyTorch's meta kernels already gave. So on a cache miss the
-executor (`_Runner._build`) still runs the meta kernel, traces and lowers the
+executor (`executor.Runner._build`) still runs the meta kernel, traces and lowers the
 program on the host (errors in those raise at once, as before), and then
 `compile` hands XLA's compile to a thread pool (XLA compiles outside the
 GIL) and returns a `PendingExecutable`. Calling an op whose executable is
@@ -167,9 +167,9 @@ class PendingExecutable:
         self.compiled: Any = None
         self.error: BaseException | None = None
         self.entry: Any = None
-        # What the program cache counts for it (programs._footprint's
+        # What the program cache counts for it (programs.grown_footprint's
         # estimate for an executable without measurements).
-        self._torch_tpu_bytes = max(programs._DEFAULT_FOOTPRINT, programs._MIN_FOOTPRINT)
+        self._torch_tpu_bytes = max(programs.DEFAULT_FOOTPRINT, programs.MIN_FOOTPRINT)
         self._torch_tpu_specs: Any = None
 
     def result(self) -> Any:

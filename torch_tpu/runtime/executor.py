@@ -61,15 +61,7 @@ STATS = programs.STATS
 COMPILE_LISTENERS = programs.COMPILE_LISTENERS
 LOWERED_LISTENERS = programs.LOWERED_LISTENERS
 CacheStats = programs.CacheStats
-_CACHE = programs._CACHE
-_BYTES = programs._BYTES
-_ENTRY_BYTES = programs._ENTRY_BYTES
-_MIN_FOOTPRINT = programs._MIN_FOOTPRINT
-_capacity = programs.capacity
-_byte_capacity = programs.byte_capacity
-_compile = programs.compile
-_cache_get = programs.lookup
-_cache_put = programs.insert
+_CACHE = programs.CACHE  # read by name by the native kernel (csrc)
 
 # TORCH_TPU_LAUNCH_BLOCKING=1 (CUDA_LAUNCH_BLOCKING's analogue): every op waits
 # for its results before returning, so an asynchronous failure is raised by
@@ -78,11 +70,13 @@ LAUNCH_BLOCKING = os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower(
     "1", "true", "yes", "on")
 
 
-def _precision_token():
+def precision_token():  # noqa: F811 - rebound to cache_token on first use
+    """precision.cache_token, bound on first use (precision sits above the
+    runtime); the name is then rebound to it, so later calls pay nothing."""
     from ..precision import cache_token
 
-    global _precision_token
-    _precision_token = cache_token
+    global precision_token
+    precision_token = cache_token
     return cache_token()
 
 
@@ -121,7 +115,7 @@ def read(data, layout):
 # running ops
 
 
-class _Plan:
+class Plan:
     """How to bind and classify one overload's arguments, from its schema."""
 
     __slots__ = ("op", "name", "args", "kinds", "writes", "out_names", "defaults",
@@ -154,7 +148,7 @@ class _Plan:
         return vals
 
 
-class _Entry:
+class Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
                  "program", "fused_specs", "fast")
     # Set only for eager (data-dependent) lowerings, which run without jit.
@@ -185,7 +179,7 @@ def _device_mismatch(op_name, a, b):
         f"devices, {a} and {b}! (when checking arguments for {op_name})")
 
 
-class _Signature:
+class Signature:
     """Collects dynamic inputs, storage slots and the cache key of one call.
 
     This is the hot path of every eager op: keep it free of needless work.
@@ -265,26 +259,26 @@ def _cpu_scalar(t):
     return np.asarray(t.item(), dtype=st.TORCH_TO_JAX[t.dtype])
 
 
-# _classify's hit path in C++ (runtime/fastpath.py): fills the signature, or
+# classify's hit path in C++ (runtime/fastpath.py): fills the signature, or
 # returns False for the Python classifier to run. None: pure-Python path.
-_fast_classify = _NATIVE.classify if _NATIVE is not None else None
+fast_classify = _NATIVE.classify if _NATIVE is not None else None
 
 
-def _call_python(compiled, arrays, dyn, device):
+def call_python(compiled, arrays, dyn, device):
     return compiled(arrays, dyn)
 
 
 # An entry's executable called through JAX's C++ path with cached device
 # scalars (runtime/fastpath.py), and results made in one C++ step; else Python.
-_call = _NATIVE.call if _NATIVE is not None else _call_python
-_wrap_array = _NATIVE.wrap if _NATIVE is not None else st.wrap
+call_executable = _NATIVE.call if _NATIVE is not None else call_python
+wrap_array = _NATIVE.wrap if _NATIVE is not None else st.wrap
 
 
 def _fast_spec(entry):
     """What the native kernel (csrc/fastpath.cpp) needs to run a cache hit of
     `entry` itself: (executable, ((dtype, shape) of each result, ...)); None
     while its executable is still compiling; False for an entry whose hits
-    take _Runner.__call__'s other branches (an eager lowering, a memory check
+    take Runner.__call__'s other branches (an eager lowering, a memory check
     per call, storages it writes, results that are not all tensors)."""
     compiled = entry.compiled
     if compiled is None or entry.check or entry.writes:
@@ -339,7 +333,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
     lib.impl(op, kernel, "PrivateUse1")
 
 
-def _classify(plan, vals, sig):
+def classify(plan, vals, sig):
     """Recipes to rebuild each argument inside the program."""
     recipes: list[Any] = []
     append = recipes.append
@@ -494,14 +488,14 @@ def check_out_overlap(op, args, kwargs):
     if base in _NO_INPUT_OVERLAP:
         for o in outs:
             for i in ins:
-                if _overlaps(o, i):
+                if overlaps(o, i):
                     raise RuntimeError(
                         "unsupported operation: some elements of the input tensor and the "
                         "written-to tensor refer to a single memory location. Please clone() "
                         "the tensor before performing the operation.")
 
 
-def _overlaps(a, b):
+def overlaps(a, b):
     """at::get_overlap_status(a, b) is Full or Partial."""
     if a is b:
         return True
@@ -527,12 +521,12 @@ def _dense(t):
     return True
 
 
-class _Runner:
+class Runner:
     """Runs one ATen overload through its lowering and the executable cache."""
 
     def __init__(self, op, lowering, functional=None):
         self.op = op
-        self.plan = _Plan(op)
+        self.plan = Plan(op)
         if lowering.static:  # Scalars baked into the program (registry.Lowering.static)
             self.plan.kinds = tuple(_X if a.name in lowering.static else k
                                     for a, k in zip(self.plan.args, self.plan.kinds))
@@ -540,7 +534,7 @@ class _Runner:
         # For in-place/out= overloads: the functional overload whose lowering
         # computes the values, and which arguments receive them.
         self.functional = functional
-        fplan = _Plan(functional) if functional is not None else self.plan
+        fplan = Plan(functional) if functional is not None else self.plan
         self.fplan = fplan
         if functional is None:
             self.targets = tuple(self.plan.arg_index[n] for n in lowering.mutates)
@@ -554,14 +548,14 @@ class _Runner:
     def __call__(self, *args, **kwargs):
         plan = self.plan
         vals = plan.bind(args, kwargs)
-        sig = _Signature(plan)
-        if _fast_classify is None:
-            recipes = _classify(plan, vals, sig)
-        elif _fast_classify(sig, plan.kinds, vals):
+        sig = Signature(plan)
+        if fast_classify is None:
+            recipes = classify(plan, vals, sig)
+        elif fast_classify(sig, plan.kinds, vals):
             recipes = None  # only a miss needs them (below)
         else:
-            sig = _Signature(plan)  # the native part handed the call back
-            recipes = _classify(plan, vals, sig)
+            sig = Signature(plan)  # the native part handed the call back
+            recipes = classify(plan, vals, sig)
         if self.rng:
             from ..device import random as tpu_random
 
@@ -577,7 +571,7 @@ class _Runner:
         # 2.5, dtype=None), and the user may change it: part of every key.
         sig.key.append(torch.get_default_dtype())
         # Programs traced under another matmul precision differ.
-        sig.key.append(_precision_token())
+        sig.key.append(precision_token())
         # ... and at another XLA optimization level.
         sig.key.append(_olevel.LEVEL)
         key = tuple(sig.key)
@@ -586,7 +580,7 @@ class _Runner:
         hit = entry is not None
         if entry is None:
             if recipes is None:  # the same slots and dyn indices as `sig`'s
-                recipes = _classify(plan, vals, _Signature(plan))
+                recipes = classify(plan, vals, Signature(plan))
             with gc_pause.paused():  # meta kernels and tracing: short-lived cycles
                 entry = self._build(key, vals, args, kwargs, sig, recipes)
             if entry is None:  # out= tensors were resized: the signature changed
@@ -606,7 +600,7 @@ class _Runner:
                 if entry.compiled is None:  # eager (data-dependent) lowering
                     outs, new_bases = entry.eager_fn(arrays, sig.dyn)
                 else:
-                    outs, new_bases = _call(entry.compiled, arrays, sig.dyn, sig.device)
+                    outs, new_bases = call_executable(entry.compiled, arrays, sig.dyn, sig.device)
                 if LAUNCH_BLOCKING:
                     oom.ready(outs, plan.name, sig.device)
                     oom.ready(new_bases, plan.name, sig.device)
@@ -716,7 +710,7 @@ class _Runner:
         # stays pending (runtime.fused.abstract).
         arrays = [_aco.abstract(d) for d in sig.slot_data]  # (and async compilation's)
         if lowering.eager:
-            entry = _Entry(None, out_tree, meta_leaves, out_slots)
+            entry = Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
         else:
             # The outputs' device, always explicit: a factory has no device
@@ -744,7 +738,7 @@ class _Runner:
                                                    **jit_kwargs)
                 elif compiled is None:
                     compiled = (_aco.compile if _aco.ENABLED and not LAUNCH_BLOCKING
-                                else _compile)(name, key, program, (arrays, list(sig.dyn)),
+                                else programs.compile)(name, key, program, (arrays, list(sig.dyn)),
                                                index_key=index_key, **jit_kwargs)
             except (TypeError, ValueError):
                 # JAX rejected the lowering's input (a dtype or shape PyTorch's
@@ -753,12 +747,12 @@ class _Runner:
                 if isinstance(cpu, BaseException):
                     raise verdict.as_op_error(cpu, op) from None
                 raise
-            entry = _Entry(compiled, out_tree, meta_leaves, out_slots)
+            entry = Entry(compiled, out_tree, meta_leaves, out_slots)
             _aco.attach(entry)
             entry.program = program
         entry.nbytes = nbytes
         entry.check = large
-        _cache_put(key, entry)
+        programs.insert(key, entry)
         return entry
 
     def _check_result_cast(self, vals, args, kwargs):
@@ -788,8 +782,8 @@ class _Runner:
             for w, r in zip(written, results):
                 if isinstance(w, torch.Tensor) and not torch.can_cast(r.dtype, w.dtype):
                     raise RuntimeError(
-                        f"{plan.name}: result type {_dtype_name(r.dtype)} can't be cast to "
-                        f"the desired output type {_dtype_name(w.dtype)}")
+                        f"{plan.name}: result type {dtype_name(r.dtype)} can't be cast to "
+                        f"the desired output type {dtype_name(w.dtype)}")
 
     def _resize_outs(self, vals, margs, mkwargs):
         """Resize out= tensors whose shape the op changes (PyTorch warned already)."""
@@ -817,12 +811,12 @@ class _Runner:
         if self.lowering.mutates and not entry.out_meta:
             return None
         if len(entry.out_meta) == 1 and entry.out_tree.is_leaf():
-            return _wrap_array(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
+            return wrap_array(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
         it = iter(outs)
         leaves = []
         for m in entry.out_meta:
             if isinstance(m, torch.Tensor):
-                leaves.append(_wrap_array(next(it), device, m.dtype, self.plan.name))
+                leaves.append(wrap_array(next(it), device, m.dtype, self.plan.name))
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)
@@ -848,11 +842,11 @@ def _check_inplace_cast(name, targets, fmeta):
     results = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
     for (_, _, _, m), r in zip(targets, results):
         if m is not None and not torch.can_cast(r.dtype, m.dtype):
-            raise RuntimeError(f"{name}: result type {_dtype_name(r.dtype)} can't be cast to "
-                               f"the desired output type {_dtype_name(m.dtype)}")
+            raise RuntimeError(f"{name}: result type {dtype_name(r.dtype)} can't be cast to "
+                               f"the desired output type {dtype_name(m.dtype)}")
 
 
-def _dtype_name(dtype):
+def dtype_name(dtype):
     """PyTorch's C++ name of a dtype (torch.float32 -> Float), as CPU messages print it."""
     try:
         return torch.empty((), dtype=dtype, device="meta").type().split(".")[-1][:-len("Tensor")]
@@ -920,8 +914,8 @@ def _make_runner(op):
         from .. import ops  # noqa: F401
     low = registry.LOWERINGS.get(op)
     if low is not None:
-        return _Runner(op, low)
+        return Runner(op, low)
     functional = functional_of(op)
     if functional is not None and functional in registry.LOWERINGS:
-        return _Runner(op, registry.LOWERINGS[functional], functional)
+        return Runner(op, registry.LOWERINGS[functional], functional)
     return None

@@ -6,7 +6,7 @@
         opt.step()                   # the step's ops run here, as one program
 
 In strict eager mode (the default) every op runs at once as its own cached
-executable. In fused mode the executor (`_Runner.__call__`) still does
+executable. In fused mode the executor (`executor.Runner.__call__`) still does
 everything an op does up to running it: PyTorch's meta kernels check the
 arguments and give shapes and dtypes (so a bad call raises at once, as in
 strict mode), the op's program is traced and lowered once per signature (XLA
@@ -434,7 +434,7 @@ class LazyExecutable:
         self.trace_s = trace_s
         self.compiled: Any = None
         self.entry: Any = None  # set by `record`, which follows the entry's build
-        self._torch_tpu_bytes = max(programs._DEFAULT_FOOTPRINT, programs._MIN_FOOTPRINT)
+        self._torch_tpu_bytes = max(programs.DEFAULT_FOOTPRINT, programs.MIN_FOOTPRINT)
         self._torch_tpu_specs = specs
 
     def __call__(self, *args: Any) -> Any:

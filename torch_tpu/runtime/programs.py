@@ -203,9 +203,9 @@ class CacheStats:
             "hits": self.hits,
             "misses": self.misses,
             "evictions": self.evictions,
-            "entries": len(_CACHE),
+            "entries": len(CACHE),
             "capacity": capacity(),
-            "bytes": _BYTES[0],
+            "bytes": BYTES[0],
             "byte_capacity": byte_capacity(),
             "compile_seconds": self.compile_seconds,
             "disk_loads": self.disk_loads,
@@ -235,7 +235,7 @@ def settle() -> None:
 # --------------------------------------------------------------------------
 # the LRU, bounded by count and by bytes
 
-_CACHE: collections.OrderedDict = collections.OrderedDict()
+CACHE: collections.OrderedDict = collections.OrderedDict()
 
 
 def capacity() -> int:
@@ -243,10 +243,10 @@ def capacity() -> int:
     return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
 
 
-# Bytes of the executables in _CACHE (one-element list: mutated in place), and
+# Bytes of the executables in CACHE (one-element list: mutated in place), and
 # each entry's footprint.
-_BYTES = [0]
-_ENTRY_BYTES: dict = {}
+BYTES = [0]
+ENTRY_BYTES: dict = {}
 _byte_cap: list = []
 
 
@@ -275,11 +275,11 @@ def byte_capacity() -> float:
 # ~140 KB an entry, and the cache, holding ever more entries, kept growing).
 # An op's first compile is no measurement either (it carries one-time work:
 # XLA's initialization, the op's first tracing). An executable counts the
-# median of its op's measurements (at most nine), or _DEFAULT_FOOTPRINT
-# where it has fewer than three; at least _MIN_FOOTPRINT, at most 16 MiB a
+# median of its op's measurements (at most nine), or DEFAULT_FOOTPRINT
+# where it has fewer than three; at least MIN_FOOTPRINT, at most 16 MiB a
 # measurement. Measured on XLA:CPU (jax 0.10.2): ~0.5-1 MB an executable.
-_MIN_FOOTPRINT = 64 * 2**10
-_DEFAULT_FOOTPRINT = 512 * 2**10
+MIN_FOOTPRINT = 64 * 2**10
+DEFAULT_FOOTPRINT = 512 * 2**10
 _MAX_SAMPLE = 16 * 2**20
 _OP_SAMPLES: dict = {}
 _SAMPLING = [True]   # until the first eviction
@@ -294,7 +294,7 @@ def _rss() -> int:
         return 0
 
 
-def _footprint(name: str, grown: int, compiled: Any) -> int:
+def grown_footprint(name: str, grown: int, compiled: Any) -> int:
     try:
         code = int(compiled.memory_analysis().generated_code_size_in_bytes or 0)
     except Exception:  # noqa: BLE001  (no analysis for this executable)
@@ -305,33 +305,33 @@ def _footprint(name: str, grown: int, compiled: Any) -> int:
     elif _SAMPLING[0] and len(samples) < 9 and grown > 0:
         samples.append(min(grown, _MAX_SAMPLE))
         samples.sort()
-    known = samples[len(samples) // 2] if samples and len(samples) >= 3 else _DEFAULT_FOOTPRINT
-    return max(known, _MIN_FOOTPRINT) + code
+    known = samples[len(samples) // 2] if samples and len(samples) >= 3 else DEFAULT_FOOTPRINT
+    return max(known, MIN_FOOTPRINT) + code
 
 
 def lookup(key: Any) -> Any:
     """The entry cached under `key` (now the most recently used), or None."""
     STATS.requests += 1
-    entry = _CACHE.get(key)
+    entry = CACHE.get(key)
     if entry is not None:
         STATS.hits += 1
-        _CACHE.move_to_end(key)
+        CACHE.move_to_end(key)
     return entry
 
 
 def peek(key: Any) -> Any:
     """`lookup` without counting a request: for programs compiled outside
     `compile` (the zeros programs, ops.core), which count no miss either."""
-    entry = _CACHE.get(key)
+    entry = CACHE.get(key)
     if entry is not None:
-        _CACHE.move_to_end(key)
+        CACHE.move_to_end(key)
     return entry
 
 
 def footprint(name: str, compiled: Any) -> int:
     """The bytes `insert` charges for `compiled`, a program compiled outside
     `compile` (which measures its own)."""
-    return _footprint(name, 0, compiled)
+    return grown_footprint(name, 0, compiled)
 
 
 def insert(key: Any, entry: Any) -> None:
@@ -340,15 +340,15 @@ def insert(key: Any, entry: Any) -> None:
     TORCH_TPU_CACHE_BYTES bytes (the new entry itself always stays)."""
     compiled = getattr(entry, "compiled", entry)
     nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
-    old = _ENTRY_BYTES.pop(key, 0)
-    dropped = key in _CACHE
-    _CACHE[key] = entry
-    _ENTRY_BYTES[key] = nbytes
-    _BYTES[0] += nbytes - old
+    old = ENTRY_BYTES.pop(key, 0)
+    dropped = key in CACHE
+    CACHE[key] = entry
+    ENTRY_BYTES[key] = nbytes
+    BYTES[0] += nbytes - old
     cap, byte_cap = capacity(), byte_capacity()
-    while len(_CACHE) > 1 and (len(_CACHE) > cap or _BYTES[0] > byte_cap):
-        k, _ = _CACHE.popitem(last=False)
-        _BYTES[0] -= _ENTRY_BYTES.pop(k, 0)
+    while len(CACHE) > 1 and (len(CACHE) > cap or BYTES[0] > byte_cap):
+        k, _ = CACHE.popitem(last=False)
+        BYTES[0] -= ENTRY_BYTES.pop(k, 0)
         STATS.evictions += 1
         _SAMPLING[0] = False
         dropped = True
@@ -358,20 +358,20 @@ def insert(key: Any, entry: Any) -> None:
 
 def discard(key: Any) -> None:
     """Drop the entry cached under `key`, if any (its next call misses)."""
-    if _CACHE.pop(key, None) is not None:
-        _BYTES[0] -= _ENTRY_BYTES.pop(key, 0)
+    if CACHE.pop(key, None) is not None:
+        BYTES[0] -= ENTRY_BYTES.pop(key, 0)
         _dropped()
 
 
 def clear() -> None:
     """Drop every cached program of the in-memory tier."""
-    _CACHE.clear()
-    _ENTRY_BYTES.clear()
-    _BYTES[0] = 0
+    CACHE.clear()
+    ENTRY_BYTES.clear()
+    BYTES[0] = 0
     _dropped()
 
 
-# Called whenever an entry leaves _CACHE or is replaced: the native kernel
+# Called whenever an entry leaves CACHE or is replaced: the native kernel
 # remembers recent hits with their entries (csrc/fastpath.cpp, "the memo")
 # and forgets them all then (executor.install_kernel registers it). Entries
 # leave only through insert, discard and clear.
@@ -393,8 +393,8 @@ def memory_stats() -> dict:
     """The in-memory tier: counters, entries and bytes with their bounds."""
     settle()
     s = STATS
-    return {"hits": s.hits, "misses": s.misses, "entries": len(_CACHE),
-            "capacity": capacity(), "evictions": s.evictions, "bytes": _BYTES[0],
+    return {"hits": s.hits, "misses": s.misses, "entries": len(CACHE),
+            "capacity": capacity(), "evictions": s.evictions, "bytes": BYTES[0],
             "byte_capacity": byte_capacity(), "compile_seconds": s.compile_seconds,
             "disk_loads": s.disk_loads}
 
@@ -487,7 +487,7 @@ def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
     if compiled is None:
         return None
     try:
-        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
+        compiled._torch_tpu_bytes = grown_footprint(name, _rss() - rss0, compiled)
         compiled.relower = relower
     except AttributeError:
         pass
@@ -507,7 +507,7 @@ def store_indexed(index_key: str | None, compiled: Any) -> None:
             pass
 
 
-_COMPILE_HOOKS: list = []
+COMPILE_HOOKS: list = []
 
 
 def add_compile_hook(hook: Callable[[Callable], Callable]) -> None:
@@ -516,22 +516,22 @@ def add_compile_hook(hook: Callable[[Callable], Callable]) -> None:
     `hook(compile_fn)` returns a function with `compile`'s signature; hooks
     nest in the order they were added. Adding the same hook twice is a no-op.
     """
-    if hook not in _COMPILE_HOOKS:
-        _COMPILE_HOOKS.append(hook)
-        _hooked.clear()
+    if hook not in COMPILE_HOOKS:
+        COMPILE_HOOKS.append(hook)
+        HOOKED.clear()
 
 
-_hooked: list = []
+HOOKED: list = []
 
 
 def hooked_compile() -> Callable:
     """`compile` wrapped by the declared compile hooks (see add_compile_hook)."""
-    if not _hooked:
+    if not HOOKED:
         fn: Callable = compile
-        for hook in _COMPILE_HOOKS:
+        for hook in COMPILE_HOOKS:
             fn = hook(fn)
-        _hooked.append(fn)
-    return _hooked[0]
+        HOOKED.append(fn)
+    return HOOKED[0]
 
 
 # --------------------------------------------------------------------------
@@ -605,7 +605,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
         gc_pause.end()
     store_indexed(index_key, compiled)
     try:
-        compiled._torch_tpu_bytes = _footprint(name, _rss() - rss0, compiled)
+        compiled._torch_tpu_bytes = grown_footprint(name, _rss() - rss0, compiled)
     except AttributeError:  # an executable type without a __dict__
         pass
     record_compile(name, key, seconds, compiled, source)
@@ -638,10 +638,10 @@ def get_or_compile(key: tuple, fn: Callable, args: Any, name: str | None = None)
     """
     # lookup(), inlined: this is on the path of every copy, cast and view read.
     STATS.requests += 1
-    compiled = _CACHE.get(key)
+    compiled = CACHE.get(key)
     if compiled is not None:
         STATS.hits += 1
-        _CACHE.move_to_end(key)
+        CACHE.move_to_end(key)
         return compiled
     if name is None:
         name = key_name(key)
