@@ -438,11 +438,10 @@ RESIZE_FORMATS = [None, torch.contiguous_format, torch.channels_last, torch.chan
                   torch.preserve_format]
 
 
-@pytest.mark.parametrize("memory_format", RESIZE_FORMATS, ids=str)
-@pytest.mark.parametrize("size", [(2, 3, 2, 2), (1, 2, 3, 2, 2), (12,), (3, 2), (0, 4)],
-                         ids=str)
-@pytest.mark.parametrize("base", ["transposed", "offset_view"])
-def test_resize_with_memory_format_like_cpu(memory_format, size, base):
+RESIZE_SIZES = [(2, 3, 2, 2), (1, 2, 3, 2, 2), (12,), (3, 2), (0, 4)]
+
+
+def _resize_fns(memory_format, size, base):
     def make(device):
         if base == "transposed":
             return torch.arange(6.0, device=device).reshape(3, 2).t()
@@ -454,11 +453,31 @@ def test_resize_with_memory_format_like_cpu(memory_format, size, base):
             return t.resize_(size)
         return t.resize_(size, memory_format=memory_format)
 
-    try:
-        want = resize("cpu")
-    except RuntimeError:
-        _raises_like_cpu(resize)
-        return
+    return make, resize
+
+
+def _resize_cases(cpu_raises: bool):
+    """The (memory_format, size, base) cases the CPU accepts, or those it refuses
+    (a memory format of another rank, preserve_format)."""
+    out = []
+    for base in ("transposed", "offset_view"):
+        for size in RESIZE_SIZES:
+            for memory_format in RESIZE_FORMATS:
+                try:
+                    _resize_fns(memory_format, size, base)[1]("cpu")
+                    raises = False
+                except RuntimeError:
+                    raises = True
+                if raises == cpu_raises:
+                    out.append(pytest.param(memory_format, size, base,
+                                            id=f"{base}-{size}-{memory_format}"))
+    return out
+
+
+@pytest.mark.parametrize("memory_format,size,base", _resize_cases(cpu_raises=False))
+def test_resize_with_memory_format_like_cpu(memory_format, size, base):
+    make, resize = _resize_fns(memory_format, size, base)
+    want = resize("cpu")
     got = resize("tpu")
     assert got.shape == want.shape and got.stride() == want.stride()
     assert got.storage_offset() == want.storage_offset()
@@ -466,3 +485,8 @@ def test_resize_with_memory_format_like_cpu(memory_format, size, base):
     old = make("cpu").untyped_storage().nbytes() // 4 - want.storage_offset()
     if want.numel() <= old and base == "offset_view":
         torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("memory_format,size,base", _resize_cases(cpu_raises=True))
+def test_resize_with_memory_format_errors_like_cpu(memory_format, size, base):
+    _raises_like_cpu(_resize_fns(memory_format, size, base)[1])
