@@ -281,14 +281,18 @@ def _(mo):
 
 @app.cell
 def _(cpu_only_cumprod, os, torch):
+    _old = os.environ.get("TORCH_TPU_CPU_FALLBACK")
     os.environ["TORCH_TPU_CPU_FALLBACK"] = "0"
     try:
         cpu_only_cumprod(torch.ones(3, device="tpu"))
         strict_error = None
     except NotImplementedError as e:
         strict_error = str(e)
-    finally:
-        os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+    finally:  # the setting as it was
+        if _old is None:
+            os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+        else:
+            os.environ["TORCH_TPU_CPU_FALLBACK"] = _old
     print("NotImplementedError:", strict_error)
     return (strict_error,)
 

@@ -294,11 +294,15 @@ def _(mo, os, torch):
             @torch.library.custom_op("guide06::cpu_only", mutates_args=(), device_types="cpu")
             def _cpu_only(x: torch.Tensor) -> torch.Tensor:
                 return x.clone()
+        old = os.environ.get("TORCH_TPU_CPU_FALLBACK")
         os.environ["TORCH_TPU_CPU_FALLBACK"] = "0"
         try:
             torch.ops.guide06.cpu_only(torch.ones(2, device="tpu"))
-        finally:
-            os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+        finally:  # the setting as it was
+            if old is None:
+                os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+            else:
+                os.environ["TORCH_TPU_CPU_FALLBACK"] = old
 
     common_errors = {
         "mixing devices: tpu + cpu tensor": error_of(
