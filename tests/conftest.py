@@ -76,6 +76,8 @@ ENV_SET_BY_LIBRARIES = frozenset({
     "KMP_DUPLICATE_LIB_OK",                     # inductor's C++ builder
     "TORCH_WARM_POOL",                          # inductor's compile worker pool
     "TOKENIZERS_PARALLELISM",                   # transformers' generate
+    "CUBLAS_WORKSPACE_CONFIG",                  # torch._inductor.fx_passes, at import
+    "MPLCONFIGDIR",                             # matplotlib, at import (no writable home)
 })
 
 
