@@ -1,14 +1,19 @@
 """Run PyTorch's own device-generic test files for the `tpu` device (and CPU).
 
 PyTorch's test files (test/test_indexing.py, test/test_type_promotion.py,
-test/test_view_ops.py, ...) are not shipped in the torch wheel and are not
-part of this repository. Put them in a directory (read from the pytorch
-repository at a version matching the installed torch), then:
+test/test_view_ops.py, test/nn/test_embedding.py, test/nn/test_pooling.py,
+...) are not shipped in the torch wheel and are not part of this repository.
+Put them in a directory (read from the pytorch repository at a version
+matching the installed torch; the test/nn/ files either next to the others or
+in an `nn/` subdirectory), then:
 
     python tools/pytorch_device_tests.py /path/to/dir                # tpu
     python tools/pytorch_device_tests.py /path/to/dir --device cpu   # baseline
     python tools/pytorch_device_tests.py /path/to/dir --device tpu --device cpu \\
-        --files test_indexing.py --failures
+        --files test_indexing.py nn/test_pooling.py --failures
+
+The default files are DEFAULT_FILES below; a name is looked up in the
+directory, then in its `nn/` subdirectory.
 
 Each file runs unmodified in its own pytest process, inside that directory
 (so this repository's conftest and pytest options do not apply), with
@@ -16,8 +21,19 @@ Each file runs unmodified in its own pytest process, inside that directory
 `instantiate_device_type_tests` then instantiates the tests for that device
 only. The installed torch_tpu backend is imported up front (`-p torch_tpu`),
 so `tpu` is PyTorch's PrivateUse1 device and gets the PrivateUse1 test base.
-The script prints pass / fail / skip counts per file and device, and with
-`--failures` the names of the failing tests with the first line of each error.
+The script prints pass / fail / skip counts and the minutes each run took,
+per file and device, and with `--failures` the names of the failing tests
+with the first line of each error. A run that ends without its report (a
+crash) is listed as one, with its exit code and the end of its output, and
+the script exits non-zero.
+
+Device-side checks (an index out of range, `torch_tpu.runtime.asserts`) are
+reported when the host next waits. So that a check is reported by the test
+whose op failed it, not by whichever test reads a value next, each test
+starts with none pending and the ones it leaves are read when it ends (the
+plugin `_device_tests_plugin.py` next to this script, as tests/conftest.py
+does for the project's tests). `--launch-blocking` runs with
+TORCH_TPU_LAUNCH_BLOCKING=1, where each op reports its own check at once.
 """
 
 from __future__ import annotations
@@ -27,10 +43,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-DEFAULT_FILES = ("test_view_ops.py", "test_indexing.py", "test_type_promotion.py")
+# test/test_*.py and test/nn/test_*.py of pytorch/pytorch.
+DEFAULT_FILES = ("test_view_ops.py", "test_indexing.py", "test_type_promotion.py",
+                 "test_embedding.py", "test_pooling.py")
+TOOLS = Path(__file__).resolve().parent
 
 
 def _parse_junit(path: Path):
@@ -54,12 +74,30 @@ def _parse_junit(path: Path):
     return passed, failed, skipped, failures
 
 
+def resolve(directory: Path, filename: str) -> Path | None:
+    """`filename` in `directory`, else in its nn/ subdirectory (test/nn/ files)."""
+    for path in (directory / filename, directory / "nn" / filename):
+        if path.is_file():
+            return path
+    return None
+
+
+class Crash(RuntimeError):
+    """A test run that ended without writing its report."""
+
+
 def run_file(directory: Path, filename: str, device: str, extra: list[str],
-             timeout: float):
+             timeout: float, launch_blocking: bool = False):
     """Run one test file for one device; return the parsed counts."""
+    path = resolve(directory, filename)
+    assert path is not None, filename
     env = dict(os.environ)
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
     env.setdefault("TORCH_TPU_CPU_FALLBACK", "1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(TOOLS)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if launch_blocking:
+        env["TORCH_TPU_LAUNCH_BLOCKING"] = "1"
     with tempfile.TemporaryDirectory(prefix="pt-device-tests-") as tmp:
         # A private, empty compile cache per run, as tests/conftest.py gives
         # each pytest process: a run against a shared directory crashed once
@@ -67,15 +105,15 @@ def run_file(directory: Path, filename: str, device: str, extra: list[str],
         env.setdefault("TORCH_TPU_CACHE_DIR", str(Path(tmp) / "cache"))
         report = Path(tmp) / "report.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "-p", "no:xdist", "-p", "torch_tpu", "--rootdir", str(directory),
-               f"--junitxml={report}", "-o", "junit_family=xunit1",
-               str(directory / filename), *extra]
+               "-p", "no:xdist", "-p", "torch_tpu", "-p", "_device_tests_plugin",
+               "--rootdir", str(directory), f"--junitxml={report}",
+               "-o", "junit_family=xunit1", str(path), *extra]
         proc = subprocess.run(cmd, cwd=directory, env=env, capture_output=True,
                               text=True, timeout=timeout)
         if not report.exists():
             tail = (proc.stdout + proc.stderr)[-3000:]
-            raise RuntimeError(f"{filename} [{device}] produced no report "
-                               f"(exit code {proc.returncode}):\n{tail}")
+            raise Crash(f"{filename} [{device}] produced no report "
+                        f"(exit code {proc.returncode}):\n{tail}")
         return _parse_junit(report)
 
 
@@ -94,21 +132,38 @@ def main(argv=None) -> int:
                         help="pytest -k expression, to run a subset")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds allowed per file and device")
+    parser.add_argument("--launch-blocking", action="store_true",
+                        help="run with TORCH_TPU_LAUNCH_BLOCKING=1 (device-side "
+                             "checks raise at their op)")
     args = parser.parse_args(argv)
     devices = args.device or ["tpu"]
     extra = ["-k", args.keyword] if args.keyword else []
     directory = args.directory.resolve()
-    missing = [f for f in args.files if not (directory / f).is_file()]
+    missing = [f for f in args.files if resolve(directory, f) is None]
     if missing:
-        parser.error(f"not found in {directory}: {', '.join(missing)}")
+        parser.error(f"not found in {directory} (or its nn/): {', '.join(missing)}")
 
-    header = f"{'file':<28} {'device':<6} {'pass':>6} {'fail':>6} {'skip':>6}"
+    header = (f"{'file':<28} {'device':<6} {'pass':>6} {'fail':>6} {'skip':>6} "
+              f"{'minutes':>8}")
     rows = []
+    crashed = False
     for filename in args.files:
         for device in devices:
-            passed, failed, skipped, failures = run_file(
-                directory, filename, device, extra, args.timeout)
-            row = f"{filename:<28} {device:<6} {passed:>6} {failed:>6} {skipped:>6}"
+            start = time.monotonic()
+            try:
+                passed, failed, skipped, failures = run_file(
+                    directory, filename, device, extra, args.timeout,
+                    args.launch_blocking)
+            except Crash as e:
+                crashed = True
+                print(f"CRASH [{device}] {e}", flush=True)
+                row = f"{filename:<28} {device:<6} {'crashed':>20}"
+                rows.append(row)
+                print(f"done: {row}", flush=True)
+                continue
+            minutes = (time.monotonic() - start) / 60
+            row = (f"{filename:<28} {device:<6} {passed:>6} {failed:>6} {skipped:>6} "
+                   f"{minutes:>8.1f}")
             rows.append(row)
             if args.failures:
                 for name, message in failures:
@@ -120,7 +175,7 @@ def main(argv=None) -> int:
     print(header)
     for row in rows:
         print(row)
-    return 0
+    return 1 if crashed else 0
 
 
 if __name__ == "__main__":

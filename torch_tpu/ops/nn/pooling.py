@@ -64,6 +64,58 @@ def _tap_slices(x, nsp, out_sp, kernel, stride, padding, dilation, fill):
         yield v, (None if valid.all() else valid), idx
 
 
+# Windows of more taps than this are pooled by one gather of every window
+# (`_max_pool_windows`) instead of one strided slice per tap: a 7x7x7 window
+# unrolled into 343 slices took a minute to compile (bfloat16, XLA:CPU), as
+# did the backward's 343 pads.
+MAX_UNROLLED_TAPS = 32
+
+
+def _window_table(in_sp, out_sp, kernel, stride, padding, dilation):
+    """(flat input index, in bounds) of each (output position, tap), taps in
+    row-major order: numpy arrays of shape (prod(out_sp), prod(kernel))."""
+    idx = np.zeros((int(np.prod(out_sp)), int(np.prod(kernel))), np.int64)
+    valid = np.ones(idx.shape, bool)
+    for j, (L, O, k, s, p, d) in enumerate(zip(in_sp, out_sp, kernel, stride, padding,
+                                               dilation)):
+        pos = (np.arange(O) * s - p)[:, None] + (np.arange(k) * d)[None, :]  # (O, k)
+        shape_o = [1] * len(in_sp)
+        shape_o[j] = O
+        shape_k = [1] * len(in_sp)
+        shape_k[j] = k
+        pos = pos.reshape(shape_o + shape_k)
+        full = np.broadcast_to(pos, tuple(out_sp) + tuple(kernel)).reshape(idx.shape)
+        valid &= (full >= 0) & (full < L)
+        idx = idx * L + np.clip(full, 0, L - 1)
+    return idx, valid
+
+
+def _max_pool_windows(x, nsp, out_sp, kernel, stride, padding, dilation):
+    """Max pooling by gathering every window: (values, flat indices)."""
+    in_sp = x.shape[-nsp:]
+    lead = x.shape[:-nsp]
+    idx, valid = _window_table(in_sp, out_sp, kernel, stride, padding, dilation)
+    flat = x.reshape(lead + (int(np.prod(in_sp)),))
+    vals = jnp.take(flat, jnp.asarray(idx), axis=-1)  # lead + (positions, taps)
+    ok = jnp.asarray(valid)
+    fill = _neg_inf(x.dtype)
+    v = jnp.where(ok, vals, fill)
+    taps = idx.shape[1]
+    if _is_float(x):
+        # PyTorch's rule: the first maximum; a NaN wins, the last NaN.
+        nan = ok & jnp.isnan(vals)
+        last_nan = taps - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+        v = jnp.where(nan, fill, v)
+    best = jnp.max(v, axis=-1, keepdims=True)
+    tap = jnp.argmax(ok & (v == best), axis=-1)
+    if _is_float(x):
+        tap = jnp.where(nan.any(axis=-1), last_nan, tap)
+    out = jnp.take_along_axis(vals, tap[..., None], axis=-1)[..., 0]
+    ind = jnp.asarray(idx)[jnp.arange(idx.shape[0]), tap]
+    shape = lead + tuple(out_sp)
+    return out.reshape(shape), ind.reshape(shape)
+
+
 def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
     kernel = _expand_param(kernel_size, nsp)
     stride = _expand_param(stride, nsp) if stride else kernel
@@ -71,11 +123,17 @@ def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
     dilation = _expand_param(dilation, nsp)
     out_sp = tuple(_meta_list()[0].shape[-nsp:])
     out_shape = x.shape[:-nsp] + out_sp
+    # Half types compare as float32 (exact: the maximum is one of the inputs,
+    # rounded back by the executor); XLA:CPU compiles half-precision
+    # elementwise chains several times slower.
+    x = upcast(x)
     fill = _neg_inf(x.dtype)
     best = jnp.full(out_shape, fill, x.dtype)
     bidx = jnp.full(out_shape, -1, jnp.int64)
     if 0 in out_shape:
         return best, bidx
+    if int(np.prod(kernel)) > MAX_UNROLLED_TAPS:
+        return _max_pool_windows(x, nsp, out_sp, kernel, stride, padding, dilation)
     is_float = _is_float(x)
     for v, valid, idx in _tap_slices(x, nsp, out_sp, kernel, stride, padding, dilation, fill):
         # PyTorch's rule: take the first in-bounds tap, then any tap that is
@@ -102,6 +160,8 @@ def _max_pool_backward(grad_output, x, nsp, kernel_size, stride, padding, dilati
     gi = jnp.zeros(g.shape[:lead] + tuple(in_sp), g.dtype)
     if 0 in g.shape or 0 in gi.shape:
         return gi
+    if int(np.prod(kernel)) > MAX_UNROLLED_TAPS:  # one scatter, not a pad per tap
+        return _scatter_flat(g, indices, in_sp)
     flat_stride = [int(np.prod(in_sp[j + 1:])) for j in range(nsp)]
     zero = jnp.zeros((), g.dtype)
     for tap in itertools.product(*[range(k) for k in kernel]):
