@@ -111,9 +111,16 @@ def run_file(directory: Path, filename: str, device: str, extra: list[str],
         proc = subprocess.run(cmd, cwd=directory, env=env, capture_output=True,
                               text=True, timeout=timeout)
         if not report.exists():
-            tail = (proc.stdout + proc.stderr)[-3000:]
+            output = proc.stdout + proc.stderr
+            # The whole output is kept (the temporary directory is not): the
+            # faulthandler dump names the test that was running.
+            log = Path(tempfile.gettempdir()) / f"pt-device-tests-{path.stem}-{device}-{os.getpid()}.log"
+            log.write_text(output)
+            where = [line.strip() for line in output.splitlines()
+                     if f"{path.name}\", line" in line]
             raise Crash(f"{filename} [{device}] produced no report "
-                        f"(exit code {proc.returncode}):\n{tail}")
+                        f"(exit code {proc.returncode}); running: {where[:2]}; "
+                        f"full output: {log}\n{output[-3000:]}")
         return _parse_junit(report)
 
 
