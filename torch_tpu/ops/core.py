@@ -269,6 +269,19 @@ def assign(dst: torch.Tensor, value) -> None:
             return jnp.broadcast_to(st.convert(v, want), shape)
 
         data.array = programs.get_or_compile(key, write, (base, value))(base, value)
+    elif (order := _whole_permutation(dst, data)) is not None:
+        # A dense permutation of the whole storage (channels_last, a transposed
+        # tensor): the storage is the value transposed. (strided_write would
+        # scatter through an index array as large as the tensor: 4 GB of
+        # temporaries to make an 80M-element tensor channels_last.)
+        key = (programs.ProgramKind.COPY, "permuted", base.shape, base.dtype, order,
+               value.shape, value.dtype, shape, want, _olevel.LEVEL)
+
+        def write_all(base, v):
+            v = jnp.broadcast_to(st.convert(v, want), shape)
+            return jnp.transpose(v, order).reshape(base.shape)
+
+        data.array = programs.get_or_compile(key, write_all, (base, value))(base, value)
     else:
         # The view's offset is a runtime input: `x[i] = row` for every i
         # shares one program.
@@ -431,6 +444,15 @@ def _dense_order(shape: tuple, stride: tuple) -> tuple | None:
             return None
         expected *= shape[d]
     return order
+
+
+def _whole_permutation(t: torch.Tensor, data) -> tuple | None:
+    """The dim order if `t` is a dense permutation covering all of its
+    storage's array (same dtype, offset 0), else None."""
+    if (t.storage_offset() != 0 or t.dtype is not data.dtype or t.numel() <= 1
+            or t.numel() != math.prod(data.shape)):
+        return None
+    return _dense_order(tuple(t.shape), tuple(t.stride()))
 
 
 def restrided(t: torch.Tensor, stride) -> torch.Tensor:
