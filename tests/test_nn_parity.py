@@ -90,6 +90,33 @@ def test_pooling_keeps_memory_format(name, layout):
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
 
 
+def _cl3d_unbatched(t):
+    return t.unsqueeze(0).contiguous(memory_format=CL3).squeeze(0)
+
+
+@pytest.mark.parametrize("x_cl", [False, True])
+@pytest.mark.parametrize("grad_cl", [False, True])
+def test_unbatched_max_pool3d_layout(x_cl, grad_cl):
+    # CPU lays out a (C, D, H, W) max_pool3d as a batch of one; its backward
+    # follows grad_output there (the meta kernel says contiguous for both).
+    x = torch.randn(6, 8, 9, 10)
+    x = _cl3d_unbatched(x) if x_cl else x
+    xt = x.to("tpu")
+    want, got = F.max_pool3d(x, 2, return_indices=True), F.max_pool3d(xt, 2, return_indices=True)
+    for w, g in zip(want, got):
+        assert g.stride() == w.stride()
+        torch.testing.assert_close(g.cpu(), w)
+    grad = torch.randn(want[0].shape)
+    grad = _cl3d_unbatched(grad) if grad_cl else grad
+    aten = torch.ops.aten
+    gi = aten.max_pool3d_with_indices_backward(grad, x, [2] * 3, [2] * 3, [0] * 3, [1] * 3,
+                                               False, want[1])
+    gt = aten.max_pool3d_with_indices_backward(grad.to("tpu"), xt, [2] * 3, [2] * 3, [0] * 3,
+                                               [1] * 3, False, got[1])
+    assert gt.stride() == gi.stride()
+    torch.testing.assert_close(gt.cpu(), gi)
+
+
 def test_pooling_contiguous_stays_contiguous():
     x = torch.randn(2, 3, 8, 8)
     out = F.max_pool2d(x.to("tpu"), 2)

@@ -495,12 +495,25 @@ def _layout_key(args, kwargs):
     return key
 
 
-def strided_kernel(op, check=None):
+def _meta_strides(op, args, kwargs, layout):
+    """The strides of `op`'s results for these arguments: from its meta
+    kernel, or `layout(args, metas)` where that gives them."""
+    meta = executor.run_meta(op, args, kwargs)[0]
+    metas = tuple(meta) if isinstance(meta, (tuple, list)) else (meta,)
+    if layout is not None:
+        want = layout(args, metas)
+        if want is not None:
+            return want
+    return tuple(tuple(m.stride()) if isinstance(m, torch.Tensor) else None for m in metas)
+
+
+def strided_kernel(op, check=None, layout=None):
     """A PrivateUse1 kernel for `op`: `check(*args, **kwargs)` if given (as
     `checked_kernel`), then its runner, with each result in the strides
     PyTorch's meta kernel gives it (channels_last in, channels_last out).
     Calls whose tensor arguments are all contiguous return the runner's
-    results as they are."""
+    results as they are. `layout(args, metas)`, if given, returns the
+    results' strides where CPU's differ from the meta kernel's (else None)."""
     runner = None
     strides: dict = {}  # argument metadata -> the results' strides
 
@@ -517,9 +530,7 @@ def strided_kernel(op, check=None):
         key = _layout_key(args, kwargs)
         want = strides.get(key) if key is not None else None
         if want is None:
-            meta = executor.run_meta(op, args, kwargs)[0]
-            want = tuple(tuple(m.stride()) if isinstance(m, torch.Tensor) else None
-                         for m in (meta if isinstance(meta, (tuple, list)) else (meta,)))
+            want = _meta_strides(op, args, kwargs, layout)
             if key is not None and len(strides) < 4096:
                 strides[key] = want
         if isinstance(out, (tuple, list)):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
 from ...runtime import storage as st
 from .. import core
@@ -527,6 +528,26 @@ _KEEP_MEMORY_FORMAT = (
 )
 
 
+def _unbatched_max_pool3d_layout(args, metas):
+    """CPU's layout of an unbatched (C, D, H, W) max_pool3d and its backward,
+    where the meta kernel's is contiguous: the results follow the first
+    argument (the input; the backward: grad_output) as a batch of one, so a
+    channels-last one gives channels-last results. None for batched calls."""
+    first = args[0]
+    if first.dim() != 4:
+        return None
+    batched = torch.empty_strided((1, *first.shape), (first.numel(), *first.stride()),
+                                  device="meta")
+    cl = suggest_memory_format(batched) == torch.channels_last_3d
+    return tuple(None if m is None else
+                 tuple(torch.empty((1, *m.shape), device="meta")
+                       .contiguous(memory_format=torch.channels_last_3d).stride()[1:])
+                 if cl else st.contiguous_strides(tuple(m.shape)) for m in metas)
+
+
+_LAYOUTS = {aten.max_pool3d_with_indices.default: _unbatched_max_pool3d_layout,
+            aten.max_pool3d_with_indices_backward.default: _unbatched_max_pool3d_layout}
+
 # CPU's adaptive pooling kernels take floating types only; the name its error
 # gives, for a contiguous and a channels_last input.
 _ADAPTIVE_KERNEL_NAMES = {
@@ -559,7 +580,7 @@ def _install_kernels():
                             _fractional_max_pool3d_backward)
     for op in _KEEP_MEMORY_FORMAT:
         check = _adaptive_dtype_check(op) if op in _ADAPTIVE_KERNEL_NAMES else None
-        core.KERNELS.setdefault(op, core.strided_kernel(op, check))
+        core.KERNELS.setdefault(op, core.strided_kernel(op, check, _LAYOUTS.get(op)))
 
 
 _install_kernels()
