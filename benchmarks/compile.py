@@ -285,7 +285,7 @@ def phases(first, before=None):
 
 
 def _phase_line(p):
-    # A backward program compiled in the background (backend._prebuild_backward)
+    # A backward program compiled in the background (graph.CompiledGraph._prebuild_backward)
     # overlaps the other phases: "graphs" then counts seconds of two threads
     # and "dynamo" (the rest of the wall time) comes out too small.
     bg = (f", {p['prebuilt']} of them compiled in the background (overlapping: graphs "

@@ -66,10 +66,10 @@ class _Timed:
 
 def _programs():
     """(graph programs, eager-op programs) made so far in this process."""
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
     from torch_tpu.runtime import executor
 
-    s = backend.cache_stats()
+    s = graph_cache.cache_stats()
     graphs = s["lowered"] + s["disk_loads"]
     return graphs, executor.STATS.misses - graphs
 

@@ -512,15 +512,15 @@ def _graph_index_entries(path):
 
 
 def _fresh_compile(fn, *args):
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
 
     torch._dynamo.reset()
-    backend.clear_cache()
+    graph_cache.clear_cache()
     return torch.compile(fn, backend="tpu")(*args)
 
 
 def test_graph_tier_in_process(cache_dir):
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
 
     def f(a, b):
         return (a * 1.75 + b).tanh().sum(0)
@@ -528,16 +528,16 @@ def test_graph_tier_in_process(cache_dir):
     a = torch.randn(5, 7, device="tpu")
     b = torch.randn(5, 7, device="tpu")
     ref = (a.cpu() * 1.75 + b.cpu()).tanh().sum(0)
-    s0 = backend.cache_stats()
+    s0 = graph_cache.cache_stats()
     out = _fresh_compile(f, a, b)
     torch.testing.assert_close(out.cpu(), ref)
-    s1 = backend.cache_stats()
+    s1 = graph_cache.cache_stats()
     assert s1["lowered"] == s0["lowered"] + 1
     assert len(_graph_index_entries(cache_dir)) == 1
     # A new graph object (as in a new process): loaded, not lowered.
     out = _fresh_compile(f, a, b)
     torch.testing.assert_close(out.cpu(), ref)
-    s2 = backend.cache_stats()
+    s2 = graph_cache.cache_stats()
     assert s2["lowered"] == s1["lowered"] and s2["disk_loads"] == s1["disk_loads"] + 1
     # The executable behind the index entry is gone: a miss, lowered again, same values.
     index = set(_graph_index_entries(cache_dir))
@@ -547,13 +547,13 @@ def test_graph_tier_in_process(cache_dir):
     misses = cache.stats()["graph_disk"]["misses"]
     out = _fresh_compile(f, a, b)
     torch.testing.assert_close(out.cpu(), ref)
-    s3 = backend.cache_stats()
+    s3 = graph_cache.cache_stats()
     assert s3["lowered"] == s2["lowered"] + 1 and s3["disk_loads"] == s2["disk_loads"]
     assert cache.stats()["graph_disk"]["misses"] == misses + 1
 
 
 def test_graph_tier_off(cache_dir, monkeypatch):
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
 
     monkeypatch.setenv("TORCH_TPU_GRAPH_CACHE", "0")
 
@@ -562,10 +562,10 @@ def test_graph_tier_off(cache_dir, monkeypatch):
 
     a = torch.randn(4, 3, device="tpu")
     _fresh_compile(f, a)
-    lowered = backend.cache_stats()["lowered"]
+    lowered = graph_cache.cache_stats()["lowered"]
     out = _fresh_compile(f, a)
     torch.testing.assert_close(out.cpu(), (a.cpu() - 0.625).exp())
-    assert backend.cache_stats()["lowered"] == lowered + 1
+    assert graph_cache.cache_stats()["lowered"] == lowered + 1
     assert _graph_index_entries(cache_dir) == []
 
 
@@ -670,7 +670,7 @@ def test_debug_apis_on_programs_loaded_from_disk(tmp_path):
 
 
 def test_program_without_lowered_form_says_which_stages_are_missing():
-    from torch_tpu.compile.backend import _LoadedProgram
+    from torch_tpu.compile.graph_cache import _LoadedProgram
     from torch_tpu.debug.hlo import Program
 
     compiled = jax.jit(lambda a: jnp.sin(a) @ a).lower(jnp.ones((4, 4))).compile()

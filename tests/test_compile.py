@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 import torch_tpu.cache
-from torch_tpu.compile import backend as tpu_backend_mod
+from torch_tpu.compile import graph_cache, padding
 
 ATOL = 2e-5
 RTOL = 2e-5
@@ -121,11 +121,11 @@ def test_backend_is_registered():
 
 def test_default_backend_on_tpu_inputs_is_tpu():
     # Inductor has no tpu code generator: torch.compile(fn) uses "tpu" for tpu inputs.
-    before = tpu_backend_mod.GRAPH_STATS.graphs
+    before = graph_cache.GRAPH_STATS.graphs
     f = torch.compile(lambda a, b: (a * b + a).relu())
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     close(f(a.to("tpu"), b.to("tpu")), (a * b + a).relu())
-    assert tpu_backend_mod.GRAPH_STATS.graphs > before
+    assert graph_cache.GRAPH_STATS.graphs > before
 
 
 # -- parity ------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_op_without_lowering_still_runs(monkeypatch):
     from torch_tpu.ops import registry
 
     monkeypatch.delitem(registry.LOWERINGS, torch.ops.aten.exp.default, raising=False)
-    monkeypatch.delitem(tpu_backend_mod.dyn.padding.RULES, torch.ops.aten.exp.default,
+    monkeypatch.delitem(padding.RULES, torch.ops.aten.exp.default,
                         raising=False)
     f = torch.compile(lambda t: torch.exp(t) + 1, backend="tpu")
     x = torch.randn(7)
@@ -405,17 +405,17 @@ def test_optimizer_step_donates_parameters_when_safe():
     x = torch.randn(2, 4)
     model(x.to("tpu")).sum().backward()
     ref(x).sum().backward()
-    before = tpu_backend_mod.GRAPH_STATS.donating_calls
+    before = graph_cache.GRAPH_STATS.donating_calls
     held = st.data_of(model.weight).array  # someone else holds the buffer: no donation
     step()
     ref_opt.step()
     assert not held.is_deleted()
-    assert tpu_backend_mod.GRAPH_STATS.donating_calls == before
+    assert graph_cache.GRAPH_STATS.donating_calls == before
     del held
     for _ in range(2):
         step()
         ref_opt.step()
-    assert tpu_backend_mod.GRAPH_STATS.donating_calls == before + 2
+    assert graph_cache.GRAPH_STATS.donating_calls == before + 2
     close(model.weight, ref.weight)
     close(model.bias, ref.bias)
 

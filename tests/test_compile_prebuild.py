@@ -1,5 +1,5 @@
 """torch.compile(backend="tpu") compiles a training graph's backward program in
-the background from the forward's first call (backend._prebuild_backward):
+the background from the forward's first call (graph.CompiledGraph._prebuild_backward):
 the prebuilt program is the one the backward uses, values are the same as
 with TORCH_TPU_PREBUILD_BACKWARD=0 and as on CPU, and a warm process loads
 it from the cache."""
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
-from torch_tpu.compile import backend
+from torch_tpu.compile import graph_cache
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +53,9 @@ def _train(device, compiled, steps=3, transposed_input=False):
 @pytest.mark.parametrize("transposed_input", [False, True])
 def test_backward_prebuilt_is_used_and_matches(monkeypatch, transposed_input):
     monkeypatch.setenv("TORCH_TPU_PREBUILD_BACKWARD", "1")
-    before = backend.cache_stats()
+    before = graph_cache.cache_stats()
     params, losses = _train("tpu", True, transposed_input=transposed_input)
-    after = backend.cache_stats()
+    after = graph_cache.cache_stats()
     # The backward's program came from the background build: one forward and
     # one backward program for three steps, nothing built twice.
     assert after["prebuilt"] - before["prebuilt"] == 1
@@ -63,9 +63,9 @@ def test_backward_prebuilt_is_used_and_matches(monkeypatch, transposed_input):
 
     torch._dynamo.reset()
     monkeypatch.setenv("TORCH_TPU_PREBUILD_BACKWARD", "0")
-    mid = backend.cache_stats()
+    mid = graph_cache.cache_stats()
     params_off, losses_off = _train("tpu", True, transposed_input=transposed_input)
-    assert backend.cache_stats()["prebuilt"] == mid["prebuilt"]
+    assert graph_cache.cache_stats()["prebuilt"] == mid["prebuilt"]
     for a, b in zip(params + losses, params_off + losses_off):
         assert torch.equal(a, b)
 
@@ -96,10 +96,10 @@ _CHILD = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import torch, torch_tpu
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
     import test_compile_prebuild as t
     params, losses = t._train("tpu", True)
-    s = backend.cache_stats()
+    s = graph_cache.cache_stats()
     print(json.dumps({"values": [p.flatten().tolist() for p in params + losses],
                       "prebuilt": s["prebuilt"], "lowered": s["lowered"],
                       "disk_loads": s["disk_loads"]}))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.debug
-from torch_tpu.compile import backend as tpu_backend_mod
+from torch_tpu.compile import graph_cache
 
 
 def _model():
@@ -100,7 +100,7 @@ def test_one_program_per_step_with_state_donated_in_place():
     alias = w.detach()  # shares w's storage, as a user's reference would
     states = {k: v for k, v in opt.state[w].items()}
     before = w.detach().cpu().clone()
-    donating = tpu_backend_mod.GRAPH_STATS.donating_calls
+    donating = graph_cache.GRAPH_STATS.donating_calls
     with torch_tpu.debug.capture() as cap:
         step(x, y)
         step(x, y)
@@ -118,7 +118,7 @@ def test_one_program_per_step_with_state_donated_in_place():
     _close(alias, w)
     del alias
     step(x, y)
-    assert tpu_backend_mod.GRAPH_STATS.donating_calls > donating
+    assert graph_cache.GRAPH_STATS.donating_calls > donating
 
 
 def test_hyperparameter_change_is_honored():
@@ -197,7 +197,7 @@ _CHILD = textwrap.dedent("""
     import json, sys
     import torch, torch.nn as nn, torch.nn.functional as F
     import torch_tpu, torch_tpu.cache as cache
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -213,7 +213,7 @@ _CHILD = textwrap.dedent("""
         return loss
 
     losses = [step(x.to("tpu"), y.to("tpu")).item() for _ in range(3)]
-    s = backend.cache_stats()
+    s = graph_cache.cache_stats()
     print(json.dumps({"losses": losses, "w": model[0].weight.cpu().flatten()[:8].tolist(),
                       "lowered": s["lowered"], "disk_loads": s["disk_loads"],
                       "traces": step.traces, "loads": step.loads}))
@@ -231,12 +231,12 @@ def test_program_comes_back_from_the_disk_tier(tmp_path):
     try:
         runs = []
         for _ in range(2):
-            tpu_backend_mod.clear_cache()
-            before = dict(tpu_backend_mod.cache_stats())
+            graph_cache.clear_cache()
+            before = dict(graph_cache.cache_stats())
             model = _model().to("tpu")
             opt = _make_opt("adamw", model.parameters())
             losses = _train(model, opt, _data(3), "tpu", compiled=True)
-            after = tpu_backend_mod.cache_stats()
+            after = graph_cache.cache_stats()
             runs.append(([float(v) for v in losses], after["lowered"] - before["lowered"],
                          after["disk_loads"] - before["disk_loads"]))
         (cold, cold_lowered, cold_loads), (warm, warm_lowered, warm_loads) = runs

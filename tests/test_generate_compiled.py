@@ -8,7 +8,7 @@ step only: the count stays the same for every later token and for 8 or 32 new
 tokens. Tiny random-weight models built in the test (no hub downloads).
 
 Programs are counted by the compile backend's own counters
-(`torch_tpu.compile.backend.cache_stats()`: graph specializations lowered and
+(`torch_tpu.compile.graph_cache.cache_stats()`: graph specializations lowered and
 compiled, or loaded from the graph tier on disk).
 """
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_tpu.compile import backend, lowering
+from torch_tpu.compile import graph_cache, lowering
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,7 +41,7 @@ def _hf(kind):
 
 def _programs():
     """Graph programs made so far (compiled, or loaded from the graph tier)."""
-    s = backend.cache_stats()
+    s = graph_cache.cache_stats()
     return s["lowered"] + s["disk_loads"]
 
 
@@ -68,13 +68,13 @@ def _compiled_run(cpu_model, ids, n):
     """A fresh compile of a tpu copy: (tokens, per-emission program counts,
     programs made, the compiled model)."""
     torch._dynamo.reset()
-    backend.clear_cache()
+    graph_cache.clear_cache()
     model = copy.deepcopy(cpu_model).to("tpu")
     model.forward = torch.compile(model.forward, backend="tpu")
     streamer = _CountingStreamer()
-    p0, f0 = _programs(), backend.cache_stats()["eager_fallbacks"]
+    p0, f0 = _programs(), graph_cache.cache_stats()["eager_fallbacks"]
     out = _hf_generate(model, ids.to("tpu"), n, streamer).cpu()
-    assert backend.cache_stats()["eager_fallbacks"] == f0, "a graph ran op by op"
+    assert graph_cache.cache_stats()["eager_fallbacks"] == f0, "a graph ran op by op"
     return out, [c - p0 for c in streamer.counts], _programs() - p0, model
 
 
@@ -135,7 +135,7 @@ def test_hf_auto_compiled_decoding_matches_cpu_and_compiles_once():
     cpu_model = _hf("llama")
     ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
     torch._dynamo.reset()
-    backend.clear_cache()
+    graph_cache.clear_cache()
     model = copy.deepcopy(cpu_model).to("tpu")
     made = []
     for n in (8, 32):
@@ -164,7 +164,7 @@ def test_hf_left_padded_batch_compiled_matches_cpu(dtype):
     torch._dynamo.reset()
     model = copy.deepcopy(cpu_model).to("tpu")
     model.forward = torch.compile(model.forward, backend="tpu")
-    f0 = backend.cache_stats()["eager_fallbacks"]
+    f0 = graph_cache.cache_stats()["eager_fallbacks"]
     kw = dict(max_new_tokens=10, do_sample=False, cache_implementation="static",
               max_cache_len=32)
     got = model.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), **kw).cpu()
@@ -175,7 +175,7 @@ def test_hf_left_padded_batch_compiled_matches_cpu(dtype):
         want = eager.generate(ids.to("tpu"), attention_mask=mask.to("tpu"),
                               disable_compile=True, **kw).cpu()
     assert torch.equal(got, want), (got, want)
-    assert backend.cache_stats()["eager_fallbacks"] == f0
+    assert graph_cache.cache_stats()["eager_fallbacks"] == f0
 
 
 def _hf_attention(x, w):
@@ -192,9 +192,9 @@ def test_fused_attention_lowers_inside_a_graph():
     outputs for a 9-output schema; a graph with it must still be one program."""
     torch._dynamo.reset()
     x, w = torch.randn(2, 5, 32), torch.randn(32, 32)
-    s0 = backend.cache_stats()
+    s0 = graph_cache.cache_stats()
     got = torch.compile(_hf_attention, backend="tpu")(x.to("tpu"), w.to("tpu"))
-    s1 = backend.cache_stats()
+    s1 = graph_cache.cache_stats()
     assert s1["eager_fallbacks"] == s0["eager_fallbacks"]
     assert s1["lowered"] + s1["disk_loads"] == s0["lowered"] + s0["disk_loads"] + 1
     torch.testing.assert_close(got.cpu(), _hf_attention(x, w), atol=1e-4, rtol=1e-4)
@@ -208,16 +208,16 @@ def test_graph_run_op_by_op_survives_eager_layouts(monkeypatch):
     # attention's 4 arrays not spread over its 9 outputs).
     monkeypatch.setattr(lowering, "_spread_tensor_results", lambda result, metas: result)
     torch._dynamo.reset()
-    backend.clear_cache()
+    graph_cache.clear_cache()
 
     # Shapes of their own: a program of the graph cached on disk would be
     # loaded without lowering the graph.
     x = torch.randn(3, 6, 32)
     w = torch.randn(32, 32)
-    f0 = backend.cache_stats()["eager_fallbacks"]
+    f0 = graph_cache.cache_stats()["eager_fallbacks"]
     with pytest.warns(UserWarning, match="runs op by op"):
         got = torch.compile(_hf_attention, backend="tpu")(x.to("tpu"), w.to("tpu"))
-    assert backend.cache_stats()["eager_fallbacks"] == f0 + 1
+    assert graph_cache.cache_stats()["eager_fallbacks"] == f0 + 1
     torch.testing.assert_close(got.cpu(), _hf_attention(x, w), atol=1e-4, rtol=1e-4)
 
 
@@ -232,7 +232,7 @@ def test_example_generate_compile_matches_cpu_and_compiles_once(family, capsys):
 
     fam = importlib.import_module(f"examples.{family}.family").FAMILY
     torch._dynamo.reset()
-    backend.clear_cache()
+    graph_cache.clear_cache()
     common = ["--no-progress", "--max-cache-len", "40", "--prompt-ids", "5,9,2,7,1"]
     runs = {}
     for steps in (8, 32):

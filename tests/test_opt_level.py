@@ -133,9 +133,9 @@ def test_compile_backend_option(level_reset, xla_calls, cache_dir):
     torch.testing.assert_close(out.detach().cpu(), ref)
     torch.testing.assert_close(tmodel.a.weight.grad.cpu(), ref_grad)
 
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
 
-    entries = [k for k in backend._GRAPH_CACHE if ("opt_level", 1) in k]
+    entries = [k for k in graph_cache._GRAPH_CACHE if ("opt_level", 1) in k]
     assert len(entries) >= 2  # forward and backward, keyed by the level
 
 

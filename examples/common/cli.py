@@ -130,7 +130,7 @@ def compile_seconds() -> float | None:
 def graph_programs() -> int | None:
     """Graph programs the tpu compile backend has made so far (compiled, or
     loaded from its disk tier); None when the backend is not loaded."""
-    mod = sys.modules.get("torch_tpu.compile.backend")
+    mod = sys.modules.get("torch_tpu.compile.graph_cache")
     if mod is None:
         return 0 if "torch_tpu" in sys.modules else None
     try:

@@ -362,9 +362,9 @@ def path() -> str:
 
 
 def _graph_counts():
-    from torch_tpu.compile import backend
+    from torch_tpu.compile import graph_cache
 
-    s = backend.GRAPH_STATS
+    s = graph_cache.GRAPH_STATS
     return s.runs, s.eager_fallbacks
 
 

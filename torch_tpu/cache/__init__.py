@@ -286,10 +286,10 @@ def _graph_tier():
 
 def _graph_stats() -> dict:
     try:
-        from ..compile import backend
+        from ..compile import graph_cache
     except Exception:  # pragma: no cover - the backend failed to import
         return {}
-    return backend.cache_stats()
+    return graph_cache.cache_stats()
 
 
 def reset_stats() -> None:
@@ -304,9 +304,9 @@ def reset_stats() -> None:
         for v in _TOTALS.values():
             v[0], v[1] = 0, 0.0
     try:
-        from ..compile import backend
+        from ..compile import graph_cache
 
-        backend.reset_cache_stats()
+        graph_cache.reset_cache_stats()
     except Exception:  # pragma: no cover
         pass
 
@@ -322,9 +322,9 @@ def clear(memory: bool = True, disk: bool = True) -> int:
     if memory:
         _programs.clear()
         try:
-            from ..compile import backend
+            from ..compile import graph_cache
 
-            backend.clear_cache()
+            graph_cache.clear_cache()
         except Exception:  # pragma: no cover
             pass
     if disk:

@@ -47,7 +47,7 @@ class TpuOutputCode(OutputCode):
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        from ..compile.backend import CompiledGraph
+        from ..compile.graph import CompiledGraph
 
         s = self._state
         if s is None:  # only an unpickled graph is rebuilt, and pickling needs the state

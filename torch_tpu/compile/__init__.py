@@ -14,7 +14,8 @@ A training step (forward, ``backward()``, ``optimizer.step()``) given to
 into one program whose parameters and optimizer state are donated: see
 `torch_tpu.compile.step`.
 
-See `torch_tpu.compile.backend` for how graphs run, and
+See `torch_tpu.compile.backend` for the dynamo glue, `torch_tpu.compile.graph`
+for how graphs run, and
 `torch_tpu.compile.dynamic` for the dynamic-shape policy.
 """
 
@@ -49,15 +50,15 @@ def tpu_backend(gm, example_inputs, mode=None, options=None):
 
 
 def cache_stats() -> dict:
-    from . import backend
+    from . import graph_cache
 
-    return backend.cache_stats()
+    return graph_cache.cache_stats()
 
 
 def clear_cache() -> None:
-    from . import backend
+    from . import graph_cache
 
-    backend.clear_cache()
+    graph_cache.clear_cache()
 
 
 _installed = False

@@ -39,9 +39,11 @@ import warnings
 import numpy as np
 import torch
 
+from ..device import random as tpu_random
 from ..runtime import executor, programs
 from ..runtime import storage as st
 from . import padding
+from .graph_key import precision_token
 from .lowering import SymEnv
 from .outputs import wrap_outputs
 from .padding import PadHook, PadUnsafe
@@ -205,9 +207,7 @@ class Policy:
             arrays.append(arr)
             specs.append(spec)
         ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in graph.int_pos]
-        from .backend import _precision_token
-
-        key = ("bucket", _precision_token(), graph.level(),
+        key = ("bucket", precision_token(), graph.level(),
                tuple((str(s), buckets[s]) for s in varying),
                tuple(sorted((str(s), v) for s, v in exact.items())),
                tuple((a.shape, str(a.dtype)) for a in arrays), tuple(map(_spec_key, specs)))
@@ -219,8 +219,6 @@ class Policy:
         sizes = np.asarray([true[s] for s in varying], np.int32)
         rng = None
         if program.uses_rng:
-            from ..device import random as tpu_random
-
             rng = tpu_random.next_key(graph.device)
         outs, muts = compiled(arrays, graph.consts, rng, sizes)
         nodes = graph.output_nodes

@@ -1,5 +1,5 @@
 """A compiled graph's results as its caller gets them, from what its program
-returned: one implementation for the static path (`backend._Graph._execute`)
+returned: one implementation for the static path (`graph.CompiledGraph._execute`)
 and the bucketed dynamic-shape path (`dynamic.Shapes._run_padded`).
 
 A graph's `out_specs` say, per user-visible output, where its value comes
@@ -37,7 +37,7 @@ def write_back(t: torch.Tensor, arr: Any) -> None:
             and tuple(arr.shape) == data.shape
             and (t.shape == data.shape or t.numel() == math.prod(data.shape))):
         # The whole storage: the value in the view's shape, or already in the
-        # storage's own shape (backend._whole_reshape inputs).
+        # storage's own shape (graph_cache.whole_reshape inputs).
         data.array = arr
     else:
         core.assign(t, arr)

@@ -40,6 +40,9 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from . import backend, graph_cache
+from .graph import CompiledGraph
+
 __all__ = ["compile_step"]
 
 
@@ -177,8 +180,6 @@ class _Step:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
-        from . import backend
-
         grads = [p for p in params if p.grad is not None]
         arg_pos = [i for i, a in enumerate(flat_args) if isinstance(a, torch.Tensor)]
         n_p, n_g, n_b, n_s = len(params), len(grads), len(buffers), len(states)
@@ -253,9 +254,8 @@ class _Step:
                          _allow_non_fake_inputs=True)(*real)
         _check_functional(gm)
         self.traces += 1
-        with backend._lock:
-            backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
-        graph = backend.CompiledGraph(gm, real, "step", self.options)
+        graph_cache.record(backend_seconds=time.perf_counter() - t0)
+        graph = CompiledGraph(gm, real, "step", self.options)
         return graph, layout, arg_pos, len(grads)
 
     def _load_or_trace(self, params, buffers, states, flat_args, spec, key):
@@ -263,7 +263,6 @@ class _Step:
         cache directory under a key covering the code the trace runs, see
         torch_tpu.cache.steps), else a trace, remembered for the next one."""
         from ..cache import steps
-        from . import backend
 
         skey = None
         if steps.enabled():
@@ -283,13 +282,12 @@ class _Step:
                     examples = [n.meta.get("val") for n in gm.graph.nodes
                                 if n.op == "placeholder"]
                     try:
-                        graph = backend.CompiledGraph(gm, examples, "step", self.options)
+                        graph = CompiledGraph(gm, examples, "step", self.options)
                     except Exception as e:  # a graph this version cannot run: trace
                         steps.reject(skey, e, undo_hit=True)
                     else:
                         self.loads += 1
-                        with backend._lock:
-                            backend.GRAPH_STATS.backend_seconds += time.perf_counter() - t0
+                        graph_cache.record(backend_seconds=time.perf_counter() - t0)
                         return graph, layout, arg_pos, n_grads
         entry = self._trace(params, buffers, states, flat_args, spec)
         if skey is not None:

@@ -121,7 +121,7 @@ def _executor_stats():
 
 
 def _graph_stats():
-    mod = sys.modules.get("torch_tpu.compile.backend")
+    mod = sys.modules.get("torch_tpu.compile.graph_cache")
     return getattr(mod, "GRAPH_STATS", None) if mod is not None else None
 
 

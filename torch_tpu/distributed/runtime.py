@@ -121,9 +121,9 @@ def _clear_torch_tpu_caches():
     except (ImportError, AttributeError):  # pragma: no cover
         pass
     try:
-        from ..compile import backend
+        from ..compile import graph_cache
 
-        backend.clear_cache()
+        graph_cache.clear_cache()
     except Exception:  # pragma: no cover - compile backend absent
         pass
 

@@ -659,7 +659,7 @@ def _donatable(ext: list, live_nodes: list) -> tuple:
     copy_ between storages may share one array object), a user's handle, the
     cached scalars. Views, `.detach()` and the autograd graph reach arrays
     only through storages, so they count too. References are Python's
-    (getrefcount, as compiled graphs check, compile/backend._can_donate): two
+    (getrefcount, as compiled graphs check, compile/graph_cache._can_donate): two
     jax.Array objects sharing one buffer would not be seen, which no storage
     does (each op, transfer and copy_ gives a fresh array or the same object).
     Only a buffer that one of the program's outputs (`live_nodes`) can take

@@ -48,7 +48,7 @@ class ProgramKind(str, enum.Enum):
 
     The executor's entries start with the op overload instead (one program
     per overload and signature); compiled graphs live in the graph tier
-    (torch_tpu.compile.backend) under their own fingerprints.
+    (torch_tpu.compile.graph_cache) under their own fingerprints.
     """
 
     VIEW_READ = "view_read"      # read a view's value (runtime.executor.read)
