@@ -7,6 +7,7 @@ it (a platform without a C++ compiler); torch_tpu then runs its pure-Python
 path, and `torch_tpu.runtime.fastpath.ACTIVE` says which one is in use.
 """
 
+import glob
 import os
 
 from setuptools import setup
@@ -18,7 +19,12 @@ if os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() not in ("0", "false", 
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     ext_modules.append(CppExtension(
-        "torch_tpu.runtime._native", ["csrc/fastpath.cpp", "csrc/device_guard.cpp"],
+        "torch_tpu.runtime._native",
+        # csrc/README.md: which file holds what.
+        ["csrc/fastpath.cpp", "csrc/classify.cpp", "csrc/tensors.cpp", "csrc/call.cpp",
+         "csrc/entry.cpp", "csrc/kernel.cpp", "csrc/register.cpp", "csrc/device_guard.cpp"],
+        # (a header change rebuilds the extension too)
+        depends=sorted(glob.glob("csrc/*.h")),
         # runtime/fastpath.py loads it only into this torch (the C++ ABI).
         define_macros=[("TORCH_TPU_TORCH_VERSION", f'"{torch.__version__}"')],
         extra_compile_args=["-O2", "-g0"]))

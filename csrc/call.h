@@ -1,0 +1,56 @@
+// Calling an entry's executable: the Python scalar inputs of a call as
+// cached device arrays (device_scalar, inline for the C++ kernel's hits),
+// and call() (call.cpp), JAX's C++ call path of a jax.stages.Compiled.
+#pragma once
+
+#include <Python.h>
+
+#include "native.h"
+
+#pragma GCC visibility push(hidden)
+namespace torch_tpu::native {
+
+extern PyObject* g_compiled_type;  // jax.stages.Compiled, given by setup_call()
+extern PyObject* g_scalar_array;   // fastpath._scalar_array, given by setup_call()
+extern PyObject* g_scalars;        // {(type, value, device): jax.Array or value}
+constexpr Py_ssize_t kMaxScalars = 4096;
+
+// The device array a jitted call would make of Python scalar `v` on
+// `device` (same aval: weak type and all), or a new reference to `v` itself
+// when it is not cached (zeros, whose sign equality cannot tell, NaNs,
+// complex numbers, anything not a Python int/float/bool).
+inline PyObject* device_scalar(PyObject* v, PyObject* device) {
+  if (PyFloat_CheckExact(v)) {
+    double x = PyFloat_AS_DOUBLE(v);
+    if (x == 0.0 || x != x) return Py_NewRef(v);
+  } else if (!PyLong_CheckExact(v) && !PyBool_Check(v)) {
+    return Py_NewRef(v);
+  }
+  PyObject* key = PyTuple_Pack(3, reinterpret_cast<PyObject*>(Py_TYPE(v)), v, device);
+  if (!key) return nullptr;
+  PyObject* hit = PyDict_GetItemWithError(g_scalars, key);  // borrowed
+  if (hit) {
+    Py_DECREF(key);
+    return Py_NewRef(hit);
+  }
+  if (PyErr_Occurred()) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyObject* made = PyObject_CallFunctionObjArgs(g_scalar_array, v, device, nullptr);
+  if (!made) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  if (PyDict_GET_SIZE(g_scalars) >= kMaxScalars) PyDict_Clear(g_scalars);
+  int rc = PyDict_SetItem(g_scalars, key, made);
+  Py_DECREF(key);
+  if (rc < 0) {
+    Py_DECREF(made);
+    return nullptr;
+  }
+  return made;
+}
+
+}  // namespace torch_tpu::native
+#pragma GCC visibility pop
