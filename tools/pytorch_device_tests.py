@@ -24,8 +24,10 @@ so `tpu` is PyTorch's PrivateUse1 device and gets the PrivateUse1 test base.
 The script prints pass / fail / skip counts and the minutes each run took,
 per file and device, and with `--failures` the names of the failing tests
 with the first line of each error. A run that ends without its report (a
-crash) is listed as one, with its exit code and the end of its output, and
-the script exits non-zero.
+crash, or `--timeout` passed) is listed as one, with its exit code, the test
+that was running, the counts of the tests that finished before it (from
+pytest's verbose lines) and its whole output in a log file, and the script
+exits non-zero.
 
 Device-side checks (an index out of range, `torch_tpu.runtime.asserts`) are
 reported when the host next waits. So that a check is reported by the test
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -83,7 +86,46 @@ def resolve(directory: Path, filename: str) -> Path | None:
 
 
 class Crash(RuntimeError):
-    """A test run that ended without writing its report."""
+    """A test run that ended without writing its report (killed by a signal,
+    or stopped at the timeout); `counts` are the tests that finished before."""
+
+    def __init__(self, message: str, counts: tuple[int, int, int]):
+        super().__init__(message)
+        self.counts = counts
+
+
+_OUTCOME = re.compile(r"::(\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_STARTED = re.compile(r"^\S+::(\S+) ?$")
+
+
+def _progress(output: str) -> tuple[tuple[int, int, int], str | None]:
+    """(pass, fail, skip) of the tests a verbose run finished, and the test it
+    was running when it stopped (pytest -v writes a test's id when it starts
+    and its outcome on the same line when it ends)."""
+    passed = failed = skipped = 0
+    running = None
+    for line in output.splitlines():
+        m = _OUTCOME.search(line)
+        if m:
+            outcome = m.group(2)
+            if outcome in ("PASSED", "XPASS"):
+                passed += 1
+            elif outcome in ("FAILED", "ERROR"):
+                failed += 1
+            else:
+                skipped += 1
+            running = None
+        else:
+            m = _STARTED.match(line.strip())
+            if m:
+                running = m.group(1)
+    return (passed, failed, skipped), running
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
 def run_file(directory: Path, filename: str, device: str, extra: list[str],
@@ -104,23 +146,31 @@ def run_file(directory: Path, filename: str, device: str, extra: list[str],
         # inside XLA:CPU's executable cache (see docs/troubleshooting.md).
         env.setdefault("TORCH_TPU_CACHE_DIR", str(Path(tmp) / "cache"))
         report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # -v: each test's id is written when it starts, its outcome when it
+        # ends, so a run that dies names its test and keeps its counts.
+        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
                "-p", "no:xdist", "-p", "torch_tpu", "-p", "_device_tests_plugin",
                "--rootdir", str(directory), f"--junitxml={report}",
                "-o", "junit_family=xunit1", str(path), *extra]
-        proc = subprocess.run(cmd, cwd=directory, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        try:
+            proc = subprocess.run(cmd, cwd=directory, env=env, capture_output=True,
+                                  text=True, timeout=timeout)
+            output, status = proc.stdout + proc.stderr, f"exit code {proc.returncode}"
+        except subprocess.TimeoutExpired as e:  # the run was killed at the timeout
+            output, status = _text(e.stdout) + _text(e.stderr), f"timed out after {timeout:.0f} s"
         if not report.exists():
-            output = proc.stdout + proc.stderr
             # The whole output is kept (the temporary directory is not): the
-            # faulthandler dump names the test that was running.
+            # verbose lines and the faulthandler dump name the test that was
+            # running.
             log = Path(tempfile.gettempdir()) / f"pt-device-tests-{path.stem}-{device}-{os.getpid()}.log"
             log.write_text(output)
+            counts, running = _progress(output)
             where = [line.strip() for line in output.splitlines()
                      if f"{path.name}\", line" in line]
-            raise Crash(f"{filename} [{device}] produced no report "
-                        f"(exit code {proc.returncode}); running: {where[:2]}; "
-                        f"full output: {log}\n{output[-3000:]}")
+            raise Crash(f"{filename} [{device}] produced no report ({status}); "
+                        f"running: {running} {where[:2]}; finished before it: "
+                        f"{counts[0]} passed, {counts[1]} failed, {counts[2]} skipped; "
+                        f"full output: {log}\n{output[-3000:]}", counts)
         return _parse_junit(report)
 
 
@@ -164,7 +214,10 @@ def main(argv=None) -> int:
             except Crash as e:
                 crashed = True
                 print(f"CRASH [{device}] {e}", flush=True)
-                row = f"{filename:<28} {device:<6} {'crashed':>20}"
+                p, f, k = e.counts
+                row = (f"{filename:<28} {device:<6} {p:>6} {f:>6} {k:>6} "
+                       f"{(time.monotonic() - start) / 60:>8.1f}  crashed or timed out "
+                       "(counts: the tests finished before it)")
                 rows.append(row)
                 print(f"done: {row}", flush=True)
                 continue
