@@ -18,13 +18,17 @@ namespace {
 const char* kSpecCapsule = "torch_tpu.fastspec";
 
 FastSpec* spec_from(PyObject* desc) {
-  // desc: (compiled, ((dtype, shape), ...)) from executor._fast_spec.
-  if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 2 ||
+  // desc: (compiled, ((dtype, shape), ...), narrow) from executor._fast_spec.
+  if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 3 ||
       !PyTuple_Check(PyTuple_GET_ITEM(desc, 1))) {
-    PyErr_SetString(PyExc_TypeError, "_fast_spec: expected (compiled, ((dtype, shape), ...))");
+    PyErr_SetString(PyExc_TypeError,
+                    "_fast_spec: expected (compiled, ((dtype, shape), ...), narrow)");
     return nullptr;
   }
+  int narrow = PyObject_IsTrue(PyTuple_GET_ITEM(desc, 2));
+  if (narrow < 0) return nullptr;
   auto* spec = new FastSpec();
+  spec->narrow = narrow != 0;
   spec->compiled = Py_NewRef(PyTuple_GET_ITEM(desc, 0));
   PyObject* outs = PyTuple_GET_ITEM(desc, 1);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outs); ++i) {

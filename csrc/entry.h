@@ -2,7 +2,7 @@
 // into the executor cache.
 //
 // FastSpec: what executor._fast_spec(entry) says of an entry (its executable,
-// its outputs' dtypes and shapes), kept in a capsule on the entry's `fast`
+// its outputs' dtypes and shapes, whether its scalars are narrowed), kept in a capsule on the entry's `fast`
 // attribute (entry_spec). Key: a tuple subclass whose hash is tuple's, with
 // the op's hash known in advance (make_key; setup_key_type checks them).
 #pragma once
@@ -32,6 +32,9 @@ struct FastSpec {
   PyObject* compiled;  // owned
   PyObject* fn = nullptr;  // owned: compiled._call, once JAX made it
   std::vector<OutSpec> outs;
+  // Its Python floats and complex numbers go in as 32-bit device scalars
+  // (runtime/scalars.py narrow; Entry.narrow): execute() narrows `dyn` first.
+  bool narrow = false;
   ~FastSpec() {
     Py_XDECREF(compiled);
     Py_XDECREF(fn);

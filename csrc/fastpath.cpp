@@ -21,6 +21,7 @@ namespace torch_tpu::native {
 PyObject *s_key, *s_dyn, *s_slot_data, *s_device, *s_tpu, *s_shape, *s_call;
 PyObject *s_cache, *s_launch_blocking, *s_active, *s_level, *s_fast, *s_move_to_end, *s_value,
     *s_record_native;
+PyObject *s_scalars, *s_narrow;
 PyObject* g_empty_list = nullptr;
 uint64_t n_classify = 0, n_classify_fallback = 0, n_wrap = 0, n_new_tensor = 0, n_call = 0;
 uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0, n_fused = 0;
@@ -100,6 +101,8 @@ PyMODINIT_FUNC PyInit__native() {
   s_fast = PyUnicode_InternFromString("fast");
   s_move_to_end = PyUnicode_InternFromString("move_to_end");
   s_value = PyUnicode_InternFromString("value");
+  s_scalars = PyUnicode_InternFromString("scalars");
+  s_narrow = PyUnicode_InternFromString("narrow");
   g_empty_list = PyList_New(0);
   PyObject* m = PyModule_Create(&module_def);
   // The torch it was compiled against: runtime/fastpath.py uses it with no other.

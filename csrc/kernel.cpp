@@ -424,6 +424,25 @@ inline int FastKernel::record(PyObject* entry, PyObject* const* datas, Py_ssize_
   return 1;
 }
 
+// `dyn` for an entry whose scalars go in as 32 bits (FastSpec.narrow): a
+// copy, narrowed by executor.scalars.narrow(copy, device).
+static PyObject* narrow_dyn(PyObject* dyn, PyObject* dev) {
+  PyObject* mod = PyDict_GetItemWithError(g_executor_dict, s_scalars);  // borrowed
+  if (!mod) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "executor.scalars is missing");
+    return nullptr;
+  }
+  PyObject* copy = PyList_GetSlice(dyn, 0, PyList_GET_SIZE(dyn));
+  if (!copy) return nullptr;
+  PyObject* r = PyObject_CallMethodObjArgs(mod, s_narrow, copy, dev, nullptr);
+  if (!r) {
+    Py_DECREF(copy);
+    return nullptr;
+  }
+  Py_DECREF(r);
+  return copy;
+}
+
 inline int FastKernel::execute(FastSpec* spec, PyObject* const* datas, Py_ssize_t ns, PyObject* dyn,
                                long device, PyObject** result) {
   if (!g_compiled_type || Py_TYPE(spec->compiled) != reinterpret_cast<PyTypeObject*>(g_compiled_type))
@@ -446,6 +465,16 @@ inline int FastKernel::execute(FastSpec* spec, PyObject* const* datas, Py_ssize_
   if (!dev) {
     Py_DECREF(arrays);
     return -1;
+  }
+  PyObject* narrowed = nullptr;  // owned: a copy of `dyn` with 32-bit scalars
+  if (spec->narrow && PyList_GET_SIZE(dyn)) {
+    narrowed = narrow_dyn(dyn, dev);
+    if (!narrowed) {
+      Py_DECREF(dev);
+      Py_DECREF(arrays);
+      return -1;
+    }
+    dyn = narrowed;
   }
   if (!spec->fn) {  // Compiled._call: JAX's C++ call path, made by its first call
     PyObject* fn = PyObject_GetAttr(spec->compiled, s_call);
@@ -472,6 +501,7 @@ inline int FastKernel::execute(FastSpec* spec, PyObject* const* datas, Py_ssize_
       if (*result) ++n_call;
     }
   }
+  Py_XDECREF(narrowed);
   Py_DECREF(dev);
   Py_DECREF(arrays);
   return *result ? 1 : -1;

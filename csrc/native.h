@@ -27,6 +27,7 @@ extern PyObject* s_shape;  // DeviceData.shape
 extern PyObject* s_call;   // jax Compiled._call
 extern PyObject *s_cache, *s_launch_blocking, *s_active, *s_level, *s_fast, *s_move_to_end,
     *s_value, *s_record_native;
+extern PyObject *s_scalars, *s_narrow;  // executor.scalars, scalars.narrow
 
 // The dyn list of a memo hit without Scalar inputs (shared, never changed).
 extern PyObject* g_empty_list;

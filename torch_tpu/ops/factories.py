@@ -159,6 +159,8 @@ def _arange_array(n, start, step, torch_dtype, index):
     key = (programs.ProgramKind.ARANGE, n, torch_dtype, type(start), type(step), index,
            _olevel.LEVEL)
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
+    if not platform.supports_float64():  # no f64 program inputs where f64 does not exist
+        start, step = (np.float32(v) if isinstance(v, float) else v for v in (start, step))
     fn = programs.get_or_compile(
         key, jax.jit(lambda s, d: _arange_values(n, s, d, jd), out_shardings=sharding),
         (start, step))

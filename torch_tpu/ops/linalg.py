@@ -480,7 +480,7 @@ def _linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
         if compute_uv and full_matrices:
             u = u + jnp.eye(*outs[0].shape[-2:], dtype=a.dtype)
             vh = vh + jnp.eye(*outs[2].shape[-2:], dtype=a.dtype)
-        return u, jnp.zeros(tuple(outs[1].shape)), vh
+        return u, jnp.zeros(tuple(outs[1].shape), core.st.TORCH_TO_JAX[outs[1].dtype]), vh
     if not compute_uv:
         s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
         return (jnp.zeros(tuple(outs[0].shape), a.dtype), s,
@@ -493,7 +493,8 @@ def _linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
 def _linalg_eigh(a, UPLO="L", compute_v=True):
     outs = out_meta()
     if a.size == 0:
-        return jnp.zeros(tuple(outs[0].shape)), jnp.zeros(tuple(outs[1].shape), a.dtype)
+        return (jnp.zeros(tuple(outs[0].shape), core.st.TORCH_TO_JAX[outs[0].dtype]),
+                jnp.zeros(tuple(outs[1].shape), a.dtype))
     v, w = lax.linalg.eigh(a, lower=(UPLO.upper() == "L"), symmetrize_input=False)
     if not compute_v:
         v = jnp.zeros(tuple(outs[1].shape), a.dtype)

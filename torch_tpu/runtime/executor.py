@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import async_compile as _aco
-from . import calling, fused, gc_pause, oom, platform, programs, registry, verdict
+from . import calling, fused, gc_pause, oom, platform, programs, registry, scalars, verdict
 from . import opt_level as _olevel
 from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
@@ -150,7 +150,7 @@ class Plan:
 
 class Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
-                 "program", "fused_specs", "fast")
+                 "program", "fused_specs", "fast", "narrow")
     # Set only for eager (data-dependent) lowerings, which run without jit.
     eager_fn: Callable[..., Any]
 
@@ -171,6 +171,9 @@ class Entry:
         # What the native kernel needs to run a hit of this entry (_fast_spec,
         # made on its first hit there), False where it never does.
         self.fast = None
+        # Whether its Python float/complex scalars enter the program in 32
+        # bits (runtime.scalars): set by Runner._build.
+        self.narrow = False
 
 
 def _device_mismatch(op_name, a, b):
@@ -259,6 +262,8 @@ def _cpu_scalar(t):
     return np.asarray(t.item(), dtype=st.TORCH_TO_JAX[t.dtype])
 
 
+
+
 # classify's hit path in C++ (runtime/fastpath.py): fills the signature, or
 # returns False for the Python classifier to run. None: pure-Python path.
 fast_classify = _NATIVE.classify if _NATIVE is not None else None
@@ -290,7 +295,7 @@ def _fast_spec(entry):
     metas = entry.out_meta
     if not metas or not all(isinstance(m, torch.Tensor) for m in metas):
         return False
-    return compiled, tuple((m.dtype, tuple(m.shape)) for m in metas)
+    return compiled, tuple((m.dtype, tuple(m.shape)) for m in metas), entry.narrow
 
 
 _KERNEL_READY: list = []
@@ -589,6 +594,8 @@ class Runner:
             _CACHE.move_to_end(key)
             if entry.check:
                 oom.check(plan.name, entry.nbytes, sig.device)
+            if entry.narrow:
+                scalars.narrow(sig.dyn, sig.device)
         STATS.count_run(plan.name, hit)
         if fused.ACTIVE and entry.program is not None:  # recorded, run later (runtime.fused)
             outs, new_bases = fused.record(entry, sig, plan.name)
@@ -706,6 +713,7 @@ class Runner:
             return outs, [bases[s] for s in out_slots]
 
         program.__name__ = name.replace(".", "_")
+        narrow = scalars.are_narrow(vals, meta_leaves) and scalars.narrow(sig.dyn, sig.device)
         # Compiling needs only shapes: a value fused mode has not computed yet
         # stays pending (runtime.fused.abstract).
         arrays = [_aco.abstract(d) for d in sig.slot_data]  # (and async compilation's)
@@ -752,6 +760,7 @@ class Runner:
             entry.program = program
         entry.nbytes = nbytes
         entry.check = large
+        entry.narrow = narrow
         programs.insert(key, entry)
         return entry
 

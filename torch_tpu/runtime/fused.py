@@ -77,7 +77,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import oom, platform, programs
+from . import oom, platform, programs, scalars
 from . import opt_level as _olevel
 from .switches import switch_on
 from . import storage as st
@@ -410,6 +410,9 @@ def record_native(entry: Any, slot_data: tuple, dyn: list, device: int, name: st
     recorded): the executor's path decides, as for an entry without a program."""
     if entry.program is None:
         return None
+    if entry.narrow:  # the kernel passes the call's own Python numbers
+        dyn = list(dyn)
+        scalars.narrow(dyn, device)
     return _record(entry, _NativeCall(slot_data, dyn, device), name, False)
 
 
