@@ -1,4 +1,4 @@
-"""The native fast path (csrc/fastpath.cpp, runtime/fastpath.py).
+"""The native fast path (csrc/, runtime/fastpath.py).
 
 The extension must be built and used by default: a build that silently falls
 back to the pure-Python path fails here. Where it runs, it must give exactly

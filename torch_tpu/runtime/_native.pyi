@@ -1,4 +1,4 @@
-"""Types of the C++ fast path (csrc/fastpath.cpp); see runtime/fastpath.py."""
+"""Types of the C++ fast path (csrc/, see csrc/README.md); see runtime/fastpath.py."""
 
 from typing import Any, Sequence
 

@@ -280,7 +280,7 @@ wrap_array = _NATIVE.wrap if _NATIVE is not None else st.wrap
 
 
 def _fast_spec(entry):
-    """What the native kernel (csrc/fastpath.cpp) needs to run a cache hit of
+    """What the native kernel (csrc/, see csrc/README.md) needs to run a cache hit of
     `entry` itself: (executable, ((dtype, shape) of each result, ...)); None
     while its executable is still compiling; False for an entry whose hits
     take Runner.__call__'s other branches (an eager lowering, a memory check

@@ -404,7 +404,7 @@ class _NativeCall:
 
 
 def record_native(entry: Any, slot_data: tuple, dyn: list, device: int, name: str) -> Any:
-    """`record` for the native kernel (csrc/fastpath.cpp), which found `entry`
+    """`record` for the native kernel (csrc/, see csrc/README.md), which found `entry`
     for a call of tpu tensors (whole or views) while ops are recorded: what the executor
     does in fused mode on that hit, minus its Python path. None (nothing
     recorded): the executor's path decides, as for an entry without a program."""

@@ -126,7 +126,7 @@ class CacheStats:
     """In-memory executable cache statistics (see torch_tpu.cache.stats).
 
     `requests`, `hits` and `per_op` also count the native C++ kernel's cache
-    hits (csrc/fastpath.cpp), which it keeps in C++ rather than make Python
+    hits (csrc/, see csrc/README.md), which it keeps in C++ rather than make Python
     objects per call: `native_counts` (its take_stats) hands them over
     whenever one of the three is read or written.
     """
@@ -372,7 +372,7 @@ def clear() -> None:
 
 
 # Called whenever an entry leaves CACHE or is replaced: the native kernel
-# remembers recent hits with their entries (csrc/fastpath.cpp, "the memo")
+# remembers recent hits with their entries (csrc/memo.h, "the memo")
 # and forgets them all then (executor.install_kernel registers it). Entries
 # leave only through insert, discard and clear.
 ON_DROP: list = []

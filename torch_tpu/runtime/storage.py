@@ -260,7 +260,7 @@ def _address_for(nbytes: int) -> int:
 def empty_tensor(shape: Sequence[int], dtype: torch.dtype, index: int,
                  nbytes: int | None = None, stride: Sequence[int] | None = None) -> torch.Tensor:
     """A new tpu tensor with its own storage (no DeviceData attached yet)."""
-    if _NATIVE is not None:  # the same tensor in one C++ step (csrc/fastpath.cpp)
+    if _NATIVE is not None:  # the same tensor in one C++ step (csrc/, see csrc/README.md)
         return _NATIVE.new_tensor(shape, dtype, index, nbytes, stride)
     shape = tuple(shape)
     if stride is None:
