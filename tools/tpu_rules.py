@@ -1,95 +1,59 @@
 """TPU rules that XLA:CPU forgives, checked on the programs the OpInfo run lowers.
 
-    python tools/tpu_rules.py              # float32 and bfloat16 forward, every op
-    python tools/tpu_rules.py --every 8    # every 8th op (a quick look)
+    python tools/tpu_rules.py                       # float32 and bfloat16, one sample per op
+    python tools/tpu_rules.py --samples 0           # every sample
+    python tools/tpu_rules.py --every 8             # every 8th op (a quick look)
+    python tools/tpu_rules.py --precision high      # the dots under another matmul precision
 
-For each float32/bfloat16 forward case of the OpInfo harness (tests/ops), every
-program torch_tpu lowers while running it is read as StableHLO
-(`runtime.programs.LOWERED_LISTENERS`) and checked for:
-
-- **64-bit floating point** (`f64`, `complex<f64>`): a TPU has none; a
-  float32 op whose program computes in f64 works on a laptop and fails (or is
-  emulated slowly) on a TPU;
-- **matmul precision**: each `dot_general` and `convolution` on f32 operands
-  must carry the precision `torch.get_float32_matmul_precision()` implies
-  (`highest` -> HIGHEST; `high` -> HIGH; `medium` -> DEFAULT), or XLA:TPU
-  picks bf16 passes where PyTorch's users asked for float32.
-
-Prints per rule the ops and programs that break it. The eager index is not
-consulted while the listener is installed, so every program is lowered.
+Each dtype runs in a new process that lowers every program as a TPU would
+(`platform.supports_float64()` False, an empty cache): no 64-bit float value,
+and every float32 dot and convolution at the precision
+`torch.tpu.get_matmul_precision()` implies. The rules and the walk are
+`tests/ops/test_tpu_rules.py`'s (the default test run checks float32, one
+sample per op); this prints what they find instead of asserting.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import json
 import os
-import re
+import subprocess
 import sys
-import warnings
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-F64 = re.compile(r"\bf64\b|complex<f64>")
-DOT = re.compile(r"stablehlo\.(dot_general|convolution)\b[^\n]*")
-WANT = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--every", type=int, default=1, help="check every n-th op")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--samples", type=int, default=1, help="samples per op (0: all)")
+    ap.add_argument("--every", type=int, default=1, help="check every n-th op")
+    ap.add_argument("--precision", default=None, choices=("highest", "high", "medium"),
+                    help="torch.set_float32_matmul_precision for the run")
     args = ap.parse_args()
-    os.environ.setdefault("TORCH_TPU_CPU_FALLBACK", "0")
-    sys.path.insert(0, ROOT)
-    warnings.simplefilter("ignore")
-    import torch
-
-    from tests.ops import harness
-    from torch_tpu.runtime import programs
-
-    want = WANT[torch.get_float32_matmul_precision()]
-    f64: dict = collections.defaultdict(set)
-    precision: dict = collections.defaultdict(set)
-    current = [""]
-
-    def listener(name, key, lowered):
-        try:
-            text = lowered.as_text()
-        except Exception:  # noqa: BLE001 - a program without text: nothing to check
-            return
-        if F64.search(text):
-            f64[current[0]].add(str(name))
-        if not current[0].endswith("(float32)"):
-            return  # the precision rule is about float32 operands
-        for m in DOT.finditer(text):
-            line = m.group(0)
-            # (no precision attribute at all means DEFAULT)
-            if "xf32>" in line and f"precision = [{want}, {want}]" not in line and not (
-                    want == "DEFAULT" and "precision =" not in line):
-                precision[current[0]].add(str(name))
-
-    programs.LOWERED_LISTENERS.append(listener)
-    dtypes = set(args.dtypes.split(","))
-    n = checked = 0
-    for name, op, dt, kind in harness.cases():
-        if dt not in dtypes or kind != "forward":
-            continue
-        n += 1
-        if n % args.every:
-            continue
-        checked += 1
-        current[0] = f"{name} ({dt})"
-        try:
-            harness.run_case(name, op, dt, kind, {})
-        except Exception:  # noqa: BLE001 - conformance is the OpInfo suite's job
-            pass
-    print(f"checked {checked} cases ({', '.join(sorted(dtypes))} forward), "
-          f"matmul precision {torch.get_float32_matmul_precision()} -> {want}")
-    for title, found in (("programs with f64/c128", f64),
-                         (f"f32 dots/convolutions without precision {want}", precision)):
-        print(f"\n{title}: {len(found)} cases")
-        for case, progs in sorted(found.items()):
-            print(f"  {case}: {', '.join(sorted(progs)[:5])}")
+    for dtype in args.dtypes.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "found.json")
+            code = ("import sys, json, torch\n"
+                    + (f"torch.set_float32_matmul_precision({args.precision!r})\n"
+                       if args.precision else "")
+                    + "from tests.ops.test_tpu_rules import walk\n"
+                    + f"json.dump(walk({dtype!r}, {args.samples}, {args.every}), "
+                    + f"open({out!r}, 'w'))\n")
+            env = dict(os.environ, TORCH_TPU_CACHE_DIR=os.path.join(tmp, "cache"))
+            subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+            with open(out) as f:
+                found = json.load(f)
+        print(f"{dtype}: {found['ran']} OpInfo entries, {found['dots']} float32 dots "
+              f"(want precision {found['precision']})")
+        for title, key in (("programs with 64-bit float values", "wide"),
+                           (f"float32 dots/convolutions without {found['precision']}",
+                            "imprecise")):
+            print(f"  {title}: {len(found[key])} ops")
+            for op, progs in sorted(found[key].items()):
+                print(f"    {op}: {', '.join(sorted(progs)[:5])}")
 
 
 if __name__ == "__main__":

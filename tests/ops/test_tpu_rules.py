@@ -51,8 +51,18 @@ WIDE_ALLOWED = {
 _WIDE = r"(?:f64|complex<f64>)"
 _WIDE_TYPE = re.compile(r"tensor<[\dx]*" + _WIDE + ">")
 _DOT = re.compile(r"stablehlo\.(dot_general|convolution)\b")
-_HIGHEST = ("precision = [HIGHEST, HIGHEST]",
-            "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]")
+# torch.tpu.get_matmul_precision() -> the precision XLA must see on float32 operands
+_XLA_PRECISION = {"highest": "HIGHEST", "high": "HIGH", "default": "DEFAULT"}
+
+
+def carries(line: str, want: str) -> bool:
+    """Whether a dot or convolution line asks for precision `want` (no
+    precision attribute at all is DEFAULT)."""
+    if f"precision = [{want}, {want}]" in line or (
+            f"precision_config = [#stablehlo<precision {want}>, #stablehlo<precision {want}>]"
+            in line):
+        return True
+    return want == "DEFAULT" and "precision" not in line
 
 
 def wide_values(text: str) -> list[str]:
@@ -81,9 +91,13 @@ def float32_dots(text: str) -> list[str]:
             if _DOT.search(s) and re.search(r"xf32>\s*$|tensor<f32>\s*$", s.rsplit("->", 1)[-1])]
 
 
-def walk(dtype_name: str, samples: int) -> dict:
-    """Run every OpInfo forward sample of `dtype_name` as a TPU would lower it
-    (this process: call it in a new one) and report what the rules find."""
+def walk(dtype_name: str, samples: int, every: int = 1) -> dict:
+    """Run every OpInfo forward sample of `dtype_name` (of every `every`-th
+    op) as a TPU would lower it and report what the rules find. It changes
+    this process (the platform's answer, the environment): call it in a new
+    one (the tests, tools/tpu_rules.py)."""
+    import torch
+
     from torch_tpu.runtime import platform
 
     platform.supports_float64 = lambda: False  # the TPU's branches
@@ -91,7 +105,8 @@ def walk(dtype_name: str, samples: int) -> dict:
 
     from . import harness
 
-    found: dict = {"ran": 0, "wide": {}, "dots": 0, "imprecise": {}}
+    want = _XLA_PRECISION[torch.tpu.get_matmul_precision()]
+    found: dict = {"ran": 0, "wide": {}, "dots": 0, "imprecise": {}, "precision": want}
     current = [""]
 
     def listener(name, key, lowered):
@@ -101,14 +116,14 @@ def walk(dtype_name: str, samples: int) -> dict:
             found["wide"].setdefault(current[0], {})[name] = [w[:240] for w in wide[:3]]
         for d in float32_dots(text):
             found["dots"] += 1
-            if not any(h in d for h in _HIGHEST):
+            if not carries(d, want):
                 found["imprecise"].setdefault(current[0], {})[name] = d[:240]
 
     programs.LOWERED_LISTENERS.append(listener)
     os.environ["TORCH_TPU_OPINFO_MAX_SAMPLES"] = str(samples)
     os.environ["TORCH_TPU_CPU_FALLBACK"] = "0"
-    for name, op in harness.tested_ops():
-        if dtype_name not in harness.cpu_dtypes(op):
+    for i, (name, op) in enumerate(harness.tested_ops()):
+        if dtype_name not in harness.cpu_dtypes(op) or i % every:
             continue
         current[0] = name
         found["ran"] += 1
@@ -150,6 +165,7 @@ def test_no_64_bit_float_values_in_32_bit_programs(walked):
 
 def test_float32_dots_carry_the_matmul_precision(walked):
     dtype_name, found = walked
+    assert found["precision"] == "HIGHEST"  # torch's default float32_matmul_precision
     if dtype_name == "float32":
         assert found["dots"] > 50, f"only {found['dots']} float32 dots were walked"
     assert not found["imprecise"], f"float32 dots without HIGHEST precision: {found['imprecise']}"
@@ -167,7 +183,7 @@ def test_the_rules_see_what_they_look_for():
     assert wide_values("\n".join([scalar_param, computed] + folded)) == [scalar_param, computed]
     dot = ("%2 = stablehlo.dot_general %0, %1, contracting_dims = [1] x [0], precision = "
            "[DEFAULT, DEFAULT] : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>")
-    assert float32_dots(dot) == [dot] and not any(h in dot for h in _HIGHEST)
+    assert float32_dots(dot) == [dot] and not carries(dot, "HIGHEST") and carries(dot, "DEFAULT")
 
 
 def _lowered_texts(fn):
