@@ -598,7 +598,7 @@ def logaddexp2(self, other):
 
 
 def _lerp(x, end, w):
-    small = jnp.abs(w) < 0.5
+    small = jnp.abs(w) < _c(0.5, w)  # not a Python float: a weak f32 `w` would widen
     return jnp.where(small, x + w * (end - x), end - (end - x) * (1 - w))
 
 

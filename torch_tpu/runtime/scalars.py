@@ -56,25 +56,23 @@ def are_narrow(vals: Any, results: Any) -> bool:
 
 
 _WEAK32: dict = {}  # (type, value, device index) -> a weak 32-bit scalar array there
-_WEAK32_ZERO: dict = {}  # (kind, device index) -> a weak float32/complex64 zero there
 
 
 def weak32(v: Any, device: int) -> Any:
     """Python float or complex `v` as a weakly typed float32/complex64 scalar
     on tpu:`device`: what JAX makes of a Python number when 64-bit types are
     off, so a program traced with it treats it as a Python scalar (PyTorch's
-    promotion, elementwise._standin) in 32 bits. Cached per value."""
+    promotion, elementwise._standin) in 32 bits. Cached per value. Made by
+    `device_put` on the device itself (`lax.full_like` of a placed zero would
+    leave it uncommitted on the default device, and a program reading only
+    such scalars would run there)."""
     t = type(v)
     key = (t, v, device) if v == v and v != 0 else (t, str(v), device)  # NaN, -0.0
     a = _WEAK32.get(key)
     if a is None:
-        kind = complex if t is complex else float
-        zero = _WEAK32_ZERO.get((kind, device))
-        if zero is None:
-            with jax.enable_x64(False):
-                zero = jax.device_put(kind(0), platform.jax_device(device))
-            zero = _WEAK32_ZERO[(kind, device)] = zero
-        a = jax.lax.full_like(zero, v)
+        # beyond float32's range is inf, as PyTorch's cast of the scalar: no warning
+        with jax.enable_x64(False), np.errstate(over="ignore"):
+            a = jax.device_put(v, platform.jax_device(device))
         if len(_WEAK32) >= 4096:
             _WEAK32.clear()
         _WEAK32[key] = a
