@@ -2,7 +2,7 @@
 # [tool.marimo.runtime]
 # reactive_tests = false
 # ///
-"""07 · Performance: sync-aware benchmarks, eager vs compiled vs CPU, FLOPs, matmul precision, a profiler trace."""
+"""07 · Performance: sync-aware benchmarks, eager vs compiled vs CPU, FLOPs, matmul precision, a profiler trace, the roofline."""
 
 import marimo
 
@@ -27,7 +27,8 @@ def _(mo):
     work, and the first call includes compilation. `torch_tpu.benchmark`
     handles both: warm-up calls (compile time reported separately), then timed
     calls that each wait for their outputs; median, min and p90; FLOPs from
-    XLA's cost analysis and the achieved FLOP/s.
+    XLA's cost analysis, the achieved FLOP/s and the MFU (that rate as a
+    fraction of this device's peak, measured once per host).
 
     On a laptop CPU the absolute numbers are CPU numbers; the *methods* are
     the ones to use on a TPU.
@@ -304,6 +305,70 @@ def _(collections, os, tempfile, torch_tpu, variants):
     return trace, trace_dir, trace_files, trace_ops
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 6. The roofline: which roof bounds each program
+
+    A program is limited either by arithmetic (peak FLOP/s) or by memory
+    (bytes/s). Its *arithmetic intensity*, FLOPs per byte accessed (both from
+    XLA's cost analysis), decides which: below a device's *ridge point* (peak
+    FLOP/s ÷ bandwidth) it is memory-bound there, above it compute-bound.
+    That depends only on the program and the device, so on a laptop you can
+    read what a TPU would make of your step.
+
+    `torch_tpu.debug.roofline(step)` takes the programs a training step compiles
+    (here: torch.compile's forward and backward graphs, and the eager loss and
+    optimizer ops), times each one's executable, and compares it with this
+    host's peaks (a large matmul and a large copy, measured once per host and
+    cached) and with a published device's. The first line is the summary.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    from torch_tpu.debug.roofline import PUBLISHED
+
+    roofline_device = mo.ui.dropdown(options={p.name: key for key, p in PUBLISHED.items()},
+                                     value=PUBLISHED["v6e"].name, label="compare with")
+    roofline_device
+    return (roofline_device,)
+
+
+@app.cell
+def _(dbg, torch):
+    torch.manual_seed(0)
+    # Shapes of its own, so the step's programs are compiled here, where roofline sees them.
+    _model = torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.ReLU(),
+                                 torch.nn.Linear(96, 10)).to("tpu")
+    _fwd = torch.compile(_model, backend="tpu")
+    _opt = torch.optim.SGD(_model.parameters(), lr=1e-3)
+    _x = torch.randn(24, 96, device="tpu")
+    _y = torch.randint(0, 10, (24,), device="tpu")
+
+    def roofline_step():
+        _loss = torch.nn.functional.cross_entropy(_fwd(_x), _y)
+        _opt.zero_grad(set_to_none=True)
+        _loss.backward()
+        _opt.step()
+        return _loss
+
+    roofline_report = dbg.roofline(roofline_step, repeats=5)
+    return (roofline_report,)
+
+
+@app.cell
+def _(plt, roofline_device, roofline_report):
+    roofline_view = roofline_report.against(roofline_device.value)  # nothing runs again
+    print(roofline_view)
+    _fig, _ax = plt.subplots(figsize=(8, 4.5))
+    roofline_view.plot(ax=_ax)
+    _fig.tight_layout()
+    _fig
+    return (roofline_view,)
+
+
 @app.cell
 def test_benchmark(matmul_result, n):
     assert matmul_result.iters == 30 and matmul_result.median > 0
@@ -335,6 +400,17 @@ def test_precision(precision_rows):
     assert configs["matmul_precision('highest')"] != configs["matmul_precision('default')"]
     assert precision_rows[-1][3] == "torch.bfloat16"
     assert precision_rows[-1][2] > precision_rows[2][2]
+    return
+
+
+@app.cell
+def test_roofline(roofline_report, roofline_view):
+    assert roofline_report.rows and roofline_report.call_seconds > 0
+    assert str(roofline_view).splitlines()[0] == roofline_view.summary()
+    assert {"graph_forward", "graph_backward"} <= {r.name for r in roofline_report.rows}
+    for _row in roofline_view.rows:
+        assert _row.flops_per_second == _row.flops / _row.seconds
+        assert _row.reference_bound == roofline_view.reference.bound(_row.intensity)
     return
 
 

@@ -1,7 +1,7 @@
 """Sync-aware timing of PyTorch code on the `tpu` device.
 
     res = torch_tpu.benchmark.benchmark(model, x, warmup=3, iters=20)
-    print(res)               # median / min / p90, first call, compile time, FLOP/s
+    print(res)               # median / min / p90, first call, compile time, FLOP/s, MFU
     res.median               # seconds per call in steady state
     res.compile_seconds      # XLA compile time spent during warm-up
     res.plot()               # per-iteration times (matplotlib, from the `guide` extra)
@@ -26,6 +26,12 @@ timed ones) and takes XLA's cost analysis, so `flops_per_second` is the
 achieved rate; pass a number to use your own count, None to skip. The count
 covers what the lowering table lowers; ops that would run on the CPU are
 not counted.
+
+MFU (model FLOPs utilisation): the achieved FLOP/s as a fraction of this
+device's peak FLOP/s, measured once per host by a large matmul and cached
+(torch_tpu.debug.roofline.host_peaks); peaks="v6e" (or another published
+device, or a Peaks) divides by that device's peak instead, None skips it.
+`torch_tpu.debug.roofline(fn, *args)` breaks a step into its programs.
 
 `python -m torch_tpu.benchmark` runs registered models and scripts; see
 `torch_tpu.benchmark.__main__` and `register_model`.
@@ -74,6 +80,8 @@ class BenchmarkResult:
     flops: float | None = None   # floating point operations per call
     sync: str = "auto"
     device: str = ""
+    peak_flops_per_second: float | None = None  # the peak MFU is measured against
+    peak_name: str = ""
 
     @property
     def iters(self) -> int:
@@ -110,10 +118,19 @@ class BenchmarkResult:
             return None
         return self.flops / self.median
 
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: achieved FLOP/s over the peak (None without both)."""
+        fps = self.flops_per_second
+        if not fps or not self.peak_flops_per_second:
+            return None
+        return fps / self.peak_flops_per_second
+
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(median=self.median, mean=self.mean, min=self.min, max=self.max, p90=self.p90,
-                 stdev=self.stdev, iters=self.iters, flops_per_second=self.flops_per_second)
+                 stdev=self.stdev, iters=self.iters, flops_per_second=self.flops_per_second,
+                 mfu=self.mfu)
         return d
 
     def summary(self) -> str:
@@ -126,6 +143,9 @@ class BenchmarkResult:
         if self.flops_per_second:
             parts.append(f"{self.flops / 1e9:.3f} GFLOP/call, "
                          f"{self.flops_per_second / 1e9:.2f} GFLOP/s")
+        if self.mfu is not None:
+            parts.append(f"MFU {_pct(self.mfu)} of {self.peak_name or 'peak'} "
+                         f"({self.peak_flops_per_second / 1e9:.3g} GFLOP/s)")
         return "; ".join(parts)
 
     __str__ = summary
@@ -161,6 +181,10 @@ class BenchmarkResult:
 
     def _repr_html_(self):
         return "<pre>" + self.summary() + "</pre>"
+
+
+def _pct(x):
+    return f"{x * 100:.3g}%"
 
 
 def _ms(s):
@@ -214,12 +238,31 @@ def _auto_flops(fn, args, kwargs):
 _SYNC = ("auto", "outputs", "device", "none", None, False)
 
 
+def _peak(peaks):
+    """(peak FLOP/s, name) for benchmark's `peaks` argument, or (None, '')."""
+    from ..debug.roofline import host_peaks, reference_peaks
+
+    if peaks is None:
+        return None, ""
+    if not (isinstance(peaks, str) and peaks == "host"):
+        p = reference_peaks(peaks)  # an unknown name raises, naming the known ones
+        return p.flops_per_second, p.name
+    try:
+        return host_peaks().flops_per_second, "this host's peak"
+    except Exception as e:
+        warnings.warn(f"benchmark: could not measure this device's peak FLOP/s "
+                      f"({type(e).__name__}: {e}); MFU is not reported", stacklevel=3)
+        return None, ""
+
+
 def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="auto",
-              name: str | None = None, progress=None, **kwargs) -> BenchmarkResult:
+              name: str | None = None, progress=None, peaks="host", **kwargs) -> BenchmarkResult:
     """Time `fn(*args, **kwargs)`: warm-up calls, then `iters` timed calls.
 
     flops: 'auto' (XLA cost analysis of fn as one program), a number, or None.
     sync: 'auto', 'outputs', 'device' or 'none' (see the module docstring).
+    peaks: what MFU divides by: 'host' (this device, measured once per host),
+    a published device ('v6e', 'h100', ...), a Peaks, or None (no MFU).
     progress: optional callable(phase, i, n, seconds) called after each call,
     phase being 'warmup' or 'timed'.
     """
@@ -268,6 +311,7 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
         device = torch.tpu.get_device_name()
     except Exception:
         pass
+    peak, peak_name = _peak(peaks) if flops else (None, "")
     recompiles = misses2 - misses1
     if recompiles:
         warnings.warn(f"benchmark {name!r}: {recompiles} programs were compiled during the "
@@ -275,17 +319,19 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
     return BenchmarkResult(name=name, times=times, warmup=warmup, first_call_seconds=first,
                            compile_seconds=secs1 - secs0, compiles=misses1 - misses0,
                            recompiles=recompiles, flops=flops,
-                           sync=str(sync), device=device)
+                           sync=str(sync), device=device, peak_flops_per_second=peak,
+                           peak_name=peak_name)
 
 
 def format_table(results) -> str:
     """A text table of BenchmarkResults."""
-    head = ("benchmark", "median", "min", "p90", "first call", "compile", "GFLOP/s")
+    head = ("benchmark", "median", "min", "p90", "first call", "compile", "GFLOP/s", "MFU")
     rows = []
     for r in results:
         fps = r.flops_per_second
         rows.append((r.name, _ms(r.median), _ms(r.min), _ms(r.p90), _ms(r.first_call_seconds),
-                     _ms(r.compile_seconds), f"{fps / 1e9:.2f}" if fps else "-"))
+                     _ms(r.compile_seconds), f"{fps / 1e9:.2f}" if fps else "-",
+                     _pct(r.mfu) if r.mfu is not None else "-"))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
