@@ -135,7 +135,7 @@ def test_compile_backend_option(level_reset, xla_calls, cache_dir):
 
     from torch_tpu.compile import graph_cache
 
-    entries = [k for k in graph_cache._GRAPH_CACHE if ("opt_level", 1) in k]
+    entries = [k for k in graph_cache.cached_keys() if ("opt_level", 1) in k]
     assert len(entries) >= 2  # forward and backward, keyed by the level
 
 

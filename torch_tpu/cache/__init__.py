@@ -2,10 +2,13 @@
 
 Tiers, looked up in order:
 
-1. **memory** - an LRU of loaded executables in this process (eager ops,
-   keyed by op, shapes, dtypes, layouts and static arguments; compiled
+1. **memory** - the program cache (torch_tpu.runtime.programs): one LRU of
+   loaded executables in this process (eager ops, keyed by op, shapes,
+   dtypes, layouts and static arguments; helper and fused programs; compiled
    graphs, keyed by the graph's fingerprint and its input shapes). Capacity:
-   ``TORCH_TPU_CACHE_SIZE`` entries (default 8192).
+   ``TORCH_TPU_CACHE_SIZE`` entries (default 8192), of which at most
+   ``TORCH_TPU_GRAPH_CACHE_SIZE`` compiled graphs (default 512), and
+   ``TORCH_TPU_CACHE_BYTES`` bytes.
 2. **disk** - a persistent cache that survives the process, so that a second
    run skips XLA compilation. Default directory: the user's cache directory
    (``~/.cache/torch_tpu`` on Linux); ``TORCH_TPU_CACHE_DIR=/path`` moves it,
@@ -214,8 +217,9 @@ def stats() -> dict:
     - ``requests``: executable lookups (eager op executables and compiled
       graphs) = memory hits + memory misses.
     - ``memory``: hits, misses (each miss compiled or loaded a program),
-      entries, capacity, evictions, bytes and byte_capacity (the eager
-      executables' measured size and its bound, TORCH_TPU_CACHE_BYTES).
+      entries, capacity, evictions, bytes and byte_capacity (the cached
+      executables' measured size, compiled graphs' included, and its bound,
+      TORCH_TPU_CACHE_BYTES).
     - ``disk``: enabled, dir, hits, misses, writes, write errors, corrupt
       entries discarded, evictions, entries and bytes on disk, max_bytes.
     - ``compile_seconds``: total seconds spent producing executables;
@@ -223,7 +227,8 @@ def stats() -> dict:
       loads from disk ("disk") and programs the disk tier cannot hold.
     - ``per_entry``: the most recent compiles (up to 4096): name, seconds,
       source, and trace_seconds (tracing + lowering, part of seconds).
-    - ``graphs``: the compiled-graph memory tier and counters (``lowered``:
+    - ``graphs``: the compiled graphs' row of the memory tier (their
+      requests, hits, misses, evictions and entries) and counters (``lowered``:
       graphs traced and lowered in this process; ``disk_loads``: graphs
       loaded without lowering; seconds spent in each phase).
     - ``graph_disk``: the graph tier (see `torch_tpu.cache.graphs`): hits
@@ -236,11 +241,10 @@ def stats() -> dict:
       (``lapack``); ``unknown``, entries refused (lowered again) per
       custom-call target with no known setup.
     """
-    mem = _programs.memory_stats()
+    mem = _programs.memory_stats()  # every kind, compiled graphs included
     mem_hits = mem["hits"]
     mem_misses = mem["misses"]
-    graph = _graph_stats()
-    mem_hits += graph.get("hits", 0)
+    graph = _programs.STATS.rows[_programs.ProgramKind.GRAPH].as_dict()
     with _lock:
         per_entry = [{"name": n, "seconds": sec, "source": src, "trace_seconds": tr}
                      for n, sec, src, tr in _RECORDS]
@@ -250,10 +254,10 @@ def stats() -> dict:
         "memory": {
             "hits": mem_hits,
             "misses": mem_misses,
-            "entries": mem["entries"] + graph.get("entries", 0),
+            "entries": mem["entries"],
             "capacity": mem["capacity"],
-            "evictions": mem["evictions"] + graph.get("evictions", 0),
-            # The eager executables' measured bytes and their bound
+            "evictions": mem["evictions"],
+            # The executables' measured bytes and their bound
             # (TORCH_TPU_CACHE_BYTES).
             "bytes": mem["bytes"],
             "byte_capacity": mem["byte_capacity"],
@@ -284,17 +288,9 @@ def _graph_tier():
     return graphs
 
 
-def _graph_stats() -> dict:
-    try:
-        from ..compile import graph_cache
-    except Exception:  # pragma: no cover - the backend failed to import
-        return {}
-    return graph_cache.cache_stats()
-
-
 def reset_stats() -> None:
     """Zero every counter (the cached programs stay)."""
-    _programs.STATS.reset()
+    _programs.STATS.reset()  # with every kind's row: compiled graphs' too
     disk_store().stats.reset()
     _graph_tier().reset_stats()
     _eager.reset_stats()
@@ -303,12 +299,6 @@ def reset_stats() -> None:
         _RECORDS.clear()
         for v in _TOTALS.values():
             v[0], v[1] = 0, 0.0
-    try:
-        from ..compile import graph_cache
-
-        graph_cache.reset_cache_stats()
-    except Exception:  # pragma: no cover
-        pass
 
 
 def clear(memory: bool = True, disk: bool = True) -> int:
@@ -320,13 +310,7 @@ def clear(memory: bool = True, disk: bool = True) -> int:
     """
     removed = 0
     if memory:
-        _programs.clear()
-        try:
-            from ..compile import graph_cache
-
-            graph_cache.clear_cache()
-        except Exception:  # pragma: no cover
-            pass
+        _programs.clear()  # every kind: compiled graphs too
     if disk:
         removed = disk_store().clear()
     return removed

@@ -26,6 +26,7 @@ import functools
 import torch
 
 from .. import cache as _cache  # noqa: F401  (torch_tpu.cache, the compile cache API)
+from ..runtime import programs as _programs  # (no JAX: loaded with torch_tpu.cache)
 
 __all__ = ["register", "install", "tpu_backend", "cache_stats", "clear_cache"]
 
@@ -50,15 +51,13 @@ def tpu_backend(gm, example_inputs, mode=None, options=None):
 
 
 def cache_stats() -> dict:
-    from . import graph_cache
-
-    return graph_cache.cache_stats()
+    """Compiled graphs' row of the program cache's statistics (graph_cache.cache_stats)."""
+    return _programs.STATS.rows[_programs.ProgramKind.GRAPH].as_dict()
 
 
 def clear_cache() -> None:
-    from . import graph_cache
-
-    graph_cache.clear_cache()
+    """Drop every compiled graph from the program cache (other programs stay)."""
+    _programs.clear(_programs.ProgramKind.GRAPH)
 
 
 _installed = False

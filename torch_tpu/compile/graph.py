@@ -3,7 +3,7 @@ training step) run as XLA executables.
 
 `CompiledGraph` lowers its graph to one jax function with the same lowering
 table eager mode uses (`lowering.py`) and gets one executable per input
-signature from `graph_cache.entry_for` (the in-memory graph cache, the graph
+signature from `graph_cache.entry_for` (the program cache in memory, the graph
 tier on disk, else a compile through the program cache's compile step), under
 the keys of `graph_key`. At run time a call reads the jax values of its tpu
 inputs (parameters and buffers stay on the device between calls: nothing is

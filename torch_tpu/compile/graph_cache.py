@@ -1,22 +1,23 @@
-"""The executables of compiled graphs: the in-memory graph cache and its
-statistics, one specialization's `Entry`, and the graph tier on disk.
+"""The executables of compiled graphs: one specialization's `Entry`, its
+place in the program cache, and the graph tier on disk.
 
 `entry_for` is the one way a `CompiledGraph` (compile/graph.py) gets an
-executable: a hit in the memory tier (an LRU keyed by
-`graph_key.program_key`, ``TORCH_TPU_GRAPH_CACHE_SIZE`` entries), else a
-load from the graph tier (torch_tpu.cache.graphs: the executable of a graph
-an earlier process compiled, found without tracing or lowering), else a
-compile through `programs.hooked_compile` (the program cache's compile step,
-so the executable tier and the compile listeners apply), indexed in the
-graph tier for the next process when it is portable.
+executable: a hit in the program cache (runtime/programs.py, where graphs are
+`ProgramKind.GRAPH` entries keyed by `graph_key.program_key`, at most
+``TORCH_TPU_GRAPH_CACHE_SIZE`` of them), else a load from the graph tier
+(torch_tpu.cache.graphs: the executable of a graph an earlier process
+compiled, found without tracing or lowering), else a compile through
+`programs.hooked_compile` (the program cache's compile step, so the
+executable tier and the compile listeners apply), indexed in the graph tier
+for the next process when it is portable.
 
-`cache_stats()` / `reset_cache_stats()` / `clear_cache()` are what
-`torch_tpu.compile` and `torch_tpu.cache` report and clear.
+`GRAPH_STATS` is the graphs' row of the program cache's stats table, with
+the counters only graphs have; `cache_stats()` / `reset_cache_stats()` /
+`clear_cache()` are what `torch_tpu.compile` reports and clears.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 import threading
@@ -37,48 +38,19 @@ except Exception:  # pragma: no cover - the cache package failed to import
     _tiers = _graph_tier = None
 
 # --------------------------------------------------------------------------
-# memory tier for graphs: program key -> Entry
+# graphs in the program cache: program key -> Entry
 
 
-class _GraphCacheStats:
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.requests = 0
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        self.graphs = 0          # CompiledGraph objects created
-        self.eager_fallbacks = 0  # graphs that run op by op
-        self.donating_calls = 0   # calls that gave their overwritten inputs' buffers to XLA
-        self.runs = 0             # graph programs executed (one per compiled-graph call)
-        self.lowered = 0          # graph specializations traced, lowered and compiled/loaded by XLA
-        self.disk_loads = 0       # ... loaded from the graph tier instead (nothing traced)
-        self.prebuilt = 0         # backward programs compiled ahead, at the forward's first call
-        self.backend_seconds = 0.0        # in tpu_backend: AOTAutograd + graph setup
-        self.lower_compile_seconds = 0.0  # tracing + lowering + XLA compile (or executable load)
-        self.load_seconds = 0.0           # graph-tier loads
-
-
-GRAPH_STATS = _GraphCacheStats()
-_GRAPH_CACHE: collections.OrderedDict = collections.OrderedDict()
+# The graphs' row of the program cache's statistics (declared there):
+# requests, hits, misses, evictions and entries, counted by programs, and
+# what only graphs count, counted here.
+GRAPH_STATS = programs.STATS.rows[programs.ProgramKind.GRAPH]
 _lock = threading.Lock()
 
 
-def _graph_cache_capacity() -> int:
-    return int(os.environ.get("TORCH_TPU_GRAPH_CACHE_SIZE", "512"))
-
-
 def cache_stats() -> dict:
-    s = GRAPH_STATS
-    return {"requests": s.requests, "hits": s.hits, "misses": s.misses,
-            "evictions": s.evictions, "entries": len(_GRAPH_CACHE), "graphs": s.graphs,
-            "eager_fallbacks": s.eager_fallbacks, "donating_calls": s.donating_calls,
-            "runs": s.runs,
-            "lowered": s.lowered, "disk_loads": s.disk_loads, "prebuilt": s.prebuilt,
-            "backend_seconds": s.backend_seconds,
-            "lower_compile_seconds": s.lower_compile_seconds, "load_seconds": s.load_seconds}
+    """The graphs' row: its counters and its entries in the program cache."""
+    return GRAPH_STATS.as_dict()
 
 
 def reset_cache_stats() -> None:
@@ -86,8 +58,13 @@ def reset_cache_stats() -> None:
 
 
 def clear_cache() -> None:
-    with _lock:
-        _GRAPH_CACHE.clear()
+    """Drop every graph entry from the program cache (other programs stay)."""
+    programs.clear(programs.ProgramKind.GRAPH)
+
+
+def cached_keys() -> list:
+    """The program keys of the graph entries in the program cache."""
+    return programs.keys(programs.ProgramKind.GRAPH)
 
 
 def record(**amounts) -> None:
@@ -111,6 +88,11 @@ class Entry:
 
     __slots__ = ("fn", "lower_args", "name", "key", "values", "donate_idx", "keep_idx",
                  "plain", "donating", "layouts", "opt_level")
+
+    @property
+    def compiled(self):
+        """The executable the program cache charges this entry's bytes for."""
+        return self.donating if self.donating is not None else self.plain
 
     def __init__(self, fn, lower_args, name, key, values, donate_idx, keep_idx):
         self.fn = fn
@@ -146,13 +128,9 @@ def entry_for(graph, entry: Entry, consts) -> Entry:
     loaded from the graph tier or compiled (and then cached)."""
     gkey = entry.key
     with _lock:
-        GRAPH_STATS.requests += 1
-        hit = _GRAPH_CACHE.get(gkey)
+        hit = programs.find(gkey)
         if hit is not None:
-            GRAPH_STATS.hits += 1
-            _GRAPH_CACHE.move_to_end(gkey)
             return hit
-        GRAPH_STATS.misses += 1
     fn, lower_args, level = entry.fn, entry.lower_args, entry.opt_level
     # Inputs the graph overwrites (an optimizer's parameters) are donated:
     # XLA writes the new values into their buffers instead of new ones.
@@ -181,10 +159,7 @@ def entry_for(graph, entry: Entry, consts) -> Entry:
             _store_persistent(graph, pkey, compiled, lower_args, entry.values)
     entry.release_trace()
     with _lock:
-        _GRAPH_CACHE[gkey] = entry
-        if len(_GRAPH_CACHE) > _graph_cache_capacity():
-            _GRAPH_CACHE.popitem(last=False)
-            GRAPH_STATS.evictions += 1
+        programs.insert(gkey, entry)
     return entry
 
 
@@ -264,6 +239,7 @@ def _load_persistent(graph, pkey, entry, donating) -> bool:
                 prog = _LoadedProgram(exe, device, int(meta["n_out"]),
                                      len(exe.get_output_layouts()))
                 prog.relower = _relowerer(entry.fn, lower_args, donating)
+                prog._torch_tpu_bytes = programs.footprint(graph.name, prog)
     except Exception:  # a bad entry is a miss
         prog = None
     finally:
@@ -311,7 +287,7 @@ class _LoadedProgram:
     (donated, kept, consts, rng) -> (outputs, mutated input values), through
     the PJRT executable itself (nothing was traced in this process)."""
 
-    __slots__ = ("exe", "device", "n_out", "n_total", "relower")
+    __slots__ = ("exe", "device", "n_out", "n_total", "relower", "_torch_tpu_bytes")
 
     def __init__(self, exe, device, n_out, n_total, relower=None):
         self.exe = exe
@@ -321,6 +297,7 @@ class _LoadedProgram:
         # () -> jax.stages.Lowered of the same program, traced on demand
         # (torch_tpu.debug's 'stablehlo' and 'hlo' stages); None: unavailable.
         self.relower = relower
+        self._torch_tpu_bytes = 0  # what the program cache charges (set at the load)
 
     def __call__(self, donated, kept, consts, rng):
         flat = [*donated, *kept, *consts]

@@ -10,10 +10,11 @@ keys that each extend the one before:
 - `specialization`: the input signature (tensor shapes and dtypes, int
   values, static values, precision, optimization level); a symbolic graph's
   table is keyed by it, and it is part of
-- `program_key`: the graph's fingerprint and kind, the specialization, the
-  device, the donated inputs, the constants and the optimization level; the
-  key of the in-memory graph cache (compile/graph_cache.py) and the name
-  under which `programs.compile` compiles;
+- `program_key`: `ProgramKind.GRAPH`, the graph's fingerprint and kind, the
+  specialization, the device, the donated inputs, the constants and the
+  optimization level; the graph's key in the program cache
+  (runtime/programs.py, through compile/graph_cache.py) and the key under
+  which `programs.compile` compiles;
 - `persistent_key`: the graph tier's key (torch_tpu.cache.graphs), the
   program key plus what a later process must match to reuse the executable
   (graph code, output and mutation layout, placeholder metadata), or None
@@ -27,6 +28,7 @@ import torch
 
 # The matmul precision setting: part of every graph executable's key.
 from ..precision import cache_token as precision_token
+from ..runtime.programs import ProgramKind
 
 try:
     from ..cache import graphs as _graph_tier
@@ -49,7 +51,7 @@ def specialization(graph, arrays, ints) -> tuple:
 def program_key(graph, key, donate_idx, consts, level) -> tuple:
     """The key of one program of `graph`: specialization `key`, compiled with
     inputs `donate_idx` donated, constants `consts`, at optimization `level`."""
-    return (graph.fingerprint, graph.kind, key, graph.device, tuple(donate_idx),
+    return (ProgramKind.GRAPH, graph.fingerprint, graph.kind, key, graph.device, tuple(donate_idx),
             tuple(tuple(c.shape) + (str(c.dtype),) if hasattr(c, "shape") else repr(c)
                   for c in consts), ("opt_level", level))
 

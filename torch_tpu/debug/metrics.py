@@ -91,10 +91,9 @@ def snapshot() -> dict:
             flat["co:" + k] = v
         if hasattr(stats, "disk_loads"):
             flat["cache:disk_loads"] = stats.disk_loads
-    graph = _graph_stats()
-    if graph is not None:
-        for k in ("requests", "hits", "misses", "eager_fallbacks", "runs"):
-            flat["graph:" + k] = getattr(graph, k, 0)
+    graph = programs.STATS.rows[programs.ProgramKind.GRAPH]  # compiled graphs' row
+    for k in ("requests", "hits", "misses", "eager_fallbacks", "runs"):
+        flat["graph:" + k] = getattr(graph, k, 0)
     from . import _events
 
     flat["events:compiles"] = _events.TOTALS["compiles"]
@@ -120,15 +119,10 @@ def _executor_stats():
     return getattr(mod, "STATS", None) if mod is not None else None
 
 
-def _graph_stats():
-    mod = sys.modules.get("torch_tpu.compile.graph_cache")
-    return getattr(mod, "GRAPH_STATS", None) if mod is not None else None
-
-
 def _cache_entries():
-    mod = sys.modules.get("torch_tpu.runtime.executor")
-    cache = getattr(mod, "_CACHE", None) if mod is not None else None
-    return len(cache) if cache is not None else 0
+    """The program cache's entries but compiled graphs' (counted apart)."""
+    mod = sys.modules.get("torch_tpu.runtime.programs")
+    return mod.entries() if mod is not None else 0
 
 
 def structure(flat: dict, timing_mode: str | None = None) -> dict:

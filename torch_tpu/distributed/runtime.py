@@ -113,18 +113,12 @@ def _clear_torch_tpu_caches():
 
     platform.platform.cache_clear()
     platform.devices.cache_clear()
-    executor.clear_cache()
+    executor.clear_cache()  # every program, compiled graphs included
     try:
         from ..ops import core
 
         core._copy_cache.clear()
     except (ImportError, AttributeError):  # pragma: no cover
-        pass
-    try:
-        from ..compile import graph_cache
-
-        graph_cache.clear_cache()
-    except Exception:  # pragma: no cover - compile backend absent
         pass
 
 

@@ -2,11 +2,15 @@
 
 One in-memory LRU, bounded by count (``TORCH_TPU_CACHE_SIZE``, default 8192)
 and by bytes (``TORCH_TPU_CACHE_BYTES``), holds the eager ops' executables
-(the executor's entries) and the helper programs the kernels compile (copies,
-casts, view reads, arange, padding, ...). `get_or_compile` is the one way in:
-look the key up, and on a miss trace, lower and compile the function
-(`compile`) and insert it. Statistics (`STATS`) and listeners
-(`COMPILE_LISTENERS`, `LOWERED_LISTENERS`) live here too.
+(the executor's entries), the helper programs the kernels compile (copies,
+casts, view reads, arange, padding, ...), fused eager programs and compiled
+graphs (`ProgramKind.GRAPH`, compile/graph_cache.py's entries).
+`get_or_compile` is the one way in for helper programs: look the key up, and
+on a miss trace, lower and compile the function (`compile`) and insert it.
+Statistics (`STATS`, one table: the counters of the eager and helper
+programs, counted on the hot path, and a row per kind that counts its own
+lookups through `find`, with an optional per-kind cap: `add_kind`) and
+listeners (`COMPILE_LISTENERS`, `LOWERED_LISTENERS`) live here too.
 
 Keys are tuples whose first element names the program (`ProgramKind`, or the
 op overload for the executor's entries); docs/architecture.md ("cache-key
@@ -38,7 +42,7 @@ import enum
 import os
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from . import gc_pause, xla_lock
 
@@ -47,8 +51,7 @@ class ProgramKind(str, enum.Enum):
     """What a helper program is: the first element of its cache key.
 
     The executor's entries start with the op overload instead (one program
-    per overload and signature); compiled graphs live in the graph tier
-    (torch_tpu.compile.graph_cache) under their own fingerprints.
+    per overload and signature).
     """
 
     VIEW_READ = "view_read"      # read a view's value (runtime.executor.read)
@@ -62,6 +65,7 @@ class ProgramKind(str, enum.Enum):
     UNPAD = "unpad_from_bucket"
     FUSED = "fused_eager"        # a fused eager mode trace (runtime.fused)
     ZEROS = "zeros"              # a zero-filled buffer of one shape (ops.core._zeros)
+    GRAPH = "compiled_graph"     # a torch.compile graph's entry (compile.graph_cache)
 
     # Enum's own __hash__ is Python code (hash of the name), run on every
     # lookup of a key holding a kind: the str's C hash is equal-consistent
@@ -122,8 +126,45 @@ def key_name(key: tuple) -> str:
 # statistics and listeners
 
 
+class KindStats:
+    """One row of the stats table: a kind of program that counts its own
+    lookups (`find`) apart from the hot path's counters, with its own
+    counters beside them (`counters`: name -> zero value) and an optional
+    cap on its entries (`capacity`: () -> int) inside the cache's bounds."""
+
+    COMMON = {"requests": 0, "hits": 0, "misses": 0, "evictions": 0}
+
+    def __init__(self, kind: Any, counters: dict | None = None,
+                 capacity: Callable[[], int] | None = None) -> None:
+        self.kind = kind
+        self.counters = {**self.COMMON, **(counters or {})}
+        self.capacity = capacity
+        self.entries = 0  # this kind's programs in CACHE: state, kept by reset()
+        self.reset()
+
+    def reset(self) -> None:
+        for name, zero in self.counters.items():
+            setattr(self, name, zero)
+
+    if TYPE_CHECKING:  # the counters are attributes named at run time
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+    def as_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self.counters}
+        out["entries"] = self.entries
+        return out
+
+
 class CacheStats:
     """In-memory executable cache statistics (see torch_tpu.cache.stats).
+
+    The table: the counters here count the eager ops' and helper programs'
+    lookups (the hot path: `lookup`, `get_or_compile`, the executor, the
+    native kernel) and every compile (`misses`, from `record_compile`); each
+    kind in `rows` (`add_kind`; compiled graphs) counts its own lookups and
+    evictions there instead.
 
     `requests`, `hits` and `per_op` also count the native C++ kernel's cache
     hits (csrc/, see csrc/README.md), which it keeps in C++ rather than make Python
@@ -134,6 +175,7 @@ class CacheStats:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.native_counts: Any = None  # () -> None | (hits, {op name: hits})
+        self.rows: dict = {}  # kind -> KindStats
         self.reset()
 
     def _take_native(self) -> None:
@@ -195,6 +237,8 @@ class CacheStats:
         self.disk_loads = 0                       # misses served by the disk tier
         self.per_op = collections.Counter()  # executions per op
         self.compiles_per_op: collections.Counter = collections.Counter()
+        for row in self.rows.values():
+            row.reset()
 
     def as_dict(self) -> dict:
         settle()
@@ -213,6 +257,39 @@ class CacheStats:
 
 
 STATS = CacheStats()
+
+
+def add_kind(kind: Any, counters: dict | None = None,
+             capacity: Callable[[], int] | None = None) -> KindStats:
+    """Give `kind` (a key's first element) its own row of the stats table and
+    its cap; the row (the one already there if `kind` has one)."""
+    row = STATS.rows.get(kind)
+    if row is None:
+        row = STATS.rows[kind] = KindStats(kind, counters, capacity)
+    return row
+
+
+def graph_capacity() -> int:
+    """TORCH_TPU_GRAPH_CACHE_SIZE: the most compiled graphs the cache holds
+    (within its bounds, `capacity` and `byte_capacity`)."""
+    return int(os.environ.get("TORCH_TPU_GRAPH_CACHE_SIZE", "512"))
+
+
+# Compiled graphs (compile/graph_cache.py) count their own lookups, and what
+# only graphs have; declared here so that the table has the row before the
+# backend loads (torch_tpu.cache.stats()["graphs"]).
+add_kind(ProgramKind.GRAPH, {
+    "graphs": 0,            # CompiledGraph objects created
+    "eager_fallbacks": 0,   # graphs that run op by op
+    "donating_calls": 0,    # calls that gave their overwritten inputs' buffers to XLA
+    "runs": 0,              # graph programs executed (one per compiled-graph call)
+    "lowered": 0,           # graph specializations traced, lowered and compiled/loaded by XLA
+    "disk_loads": 0,        # ... loaded from the graph tier instead (nothing traced)
+    "prebuilt": 0,          # backward programs compiled ahead, at the forward's first call
+    "backend_seconds": 0.0,        # in tpu_backend: AOTAutograd + graph setup
+    "lower_compile_seconds": 0.0,  # tracing + lowering + XLA compile (or executable load)
+    "load_seconds": 0.0,           # graph-tier loads
+}, capacity=graph_capacity)
 # Observers of compile events: callables (name, key, seconds, compiled).
 COMPILE_LISTENERS: list = []
 
@@ -309,6 +386,33 @@ def grown_footprint(name: str, grown: int, compiled: Any) -> int:
     return max(known, MIN_FOOTPRINT) + code
 
 
+def _row_of(key: Any) -> KindStats | None:
+    """The stats row of `key`'s kind, or None (counted on the hot path)."""
+    rows = STATS.rows
+    if not rows or type(key) is not tuple or not key:
+        return None
+    return rows.get(key[0])
+
+
+def find(key: Any) -> Any:
+    """`lookup` of a key whose kind has its own row (`add_kind`): a request,
+    and a hit or a miss, counted there."""
+    row = STATS.rows[key[0]]
+    row.requests += 1
+    entry = CACHE.get(key)
+    if entry is None:
+        row.misses += 1
+        return None
+    row.hits += 1
+    CACHE.move_to_end(key)
+    return entry
+
+
+def keys(kind: Any) -> list:
+    """The keys of the cached programs of `kind` (least recently used first)."""
+    return [k for k in list(CACHE) if type(k) is tuple and k and k[0] is kind]
+
+
 def lookup(key: Any) -> Any:
     """The entry cached under `key` (now the most recently used), or None."""
     STATS.requests += 1
@@ -335,39 +439,75 @@ def footprint(name: str, compiled: Any) -> int:
 
 
 def insert(key: Any, entry: Any) -> None:
-    """Insert `entry` (an executor entry or a compiled executable); evict the
-    least recently used entries beyond TORCH_TPU_CACHE_SIZE entries or
-    TORCH_TPU_CACHE_BYTES bytes (the new entry itself always stays)."""
+    """Insert `entry` (an executor entry, a compiled executable or another
+    kind's entry with a `compiled` executable); evict the least recently used
+    entries beyond TORCH_TPU_CACHE_SIZE entries or TORCH_TPU_CACHE_BYTES
+    bytes, and the least recently used of `key`'s kind beyond its own cap
+    (`add_kind`; the new entry itself always stays but for a cap of 0)."""
     compiled = getattr(entry, "compiled", entry)
     nbytes = getattr(compiled, "_torch_tpu_bytes", 0) if compiled is not None else 0
     old = ENTRY_BYTES.pop(key, 0)
     dropped = key in CACHE
+    row = _row_of(key)
+    if row is not None and not dropped:
+        row.entries += 1
     CACHE[key] = entry
     ENTRY_BYTES[key] = nbytes
     BYTES[0] += nbytes - old
+    if row is not None and row.capacity is not None and row.entries > row.capacity():
+        oldest = next(k for k in list(CACHE) if _row_of(k) is row)
+        del CACHE[oldest]
+        _evicted(oldest)
+        dropped = True
     cap, byte_cap = capacity(), byte_capacity()
     while len(CACHE) > 1 and (len(CACHE) > cap or BYTES[0] > byte_cap):
         k, _ = CACHE.popitem(last=False)
-        BYTES[0] -= ENTRY_BYTES.pop(k, 0)
-        STATS.evictions += 1
-        _SAMPLING[0] = False
+        _evicted(k)
         dropped = True
     if dropped:
         _dropped()
 
 
+def _evicted(key: Any) -> None:
+    """Account for `key`, just evicted from CACHE."""
+    BYTES[0] -= ENTRY_BYTES.pop(key, 0)
+    row = _row_of(key)
+    if row is None:
+        STATS.evictions += 1
+    else:
+        row.evictions += 1
+        row.entries -= 1
+    _SAMPLING[0] = False
+
+
+def _forget(key: Any) -> None:
+    """Account for `key`, just dropped from CACHE (not an eviction)."""
+    BYTES[0] -= ENTRY_BYTES.pop(key, 0)
+    row = _row_of(key)
+    if row is not None:
+        row.entries -= 1
+
+
 def discard(key: Any) -> None:
     """Drop the entry cached under `key`, if any (its next call misses)."""
     if CACHE.pop(key, None) is not None:
-        BYTES[0] -= ENTRY_BYTES.pop(key, 0)
+        _forget(key)
         _dropped()
 
 
-def clear() -> None:
-    """Drop every cached program of the in-memory tier."""
-    CACHE.clear()
-    ENTRY_BYTES.clear()
-    BYTES[0] = 0
+def clear(kind: Any = None) -> None:
+    """Drop every cached program of the in-memory tier (`kind`: those of one
+    kind only, e.g. ProgramKind.GRAPH)."""
+    if kind is None:
+        CACHE.clear()
+        ENTRY_BYTES.clear()
+        BYTES[0] = 0
+        for row in STATS.rows.values():
+            row.entries = 0
+    else:
+        for k in keys(kind):
+            if CACHE.pop(k, None) is not None:
+                _forget(k)
     _dropped()
 
 
@@ -390,13 +530,24 @@ def entry_changed() -> None:
 
 
 def memory_stats() -> dict:
-    """The in-memory tier: counters, entries and bytes with their bounds."""
+    """The in-memory tier, every kind together: counters, entries and bytes
+    with their bounds (`misses`: the programs compiled or loaded)."""
     settle()
     s = STATS
-    return {"hits": s.hits, "misses": s.misses, "entries": len(CACHE),
-            "capacity": capacity(), "evictions": s.evictions, "bytes": BYTES[0],
+    rows = list(s.rows.values())
+    return {"hits": s.hits + sum(r.hits for r in rows), "misses": s.misses,
+            "entries": len(CACHE), "capacity": capacity(),
+            "evictions": s.evictions + sum(r.evictions for r in rows), "bytes": BYTES[0],
             "byte_capacity": byte_capacity(), "compile_seconds": s.compile_seconds,
             "disk_loads": s.disk_loads}
+
+
+def entries(kind: Any = None) -> int:
+    """How many programs the cache holds: of `kind` (one with its own row),
+    or (None) of the kinds counted on the hot path."""
+    if kind is not None:
+        return STATS.rows[kind].entries
+    return len(CACHE) - sum(r.entries for r in STATS.rows.values())
 
 
 # --------------------------------------------------------------------------
