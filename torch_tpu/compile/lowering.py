@@ -349,11 +349,13 @@ class GraphProgram:
                 env[n] = value
                 env[n.args[0]] = value
                 continue
-            if hook is not None:
-                env[n] = hook.node(n, args, kwargs,
-                                   lambda a, k, n=n: self._call(n, a, k, tr))
-            else:
-                env[n] = self._call(n, args, kwargs, tr)
+            # The ATen op's name on its HLO (metadata op_name), for debug.fusions().
+            with jax.named_scope(_scope(n.target)):
+                if hook is not None:
+                    env[n] = hook.node(n, args, kwargs,
+                                       lambda a, k, n=n: self._call(n, a, k, tr))
+                else:
+                    env[n] = self._call(n, args, kwargs, tr)
         else:  # pragma: no cover
             raise LoweringError("graph without output")
         if not isinstance(outs, (list, tuple)):
@@ -470,6 +472,13 @@ class GraphProgram:
             return outs, muts
 
         return fn
+
+
+def _scope(target) -> str:
+    """A node's name in the program's HLO metadata: `aten.mm.default` for an op."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", None) or type(target).__name__
 
 
 def _fetch_attr(gm, target):

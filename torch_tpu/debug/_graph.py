@@ -366,7 +366,8 @@ def to_jax(gm: torch.fx.GraphModule):
             elif n.op == "get_attr":
                 env[n] = next(cit)
             elif n.op == "call_function":
-                env[n] = _call(n, env)
+                with jax.named_scope(str(n.target)):  # the ATen op, in HLO metadata
+                    env[n] = _call(n, env)
             elif n.op == "output":
                 return torch.fx.node.map_arg(n.args[0], lambda m: env[m])
             else:

@@ -720,7 +720,10 @@ def _program(tr: _Trace, live: Sequence[int], device: int, donate: tuple = ()) -
         for (program, refs, name, barrier), dyn in zip(steps, dyns):
             arrays = [vals[r] if r >= 0 else ext[-1 - r] for r in refs]
             try:
-                outs, bases = program(arrays, dyn)
+                # The ATen op's name on its HLO (metadata op_name), for
+                # debug.fusions(); tracing only: no call-time cost, no key.
+                with jax.named_scope(name):
+                    outs, bases = program(arrays, dyn)
             except Exception as e:  # noqa: BLE001 - named after the op, as strict mode raises it
                 raise _named(e, name) from None
             for v, b in zip((*outs, *bases), barrier):
