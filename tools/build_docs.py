@@ -310,6 +310,13 @@ def _static_html(text: str) -> str:
 
     text = re.sub(r"<marimo-accordion((?:[^>'\"]|'[^']*'|\"[^\"]*\")*)>(.*?)</marimo-accordion>",
                   accordion, text, flags=re.S)
+
+    def mermaid(m):  # marimo's mo.mermaid: the markup Material for MkDocs draws with Mermaid
+        diagram = _json_attr(m.group(1), "data-diagram")
+        return f'<pre class="mermaid"><code>{html.escape(str(diagram or ""))}</code></pre>'
+
+    text = re.sub(r"<marimo-mermaid((?:[^>'\"]|'[^']*'|\"[^\"]*\")*)>\s*</marimo-mermaid>",
+                  mermaid, text)
     # Any other custom element: keep its children, drop the wrapper.
     text = re.sub(r"</?marimo-[\w-]+(?:[^>'\"]|'[^']*'|\"[^\"]*\")*>", "", text)
     return text

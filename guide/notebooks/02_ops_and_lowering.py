@@ -56,8 +56,11 @@ def _():
     import torch_tpu.debug as dbg
     from torch_tpu.ops.registry import LOWERINGS, lower
 
+    from hlo_view import fusions_beside_hlo  # guide/notebooks/hlo_view.py
+
     aten = torch.ops.aten
-    return LOWERINGS, aten, collections, dbg, inspect, jax, jnp, lower, os, torch, torch_tpu, warnings
+    return (LOWERINGS, aten, collections, dbg, fusions_beside_hlo, inspect, jax, jnp, lower, os,
+            torch, torch_tpu, warnings)
 
 
 @app.cell(hide_code=True)
@@ -181,7 +184,45 @@ def _(dbg, mo, torch):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 4. Adding a lowering
+    ## 4. Many ops, one program: what XLA fused
+
+    `torch_tpu.fused()` records the ops of a block instead of running each as
+    its own program, then runs them as **one** program, which XLA optimizes as
+    a whole: elementwise ops are *fused* into the kernel that produces their
+    input, so intermediates never go through memory. Every op is traced under
+    its ATen name, which XLA keeps in the HLO metadata, so
+    `torch_tpu.debug.fusions(program)` can draw the optimized program as its
+    kernels, each with the ATen ops it came from, and the bytes that flow
+    between kernels. Here a linear layer, a ReLU and a few elementwise ops:
+    """)
+    return
+
+
+@app.cell
+def _(dbg, fusions_beside_hlo, mo, torch, torch_tpu):
+    _x = torch.randn(64, 32, device="tpu")
+    _w = torch.randn(32, 16, device="tpu")
+    _b = torch.randn(16, device="tpu")
+    _x.cpu()  # the inputs' own programs run (and are logged) before the block
+    dbg.clear_compile_log()
+    with torch_tpu.fused():
+        fused_out = (torch.relu(_x @ _w + _b).sin() * 2 + 1).sum(dim=1)
+    fused_out.cpu()
+    fused_graph = dbg.fusions(dbg.last_programs(1, name="fused eager program")[-1])
+    mo.vstack([
+        mo.md(f"{len(fused_graph.aten_ops)} ATen ops ran as **{len(fused_graph.kernels)} "
+              f"kernels**; {fused_graph.bytes_between_kernels():,} bytes go through memory "
+              "between them."),
+        fusions_beside_hlo(fused_graph),
+        mo.plain_text(str(fused_graph)),
+    ])
+    return (fused_graph,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. Adding a lowering
 
     The same mechanism works for any operator. Below, a custom PyTorch operator
     (`guide::scaled_cumsum`, defined with `torch.library.custom_op`, CPU kernel
@@ -217,7 +258,7 @@ def _(dbg, jnp, lower, torch):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 5. A CPU fallback, made visible
+    ## 6. A CPU fallback, made visible
 
     An operator the backend cannot lower still works: its inputs are copied to
     the host, it runs on the CPU, and its outputs are copied back. That is slow
@@ -269,7 +310,7 @@ def _(dbg):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 6. Strict mode
+    ## 7. Strict mode
 
     `TORCH_TPU_CPU_FALLBACK=0` turns every CPU fallback into a
     `NotImplementedError` naming the op — use it in CI to be sure a model runs
@@ -300,7 +341,7 @@ def _(cpu_only_cumprod, os, torch):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 7. Errors are PyTorch's
+    ## 8. Errors are PyTorch's
 
     Because every new op first runs on `meta` tensors, bad input raises the
     error PyTorch would raise on the CPU, before anything is traced — never a
@@ -345,6 +386,16 @@ def test_lowering_table(LOWERINGS, families):
 @app.cell
 def test_gelu_program(gelu_text):
     assert "stablehlo" in gelu_text or "HloModule" in gelu_text
+    return
+
+
+@app.cell
+def test_fusion_graph(fused_graph):
+    _ops = {op.rsplit(".", 1)[0] for op in fused_graph.aten_ops}
+    assert {"aten.mm", "aten.relu", "aten.sin", "aten.sum"} <= _ops, _ops
+    # fewer kernels than ops: XLA fused the elementwise ones
+    assert 0 < len(fused_graph.kernels) < len(fused_graph.aten_ops)
+    assert fused_graph.to_mermaid().startswith("flowchart")
     return
 
 

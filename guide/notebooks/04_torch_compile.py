@@ -51,10 +51,11 @@ def _():
     import torch_tpu
     import torch_tpu.debug as dbg
 
-    from hlo_view import readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+    from hlo_view import fusions_beside_hlo, readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
 
     return (
         dbg,
+        fusions_beside_hlo,
         plt,
         readable_hlo,
         side_by_side,
@@ -233,6 +234,28 @@ def _(dbg, mo, readable_hlo, side_by_side):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    The same optimized program as a graph: `torch_tpu.debug.fusions` reads
+    each kernel's HLO metadata, where every instruction carries the ATen op of
+    the graph it was lowered from, and the shapes between kernels. A box is
+    one kernel with the ATen ops XLA put in it; an arrow is an array written
+    by one kernel and read by the next, labelled with its size:
+    """)
+    return
+
+
+@app.cell
+def _(dbg, forward_program, fusions_beside_hlo, mo):
+    forward_fusions = dbg.fusions(forward_program)
+    mo.vstack([
+        fusions_beside_hlo(forward_fusions, max_lines=70),
+        mo.accordion({"the same as a table": mo.plain_text(str(forward_fusions))}),
+    ])
+    return (forward_fusions,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## 4. Graph breaks
 
     Code dynamo cannot put in a graph — here a Python `if` on a tensor's value —
@@ -397,6 +420,15 @@ def test_hlo_before_after(count_instructions, hlo_after, hlo_before):
     assert "dot" in hlo_before and "dot" in hlo_after
     assert "fusion" in hlo_after
     assert 0 < count_instructions(hlo_after) < count_instructions(hlo_before)
+    return
+
+
+@app.cell
+def test_forward_fusions(forward_fusions):
+    _ops = {op.rsplit(".", 1)[0] for op in forward_fusions.aten_ops}
+    assert _ops & {"aten.mm", "aten.addmm", "aten.bmm"}, _ops
+    assert any(n.is_fusion for n in forward_fusions.kernels)
+    assert forward_fusions.to_mermaid().startswith("flowchart")
     return
 
 

@@ -1,9 +1,11 @@
-"""Showing XLA programs in the guide's notebooks (imported by 01, 04 and 06).
+"""Showing XLA programs in the guide's notebooks (imported by 01, 02, 04 and 06).
 
 `readable_hlo` drops what makes a dump hard to read (XLA's source-location
 tables, per-instruction metadata, sharding and frontend attributes);
 `side_by_side` puts programs in columns, each in its own box: a long line
-scrolls inside its box instead of running into the next column.
+scrolls inside its box instead of running into the next column;
+`fusions_beside_hlo` puts a program's fusion graph (`torch_tpu.debug.fusions`,
+drawn by marimo's Mermaid) in the left column and its optimized HLO in the right.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import html
 import re
 
 _LOCATION_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-_ATTRIBUTES = re.compile(r",? ?(metadata|frontend_attributes|sharding)=\{[^}]*\}")
+# (one level of nested braces: frontend_attributes hold `[{}, {}]` shardings)
+_ATTRIBUTES = re.compile(r",? ?(metadata|frontend_attributes|sharding)=\{(?:[^{}]|\{[^{}]*\})*\}")
 
 
 def readable_hlo(text: str, max_lines: int = 40) -> str:
@@ -31,6 +34,30 @@ def readable_hlo(text: str, max_lines: int = 40) -> str:
     return "\n".join(keep)
 
 
+def _box(title, inner):
+    return ('<div style="min-width:0">'
+            f'<div style="font-weight:600;margin-bottom:0.3em">{html.escape(title)}</div>'
+            f'{inner}</div>')
+
+
+_PRE = ('<pre style="overflow:auto;max-height:32em;margin:0;padding:0.5em;font-size:0.75em;'
+        'line-height:1.35;white-space:pre;border:1px solid rgba(128,128,128,0.35);'
+        'border-radius:4px">{}</pre>')
+
+
+def fusions_beside_hlo(graph, max_lines: int = 60, max_nodes: int = 80):
+    """A FusionGraph drawn (left) next to the optimized HLO it was read from (right)."""
+    import marimo as mo
+
+    left = _box("what XLA fused: kernels, their ATen ops, bytes between them",
+                '<div style="overflow:auto;max-height:40em">'
+                f"{mo.mermaid(graph.to_mermaid(max_nodes=max_nodes)).text}</div>")
+    right = _box("the optimized HLO (what runs)",
+                 _PRE.format(html.escape(readable_hlo(graph.text, max_lines=max_lines))))
+    return mo.Html('<div class="hlo-side-by-side" style="display:grid;gap:1em;'
+                   f'grid-template-columns:repeat(2,minmax(0,1fr))">{left}{right}</div>')
+
+
 def side_by_side(*columns):
     """`(title, text)` columns next to each other, as a marimo HTML output.
 
@@ -40,12 +67,6 @@ def side_by_side(*columns):
     """
     import marimo as mo
 
-    boxes = "".join(
-        '<div style="min-width:0">'
-        f'<div style="font-weight:600;margin-bottom:0.3em">{html.escape(title)}</div>'
-        '<pre style="overflow:auto;max-height:32em;margin:0;padding:0.5em;font-size:0.75em;'
-        'line-height:1.35;white-space:pre;border:1px solid rgba(128,128,128,0.35);'
-        f'border-radius:4px">{html.escape(text)}</pre></div>'
-        for title, text in columns)
+    boxes = "".join(_box(title, _PRE.format(html.escape(text))) for title, text in columns)
     return mo.Html('<div class="hlo-side-by-side" style="display:grid;gap:1em;'
                    f'grid-template-columns:repeat({len(columns)},minmax(0,1fr))">{boxes}</div>')
