@@ -34,6 +34,12 @@ HLO: `hlo(fn, *args, stage=...)`, `lower(...)` (a Program with all stages,
 `.cost`, `.memory`), `last_graphs()`. Compile log: `compile_log()`;
 `TORCH_TPU_LOG=compile|fallback|all` prints events through logging;
 `TORCH_TPU_DUMP_DIR=dir` writes every compiled program there.
+Fusions: `fusions(fn_or_program, *args)` (a FusionGraph: each XLA kernel
+with the ATen ops it came from and the bytes between kernels; `to_mermaid()`).
+
+Roofline: `roofline(fn_or_program, *args, device="v6e")` (a RooflineReport:
+per program FLOPs, bytes, measured time, FLOP/s, intensity and the bounding
+roof here and on a published device; its first line is the summary).
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from . import metrics  # noqa: F401  (first: producers import it by this name)
 from . import _events
 from .hlo import (STAGES, Program, cost_analysis, hlo, last_graphs, last_programs,  # noqa: F401
                   lower, memory_analysis)
+from .fusion import FusionGraph, fusions  # noqa: F401
 from .parity import LayerDiff, ParityReport, parity  # noqa: F401
+from .roofline import RooflineReport, roofline  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 
 __all__ = [
@@ -52,6 +60,8 @@ __all__ = [
     "hlo", "lower", "Program", "cost_analysis", "memory_analysis", "last_graphs",
     "last_programs", "STAGES", "compile_log", "clear_compile_log", "CompileEvent",
     "set_log", "dump_to", "fallback_report", "FallbackReport", "parity", "ParityReport",
+    "fusions", "FusionGraph",
+    "roofline", "RooflineReport",
 ]
 
 
