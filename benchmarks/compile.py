@@ -34,7 +34,7 @@ SGD. A training step is forward + backward + the SGD update.
    step: the floor a warm first step approaches (XLA:CPU's first run of an
    executable adds its own one-time work, which `jax.jit` pays too).
    compile_step's warm process rebuilds the traced graph from the cache
-   directory (`torch_tpu.cache.steps`) instead of tracing the step.
+   directory (`torch_tpu.compile.persist.steps`) instead of tracing the step.
 
 What the times include: "first step" is the wall time of the first
 `step()` call only. Process start-up (importing torch, jax and torch_tpu),
@@ -321,7 +321,7 @@ out["gc"], out["gc_collections"] = step.first_gc
 out["compile_calls"] = step.compile_calls
 out["first_total"] = first + step.compile_calls
 out["second"] = step.second
-from torch_tpu.cache import steps as _steps
+from torch_tpu.compile.persist import steps as _steps
 out["step_cache"] = _steps.stats()
 if profile:
     text = io.StringIO()
@@ -460,7 +460,7 @@ def _warm_runs(args):
     if not args.no_whole_step:
         # torch_tpu.compile_step: nothing of dynamo or AOTAutograd runs; a
         # warm process rebuilds the traced graph from the cache directory
-        # (torch_tpu.cache.steps) and loads its program.
+        # (torch_tpu.compile.persist.steps) and loads its program.
         cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm, False,
                                 "step")
         out.append(_warm_lines(cold, warm, "torch_tpu.compile_step (whole step, one program)"))

@@ -259,7 +259,7 @@ def test_cold_and_warm_processes_share_the_cache(tmp_path):
     cold, warm = runs
     assert cold["lowered"] == 2 and cold["disk_loads"] == 0, cold
     assert warm["disk_loads"] == 2 and warm["lowered"] == 0, warm
-    # The warm process rebuilds both traced graphs (torch_tpu.cache.steps).
+    # The warm process rebuilds both traced graphs (torch_tpu.compile.persist.steps).
     assert (cold["traces"], cold["loads"], warm["traces"], warm["loads"]) == (2, 0, 0, 2)
     assert cold["losses"] == pytest.approx(warm["losses"], rel=1e-6)
     assert cold["w"] == pytest.approx(warm["w"], rel=1e-6)

@@ -1,4 +1,4 @@
-"""compile_step's traced graphs in the cache directory (torch_tpu.cache.steps).
+"""compile_step's traced graphs in the cache directory (torch_tpu.compile.persist.steps).
 
 In-process (fast): the key follows the code and values the step reads (a
 closure constant, a global, a helper function's body, a hyperparameter,
@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu.cache import steps
+from torch_tpu.compile.persist import steps
 
 # -- in-process ------------------------------------------------------------------
 
@@ -257,7 +257,7 @@ def test_unusable_entry_warns_and_traces(tmp_path, monkeypatch):
     """An entry that passes the store's checks but cannot be rebuilt here (an
     op this torch lacks) is ignored with one warning, removed, and traced."""
     import torch_tpu.cache as cache
-    from torch_tpu.cache import artifacts
+    from torch_tpu.compile.persist import artifacts
     from torch_tpu.cache import store as _store
 
     monkeypatch.setattr(_store, "_warned", set())

@@ -20,7 +20,7 @@ import warnings
 
 import pytest
 
-from torch_tpu.cache import artifacts
+from torch_tpu.compile.persist import artifacts
 from torch_tpu.cache import store as _store
 
 
@@ -148,7 +148,7 @@ _CHILD = textwrap.dedent("""
     import torch, torch_tpu
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
-    from torch_tpu.cache import artifacts
+    from torch_tpu.compile.persist import artifacts
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
@@ -251,7 +251,7 @@ def test_clear_removes_the_packages(tmp_path, fresh_warnings):
 def test_a_graph_that_cannot_be_pickled_runs_and_is_not_saved():
     import pickle
 
-    from torch_tpu.cache._output_code import TpuOutputCode
+    from torch_tpu.compile.persist._output_code import TpuOutputCode
 
     class Graph:
         gm = staticmethod(lambda: None)  # not picklable

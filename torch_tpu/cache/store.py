@@ -542,7 +542,7 @@ class DiskStore:
                 if _remove(full):
                     n += 1
             self._bytes_estimate = None
-            # PyTorch's compile packages (torch_tpu.cache.artifacts) beside it.
+            # PyTorch's compile packages (torch_tpu.compile.persist.artifacts) beside it.
             if self.path is not None and self.root:
                 packages = os.path.join(self.root, "torch-v1")
                 try:

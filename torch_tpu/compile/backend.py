@@ -39,7 +39,7 @@ from . import graph_cache
 from .graph import CompiledGraph, prebuild_enabled
 
 try:
-    from ..cache import artifacts as _artifacts
+    from .persist import artifacts as _artifacts
 except Exception:  # pragma: no cover - the cache package failed to import
     _artifacts = None
 

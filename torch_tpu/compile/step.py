@@ -42,6 +42,7 @@ import torch.utils._pytree as pytree
 
 from . import backend, graph_cache
 from .graph import CompiledGraph
+from .persist import steps
 
 __all__ = ["compile_step"]
 
@@ -162,7 +163,7 @@ class _Step:
                                           for k, v in g.items() if k != "params"})
                                for g in o.param_groups))
             # By position, not id(p): the key is also the store key of a
-            # new process (torch_tpu.cache.steps).
+            # new process (torch_tpu.compile.persist.steps).
             pos = {id(p): i for i, p in enumerate(params)}
             hyper.append(tuple((pos.get(id(p), -1),
                                 _hashable({k: v for k, v in o.state[p].items()}))
@@ -261,9 +262,7 @@ class _Step:
     def _load_or_trace(self, params, buffers, states, flat_args, spec, key):
         """A new signature: the graph a previous process traced (found in the
         cache directory under a key covering the code the trace runs, see
-        torch_tpu.cache.steps), else a trace, remembered for the next one."""
-        from ..cache import steps
-
+        torch_tpu.compile.persist.steps), else a trace, remembered for the next one."""
         skey = None
         if steps.enabled():
             real = [*params, *(p.grad for p in params if p.grad is not None), *buffers,

@@ -46,7 +46,9 @@ import platform
 import threading
 from typing import Any, NoReturn
 
-from . import store as _store
+from ...cache import disk_store
+from ...cache import store as _store
+from ...cache.graphs import source_fingerprint
 
 MAGIC = b"TTPUPK01"
 SUFFIX = ".tpk"
@@ -91,8 +93,6 @@ def _environment() -> dict:
     """What an entry must have been written by to be loaded here."""
     import jax
     import torch
-
-    from .graphs import source_fingerprint
 
     return {"torch": torch.__version__, "python": platform.python_version(),
             "jax": jax.__version__, "torch_tpu_source": source_fingerprint(),
@@ -193,8 +193,6 @@ _STORE: ArtifactStore | None = None
 def artifact_store() -> ArtifactStore:
     """The store in the disk tier's local directory (checked once per directory)."""
     global _STORE
-    from . import disk_store
-
     root = disk_store().root if disk_store().path is not None else None
     if _STORE is None or _STORE.root != root:
         _STORE = ArtifactStore(root)

@@ -11,7 +11,7 @@ What is stored: the functional aten graph as plain JSON (nodes, their
 targets by name - ``aten::add.Tensor``, ``operator.getitem`` - constant
 arguments, and each node's shape, stride, dtype and device), the output
 layout and the step's bookkeeping; no pickle. Entries live in the artifact
-store (`torch_tpu.cache.artifacts.ArtifactStore`): checksummed, stamped
+store (`torch_tpu.compile.persist.artifacts.ArtifactStore`): checksummed, stamped
 with the torch/Python/JAX versions and a hash of torch_tpu's sources, and
 only read from a directory that passes the trust check (ssh's rule: owned
 by this user or root, not writable by group or others). A corrupted,
@@ -59,7 +59,8 @@ import threading
 import types
 from typing import Any
 
-from . import store as _store
+from ...cache import store as _store
+from .artifacts import artifact_store
 
 FORMAT = 1
 _MAX_CONST = 4096      # tensor values hashed into the key up to this size
@@ -381,7 +382,7 @@ def step_key(fn: Any, modules: list, optimizers: list, options: dict | None, inp
     """The store key of one traced step; raises Unkeyable."""
     import torch
 
-    from ..precision import get_matmul_precision
+    from ...precision import get_matmul_precision
 
     local = repr(local_key)
     if " at 0x" in local:
@@ -616,8 +617,6 @@ def decode(entry: dict) -> tuple[Any, dict, list, int]:
 
 def load(key: str) -> tuple[Any, dict, list, int] | None:
     """The decoded entry under `key`, or None (a miss, or one warning and a miss)."""
-    from .artifacts import artifact_store
-
     s = artifact_store()
     blob = s.get(key)   # trust, checksum and versions checked; bad entries warned about
     if blob is None:
@@ -637,8 +636,6 @@ def load(key: str) -> tuple[Any, dict, list, int] | None:
 def reject(key: str, e: BaseException, undo_hit: bool = False) -> None:
     """An entry that passed the store's checks but cannot be used here: one
     warning, removed (the trace that follows writes it again)."""
-    from .artifacts import artifact_store
-
     with _lock:
         STATS.rejected += 1
         if undo_hit:
@@ -668,8 +665,6 @@ def remember(key: str, gm: Any, layout: dict, arg_pos: list, n_grads: int) -> No
 
 def save() -> int:
     """Write the steps traced in this process; their number (also run at exit)."""
-    from .artifacts import artifact_store
-
     with _lock:
         todo = list(_pending)
         _pending.clear()

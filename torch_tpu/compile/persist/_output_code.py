@@ -6,7 +6,7 @@ This wraps a `CompiledGraph`: what is pickled is the graph's FX module (with
 its tensor metadata, through `torch.fx._graph_pickler.GraphPickler`) and how
 the backend built it; a process that loads it rebuilds the `CompiledGraph`
 on first call, and the graph tier then loads its executable from disk
-without lowering it. Imported only when `torch_tpu.cache.artifacts` is on
+without lowering it. Imported only when `torch_tpu.compile.persist.artifacts` is on
 (it imports inductor's output_code module) or when pickle loads one.
 """
 
@@ -47,7 +47,7 @@ class TpuOutputCode(OutputCode):
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        from ..compile.graph import CompiledGraph
+        from ..graph import CompiledGraph
 
         s = self._state
         if s is None:  # only an unpickled graph is rebuilt, and pickling needs the state
