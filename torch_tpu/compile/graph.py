@@ -102,6 +102,7 @@ class CompiledGraph:
         self._analyze_outputs()
         code = gm.code
         self.fingerprint = hashlib.sha256(code.encode()).hexdigest()
+        graph_key.note_dynamo_reason(self.fingerprint)  # for the debug tools' recompile reasons
         self.executables = collections.OrderedDict()  # specialization key -> entry
         self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
         self.pad_ok = None       # False once padding to buckets proved unsafe

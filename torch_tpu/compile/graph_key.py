@@ -15,6 +15,9 @@ keys that each extend the one before:
   optimization level; the graph's key in the program cache
   (runtime/programs.py, through compile/graph_cache.py) and the key under
   which `programs.compile` compiles;
+- the bucketed programs of a symbolic graph (compile/dynamic.py) are keyed
+  `(fingerprint, kind, ("bucket", precision, level, buckets, exact sizes,
+  padded input shapes, padding specs))`;
 - `persistent_key`: the graph tier's key (torch_tpu.cache.graphs), the
   program key plus what a later process must match to reuse the executable
   (graph code, output and mutation layout, placeholder metadata), or None
@@ -82,3 +85,107 @@ def persistent_key(graph, gkey, donating, consts):
         return _graph_tier.key_for(text)
     except Exception:  # anything we cannot describe is simply not stored
         return None
+
+
+# --------------------------------------------------------------------------
+# reading keys back (debug tools: why a graph program compiled again)
+
+
+def key_fields(key: tuple) -> dict[str, str] | None:
+    """A graph program's key (`program_key`, or dynamic.py's bucketed key)
+    as named, printable fields; None for another key. Compile events only."""
+    if type(key) is not tuple or not key:
+        return None
+    fields: dict[str, str] = {}
+    if key[0] is ProgramKind.GRAPH and len(key) >= 8:
+        _, fingerprint, kind, spec, device, donate, consts = key[:7]
+        fields["graph"] = f"{kind} {str(fingerprint)[:12]}"
+        fields["program"] = "exact shapes"
+        shapes, ints, statics, precision, level = spec[:5]
+        _input_fields(fields, shapes)
+        for i, layout in enumerate(spec[5] if len(spec) > 5 else ()):
+            fields[f"input {i} layout"] = "storage" if layout is None else f"view {layout[1:3]}"
+        if ints:
+            fields["int inputs"] = str(tuple(ints))
+        if statics:
+            fields["static inputs"] = ", ".join(statics)
+        fields["device"] = f"tpu:{device}"
+        fields["donated inputs"] = str(tuple(donate)) if donate else "none"
+        fields["constants"] = str(len(consts))
+        fields["donating"] = "yes" if key[-1] == "donate" else "no"
+    elif len(key) == 3 and type(key[2]) is tuple and key[2][:1] == ("bucket",):
+        fingerprint, kind, (_, precision, level, buckets, exact, shapes, _specs) = key
+        fields["graph"] = f"{kind} {str(fingerprint)[:12]}"
+        fields["program"] = "bucketed"
+        for sym, size in buckets:
+            fields[f"bucket {sym}"] = str(size)
+        for sym, size in exact:
+            fields[f"size {sym}"] = str(size)
+        _input_fields(fields, shapes)
+    else:
+        return None
+    fields["precision"] = str(precision)
+    fields["opt level"] = str(level)
+    return fields
+
+
+def _input_fields(fields: dict, shapes) -> None:
+    for i, (shape, dtype) in enumerate(shapes):
+        fields[f"input {i} shape"] = str(tuple(shape))
+        fields[f"input {i} dtype"] = str(dtype)
+
+
+# What dynamo said about each graph as AOTAutograd handed it over, by the
+# graph's fingerprint: the frame it traced ("f, frame 0") and, on a
+# recompile, the guard failures that made it trace again (`recompile_reason`
+# takes them once: the graph's first compile event).
+_FRAMES: dict = {}
+_DYNAMO_REASONS: dict = {}
+
+
+def note_dynamo_reason(fingerprint: str) -> None:
+    """Called as a graph is handed over, inside dynamo's compile of a frame."""
+    frame, reason = _dynamo_frame()
+    if frame is not None:
+        if len(_FRAMES) > 4096:  # (a bound: graphs are few, but processes can be long)
+            _FRAMES.clear()
+        _FRAMES[fingerprint] = frame
+    if reason is not None:
+        _DYNAMO_REASONS[fingerprint] = reason
+
+
+def graph_frame(fingerprint: str) -> str | None:
+    """The frame dynamo traced graph `fingerprint` from ("f, frame 0"), if known."""
+    return _FRAMES.get(fingerprint)
+
+
+def recompile_reason(fingerprint: str) -> str | None:
+    """The dynamo guard failure behind graph `fingerprint` (once)."""
+    return _DYNAMO_REASONS.pop(fingerprint, None)
+
+
+def _dynamo_frame() -> tuple[str | None, str | None]:
+    """(the frame dynamo is compiling, why it compiles it again): the guard
+    failures it recorded (`torch._dynamo.guard_failures`, "0/0: tensor 'x'
+    size mismatch at index 1. expected 8, actual 9") for the frame's earlier
+    compiles; None on a frame's first compile, (None, None) outside dynamo."""
+    try:
+        from torch._dynamo import guard_failures
+        from torch._guards import CompileContext, TracingContext
+
+        cid = CompileContext.current_compile_id()
+        tc = TracingContext.try_get()
+    except Exception:  # noqa: BLE001 - another torch: no reason, nothing else changes
+        return None, None
+    if cid is None or cid.frame_id is None:
+        return None, None
+    codes = getattr(tc, "traced_code", None) or []
+    frame = f"{codes[0].co_name}, frame {cid.frame_id}" if codes else f"frame {cid.frame_id}"
+    if not cid.frame_compile_id:
+        return frame, None
+    prefix = f"{cid.frame_id}/"
+    found = [r for failures in list(guard_failures.values()) for r in failures
+             if isinstance(r, str) and r.startswith(prefix)]
+    # This recompile checked each earlier entry of the frame: the last ones.
+    latest = list(dict.fromkeys(found[-cid.frame_compile_id:]))
+    return frame, "; ".join(latest) if latest else None

@@ -34,6 +34,9 @@ HLO: `hlo(fn, *args, stage=...)`, `lower(...)` (a Program with all stages,
 `.cost`, `.memory`), `last_graphs()`. Compile log: `compile_log()`;
 `TORCH_TPU_LOG=compile|fallback|all` prints events through logging;
 `TORCH_TPU_DUMP_DIR=dir` writes every compiled program there.
+Recompiles: `explain_recompiles(name=None)` (a RecompileReport: why each
+program compiled again, by op or graph, with a hint per kind of cause; each
+CompileEvent's `reason`).
 Fusions: `fusions(fn_or_program, *args)` (a FusionGraph: each XLA kernel
 with the ATen ops it came from and the bytes between kernels; `to_mermaid()`).
 
@@ -52,6 +55,7 @@ from .hlo import (STAGES, Program, cost_analysis, hlo, last_graphs, last_program
                   lower, memory_analysis)
 from .fusion import FusionGraph, fusions  # noqa: F401
 from .parity import LayerDiff, ParityReport, parity  # noqa: F401
+from .recompiles import RecompileReport, explain_recompiles  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 
@@ -60,6 +64,7 @@ __all__ = [
     "hlo", "lower", "Program", "cost_analysis", "memory_analysis", "last_graphs",
     "last_programs", "STAGES", "compile_log", "clear_compile_log", "CompileEvent",
     "set_log", "dump_to", "fallback_report", "FallbackReport", "parity", "ParityReport",
+    "explain_recompiles", "RecompileReport",
     "fusions", "FusionGraph",
     "roofline", "RooflineReport",
 ]

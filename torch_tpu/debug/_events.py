@@ -20,6 +20,7 @@ import threading
 import time
 
 from . import metrics as _metrics
+from . import recompiles as _recompiles
 
 log = logging.getLogger("torch_tpu.compile")
 
@@ -47,7 +48,10 @@ class CompileEvent:
     executable came from on this in-memory cache miss: 'compile' (XLA
     compiled it) or 'disk' (JAX's persistent compilation cache had it);
     seconds: wall time of lower+compile (or load); program_bytes: size of the
-    optimized HLO text; time: time.time() when recorded.
+    optimized HLO text; time: time.time() when recorded; reason: why it
+    compiled although its op or graph had compiled before (a
+    debug.recompiles.Reason: the nearest earlier key and the differing
+    fields), None for the first compile of an op or graph.
     """
 
     seq: int
@@ -59,10 +63,13 @@ class CompileEvent:
     program_bytes: int
     time: float
     program: object = dataclasses.field(default=None, repr=False, compare=False)
+    reason: object = None
 
     def as_dict(self):
-        d = dataclasses.asdict(self)
-        d.pop("program", None)
+        # (not dataclasses.asdict: it deep-copies `program`, an executable)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name != "program"}
+        d["reason"] = None if self.reason is None else str(self.reason)
         return d
 
 
@@ -114,10 +121,14 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
                       optimized_text=text or None)
     with _lock:
         _seq += 1
+        kind = kind or _kind_of(name)
+        # Why it compiled, if its op or graph compiled before (compile events only).
+        reason = _recompiles.HISTORY_OF_KEYS.reason(name, key, _seq) if (
+            key is not None and kind != "hlo") else None
         ev = CompileEvent(
-            seq=_seq, name=name, key_hash=key_hash(key), kind=kind or _kind_of(name),
+            seq=_seq, name=name, key_hash=key_hash(key), kind=kind,
             tier=tier or _tier(), seconds=float(seconds), program_bytes=len(text),
-            time=time.time(), program=program)
+            time=time.time(), program=program, reason=reason)
         _events.append(ev)
         TOTALS["compiles"] += 1
         TOTALS_BY_TIER[ev.tier] += 1
@@ -126,8 +137,9 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
             old = _events[-KEEP_PROGRAMS - 1]
             old.program = None
     if log.isEnabledFor(logging.INFO):
-        log.info("compile %-32s key=%s kind=%s tier=%s %.1f ms, program %d bytes",
-                 name, ev.key_hash, ev.kind, ev.tier, ev.seconds * 1e3, ev.program_bytes)
+        log.info("compile %-32s key=%s kind=%s tier=%s %.1f ms, program %d bytes%s",
+                 name, ev.key_hash, ev.kind, ev.tier, ev.seconds * 1e3, ev.program_bytes,
+                 "" if ev.reason is None else f"; recompiled: {ev.reason}")
     dump_dir = os.environ.get("TORCH_TPU_DUMP_DIR")
     if dump_dir:
         dump(ev, program, dump_dir)
@@ -223,8 +235,10 @@ def events(kind: str | None = None, name: str | None = None) -> list:
 
 
 def clear() -> None:
+    """Forget the events, and the keys later reasons are compared with."""
     with _lock:
         _events.clear()
+        _recompiles.HISTORY_OF_KEYS.clear()
 
 
 # --------------------------------------------------------------------------

@@ -788,6 +788,25 @@ def _attribute(tr: _Trace, err: BaseException, args: tuple) -> BaseException:
     return generic
 
 
+def key_fields(key: tuple, entry_fields: Any = None) -> dict[str, str]:
+    """A fused program's key (`flush`: its ops, how their inputs connect, the
+    live values, the donated inputs, the optimization level) as named,
+    printable fields, for the debug tools (compile events only).
+    `entry_fields(entry)`: the fields of a recorded op's own program
+    (executor.key_fields of its key), shown under the op's name."""
+    _, plan, live, donate, level = key
+    fields = {"ops": str(len(plan))}
+    for j, (entry, refs, name) in enumerate(plan):
+        fields[f"op {j}"] = name
+        fields[f"op {j} inputs"] = str(refs)
+        for field, value in (entry_fields(entry) if entry_fields is not None else {}).items():
+            fields[f"op {j} {field}"] = value
+    fields["live values"] = str(live)
+    fields["donated inputs"] = str(donate)
+    fields["opt level"] = str(level)
+    return fields
+
+
 def _from_env() -> None:
     v = os.environ.get(ENV, "").strip().lower()
     if v in ("", "strict"):
