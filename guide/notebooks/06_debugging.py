@@ -29,6 +29,7 @@ def _(mo):
     |---|---|
     | what ran, how often, what compiled, what moved? | `metrics()`, `metrics_report()`, `capture()` |
     | what was compiled, when, how long did it take? | `compile_log()`, `TORCH_TPU_LOG=compile` |
+    | why did it compile again? | `explain_recompiles()` |
     | what exactly did XLA get? | `TORCH_TPU_DUMP_DIR=dir` / `dump_to(dir)`, `hlo(...)` |
     | what ran on the CPU instead? | `fallback_report()`, `TORCH_TPU_CPU_FALLBACK=0` |
     | which layer diverges from the CPU? | `parity(model, *inputs)` |
@@ -363,6 +364,54 @@ def _(compiles_per_batch, plt):
     return
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 6. Why did it recompile?
+
+    Every compile event after an op's first says why: the nearest earlier key
+    of the same op and the fields that differ — an argument's shape or dtype,
+    a value baked into the program (a dim, dropout's `p`), a Python scalar's
+    type, the matmul precision or the XLA optimization level; for
+    `torch.compile` graphs, dynamo's guard failure and the shape bucket.
+    `explain_recompiles()` groups them by op, summary first, with a hint per
+    kind of cause. Below, after a first step, a loop changes the batch size
+    once and dropout's `p` once; the scale it multiplies by changes every
+    step and compiles nothing (a Python number's value is a runtime input).
+    `events=` limits the report to the loop's compile events:
+    """)
+    return
+
+
+@app.cell
+def _(dbg, torch):
+    _lin = torch.nn.Linear(16, 16).to("tpu")
+
+    def _step(batch, p, scale):
+        _h = torch.nn.functional.dropout(_lin(torch.randn(batch, 16).to("tpu")), p=p)
+        return (_h * scale).sum().item()
+
+    _step(8, 0.1, 0.5)                        # the first step compiles as always
+    _n_before = len(dbg.compile_log())
+    for _batch, _p, _scale in [(8, 0.1, 0.7), (12, 0.1, 0.9), (12, 0.2, 1.1)]:
+        _step(_batch, _p, _scale)
+    recompile_report = dbg.explain_recompiles(events=dbg.compile_log()[_n_before:])
+    print(recompile_report)
+    return (recompile_report,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    Each line is one compile: `#seq (vs #earlier)` and what differs from
+    that earlier key. `explain_recompiles("aten.addmm.default")` keeps one op;
+    each event's `reason` holds the same, and `TORCH_TPU_LOG=compile` prints
+    it as it happens. The [troubleshooting page](../troubleshooting.md#why-did-it-recompile)
+    explains the hints.
+    """)
+    return
+
+
 @app.cell
 def test_metrics(step_capture):
     m = step_capture.metrics
@@ -414,6 +463,17 @@ def test_recompiles_on_new_shapes(compiles_per_batch):
         counts.setdefault(b, []).append(c)
     assert all(c == 0 for c in counts[8][1:]), "a seen shape must not recompile"
     assert counts[9][0] > 0 and counts[10][0] > 0
+    return
+
+
+@app.cell
+def test_explain_recompiles(recompile_report):
+    _causes = recompile_report.causes
+    assert _causes["shape"] > 0 and _causes["static value"] == 1, _causes
+    assert "scalar type" not in _causes, "the scale's value is a runtime input"
+    _text = str(recompile_report)
+    assert "aten.native_dropout.default" in _text and "(p) value 0.1 -> 0.2" in _text
+    assert "arg 0 shape (8, 16) -> (12, 16)" in _text
     return
 
 

@@ -17,6 +17,10 @@ import dataclasses
 import sys
 from typing import Any
 
+import torch
+
+from ..runtime import programs  # cheap (no JAX)
+
 # Earlier keys kept per op or graph (the nearest is searched among them).
 HISTORY = 32
 # Differing fields a reason prints (all are in `Reason.changes`).
@@ -114,7 +118,7 @@ def _fingerprint(key: Any) -> str | None:
     if type(key) is not tuple or len(key) < 3:
         return None
     head = key[0]
-    if getattr(head, "value", None) == "compiled_graph":  # ProgramKind.GRAPH
+    if head is programs.ProgramKind.GRAPH:
         head = key[1]
     elif not (len(key) == 3 and type(key[2]) is tuple and key[2][:1] == ("bucket",)):
         return None
@@ -123,12 +127,11 @@ def _fingerprint(key: Any) -> str | None:
 
 def key_fields(key: Any) -> dict:
     """`key` as named fields, by the module that builds it."""
-    import torch
-
     if type(key) is not tuple or not key:
         return {"key": _short(key)}
     if isinstance(key[0], torch._ops.OpOverload):
-        from ..runtime import executor  # loaded already: an eager op compiled
+        # Lazy: the executor loads JAX; an eager op that compiled loaded it already.
+        from ..runtime import executor
 
         return executor.key_fields(key)
     graph_key = sys.modules.get("torch_tpu.compile.graph_key")  # only if graphs exist
@@ -136,11 +139,9 @@ def key_fields(key: Any) -> dict:
         fields = graph_key.key_fields(key)
         if fields is not None:
             return fields
-    from ..runtime import programs
-
     head, parts = key[0], list(key[1:])
     if head is programs.ProgramKind.FUSED:
-        from ..runtime import executor, fused
+        from ..runtime import executor, fused  # lazy: as above (JAX)
 
         # Each recorded op is an executor entry: its own key, found by value.
         keys_of = {id(e): k for k, e in list(programs.CACHE.items())
@@ -327,7 +328,7 @@ def explain_recompiles(name: str | None = None, events: list | None = None) -> R
     """Why programs compiled again: the recompiles in the compile log (or in
     `events`, e.g. a slice of it), of op or graph `name` only if given,
     grouped by op or graph, with a hint per kind of cause. `print()` it."""
-    from . import _events
+    from . import _events  # lazy: _events imports this module
 
     evs = _events.events() if events is None else list(events)
     if name is not None:
