@@ -123,8 +123,11 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
         _seq += 1
         kind = kind or _kind_of(name)
         # Why it compiled, if its op or graph compiled before (compile events only).
-        reason = _recompiles.HISTORY_OF_KEYS.reason(name, key, _seq) if (
-            key is not None and kind != "hlo") else None
+        try:
+            reason = _recompiles.HISTORY_OF_KEYS.reason(name, key, _seq) if (
+                key is not None and kind != "hlo") else None
+        except Exception:  # noqa: BLE001 - a debugging aid never fails a compile
+            reason = None
         ev = CompileEvent(
             seq=_seq, name=name, key_hash=key_hash(key), kind=kind,
             tier=tier or _tier(), seconds=float(seconds), program_bytes=len(text),
