@@ -15,6 +15,9 @@ gloo), bounded by timeouts:
   (Colwise/Rowwise) on an MLP and an attention block equal the unsharded
   modules, eager and under torch.compile; a compiled graph with a
   functional collective is one SPMD program containing the collective;
+- a 2-D mesh (slow set, CI's slow tier): 8 processes, (dp=2, tp=4), the
+  Llama example's tensor-parallel plan on tp and FSDP2 on dp, equal to
+  training the unsharded model;
 - faults: a rank that dies (error on the survivor at once) and a rank that
   hangs (timeout error after the group's timeout, then a prompt exit).
 
@@ -829,3 +832,80 @@ def test_allreduce_benchmark_runs(tmp_path):
         assert [r["size"] for r in rows] == [4096] and rows[0]["ok"]
         assert rows[0]["median"] > 0
     assert data["results"]["tpu"][0]["compile"] > 0  # the first call compiled the program
+
+
+# --------------------------------------------------------------------------
+# 2-D mesh: FSDP2 x tensor parallelism on the Llama example, 8 devices
+
+MESH_2D = """
+import copy
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from examples.common.lm import apply_tensor_parallel
+from examples.llama.family import FAMILY
+from examples.llama.model import Llama, LlamaConfig, lm_loss
+
+dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=120))
+r, n = dist.get_rank(), dist.get_world_size()
+DP, TP = 2, n // 2
+mesh = init_device_mesh("tpu", (DP, TP), mesh_dim_names=("dp", "tp"))
+dp_rank = mesh.get_local_rank("dp")
+# The Llama example's model; heads divisible by the tp degree, a feed-forward
+# hidden size that shards over it.
+cfg = LlamaConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=4,
+                  ffn_dim=64, max_seq_len=32)
+torch.manual_seed(0)
+base = Llama(cfg)
+ref = copy.deepcopy(base).to("tpu")
+model = copy.deepcopy(base).to("tpu")
+apply_tensor_parallel(model, FAMILY, mesh["tp"])       # Megatron plan on the tp axis
+for layer in model.layers:                              # FSDP2 on the dp axis
+    fully_shard(layer, mesh=mesh["dp"])
+fully_shard(model, mesh=mesh["dp"])
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+ropt = torch.optim.SGD(ref.parameters(), lr=0.5)
+g = torch.Generator().manual_seed(1)
+tokens = torch.randint(0, cfg.vocab_size, (2 * DP, 9), generator=g)
+x, y = tokens[:, :-1], tokens[:, 1:]
+losses, rlosses = [], []
+for step in range(3):
+    xs, ys = x.chunk(DP)[dp_rank].to("tpu"), y.chunk(DP)[dp_rank].to("tpu")
+    loss = lm_loss(model(xs), ys)
+    opt.zero_grad(); loss.backward(); opt.step()
+    rl = lm_loss(ref(x.to("tpu")), y.to("tpu"))
+    ropt.zero_grad(); rl.backward(); ropt.step()
+    # the batch mean over dp (each dp rank saw half the batch)
+    full = loss.detach().clone(); dist.all_reduce(full, group=mesh.get_group("dp"))
+    losses.append(full.item() / DP); rlosses.append(rl.item())
+w = model.layers[0].attention.wq.weight
+diff = max((a.full_tensor() if isinstance(a, DTensor) else a).detach().cpu().sub(b.detach().cpu())
+           .abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
+report(rank=r, losses=losses, rlosses=rlosses, diff=diff,
+       placements=[str(p) for p in w.placements], local=list(w.to_local().shape),
+       mesh=[DP, TP])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # 8 processes each compiling a Llama step: minutes on 2 cores (CI's slow tier)
+def test_fsdp2_x_tensor_parallel_2d_mesh_llama(tmp_path):
+    """8 processes, one device each (XLA:CPU's emulated devices are one per
+    process here, as on a TPU host's chips): a (dp=2, tp=4) mesh, the Llama
+    example's tensor-parallel plan on "tp" and fully_shard on "dp". Three SGD
+    steps equal training the unsharded model on the whole batch, and each weight
+    is a DTensor sharded on both axes."""
+    runs = run_ranks(tmp_path, MESH_2D, n=8, timeout=900)
+    _assert_ok(runs)
+    res = {r["rank"]: r for _, r, _ in runs}
+    assert sorted(res) == list(range(8))
+    for r in res.values():
+        assert r["mesh"] == [2, 4]
+        # tp's row shard, then fsdp's rows of it: a strided shard on dp
+        assert r["placements"] == ["_S(0, 4)", "S(0)"], r
+        assert r["local"] == [4, 32], r  # wq: 32 rows / tp 4 / dp 2
+        assert r["diff"] < 1e-4, r
+        for a, b in zip(r["losses"], r["rlosses"]):
+            assert abs(a - b) < 1e-4 * max(1.0, abs(b)), r
+        assert r["losses"][-1] < r["losses"][0]
