@@ -3,6 +3,7 @@
     python tools/import_graph.py            # summary
     python tools/import_graph.py --list     # also every function-local import
     python tools/import_graph.py --json     # machine-readable
+    python tools/import_graph.py --check    # exit 1 unless within the rules (.ci/run)
 
 It reads the source only (nothing is imported) and reports
 
@@ -16,14 +17,22 @@ It reads the source only (nothing is imported) and reports
   ...): the same graph with modules collapsed to their subpackage. The layer
   rule (runtime <- ops <- compile <- distributed; cache and debug as
   plug-ins) wants none;
+- **upward edges**: imports, module-level or function-local alike, from a
+  module to one in a higher layer of the list in docs/architecture.md (the
+  fenced ```layers block: one layer a line, bottom first; a line names
+  subpackages or modules, and a module belongs to the longest name that
+  prefixes it). A module may import its own layer and lower ones only; an
+  upper layer that must be called from below installs a hook instead;
 - the count of **function-local imports** of torch_tpu modules: import
   statements inside a function or method (one per imported module: `from .
-  import a, b` counts two). Those exist either because a lazy import is the
-  point (start-up cost, optional dependency) or to dodge a cycle; the second
-  kind is what this tool is for finding.
+  import a, b` counts two, `from .m import a, b` one). They are for laziness
+  only (start-up cost, an optional dependency), each with a one-line reason
+  on its line or the line above: a comment starting `# lazy:` or
+  `# optional:`. At most FUNCTION_LOCAL_BUDGET of them.
 
-Written for issue 15 (one clean runtime layer); its numbers are what the
-closing note cites.
+`--check` fails on a cycle, an upward edge, a function-local import over the
+budget or one without its reason. Written for issue 15 (one clean runtime
+layer), extended for issue 36 (imports go down).
 """
 
 from __future__ import annotations
@@ -32,10 +41,14 @@ import argparse
 import ast
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
 ROOT = "torch_tpu"
+FUNCTION_LOCAL_BUDGET = 40
+LAYERS_DOC = os.path.join("docs", "architecture.md")
+_REASON = re.compile(r"#\s*(lazy|optional)\b")
 
 
 def _modules(pkg_dir: str) -> dict[str, str]:
@@ -63,16 +76,29 @@ def _is_type_checking(test: ast.expr) -> bool:
 class _Collector(ast.NodeVisitor):
     """Import statements of one module, each tagged module-level or local."""
 
-    def __init__(self, module: str, is_pkg: bool, modules: dict):
+    def __init__(self, module: str, is_pkg: bool, modules: dict, lines: list | None = None):
         self.module = module
+        self.lines = lines or []
         self.package = module if is_pkg else module.rpartition(".")[0]
         self.modules = modules
         self.depth = 0  # function nesting
         self.found: list[tuple[str, int, bool]] = []  # (target, line, local)
+        self.reasons: dict[int, bool] = {}  # line of a local import -> has its reason
 
     def _add(self, target: str, line: int):
         if target == ROOT or target.startswith(ROOT + "."):
-            self.found.append((target, line, self.depth > 0))
+            local = self.depth > 0
+            if local and (target, line, True) in self.found:
+                return  # `from .m import a, b`: one import of m
+            self.found.append((target, line, local))
+            if local:
+                self.reasons[line] = self._has_reason(line)
+
+    def _has_reason(self, line: int) -> bool:
+        here = self.lines[line - 1] if line <= len(self.lines) else ""
+        above = self.lines[line - 2].strip() if line >= 2 else ""
+        return bool(_REASON.search(here)) or (above.startswith("#")
+                                              and bool(_REASON.search(above)))
 
     def visit_FunctionDef(self, node):
         self.depth += 1
@@ -108,23 +134,78 @@ class _Collector(ast.NodeVisitor):
             self._add(sub if sub in self.modules else base, node.lineno)
 
 
-def analyse(pkg_dir: str) -> dict:
+def read_layers(doc: str) -> list[list[str]]:
+    """The ```layers block of `doc`: one list of names per layer, bottom first."""
+    layers: list[list[str]] = []
+    inside = False
+    with open(doc, encoding="utf-8") as f:
+        for line in f:
+            s = line.strip()
+            if not inside:
+                inside = s == "```layers"
+                continue
+            if s.startswith("```"):
+                break
+            s = s.split("#", 1)[0].strip()
+            if s:
+                layers.append(s.split())
+    if not layers:
+        raise SystemExit(f"{doc}: no ```layers block")
+    return layers
+
+
+def layer_of(mod: str, layers: list[list[str]]) -> int | None:
+    """The index of the layer whose longest name prefixes `mod` (None: unlisted)."""
+    best, best_len = None, -1
+    for i, names in enumerate(layers):
+        for n in names:
+            if (mod == n or mod.startswith(n + ".")) and len(n) > best_len:
+                best, best_len = i, len(n)
+    return best
+
+
+def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
     modules = _modules(pkg_dir)
     imports: dict[str, list] = {}
+    reasons: dict[tuple, bool] = {}
     for mod, path in modules.items():
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        c = _Collector(mod, path.endswith("__init__.py"), modules)
+            text = f.read()
+        tree = ast.parse(text, path)
+        c = _Collector(mod, path.endswith("__init__.py"), modules, text.splitlines())
         c.visit(tree)
         imports[mod] = c.found
+        for line, ok in c.reasons.items():
+            reasons[(mod, line)] = ok
 
     graph: dict[str, set] = defaultdict(set)
     local = []
+    upward = []
+    unlisted = sorted(m for m in modules if layers is not None and layer_of(m, layers) is None)
     n_module_level = 0
     for mod, found in imports.items():
         for target, line, is_local in found:
             if target not in modules:
                 continue
+            if layers is not None:
+                parts = target.split(".")
+                lm = layer_of(mod, layers)
+                # The target and the packages its import initializes on the way.
+                for i in range(1, len(parts) + 1):
+                    t = ".".join(parts[:i])
+                    if t == ROOT and t != target:
+                        continue  # the package itself is initialized by any import
+                    # Its own packages are initialized already, but a name
+                    # taken from one (`import torch_tpu; torch_tpu._load()`)
+                    # is still a use of that package.
+                    if t == mod or t not in modules or (mod.startswith(t + ".")
+                                                        and t != target):
+                        continue
+                    lt = layer_of(t, layers)
+                    if lm is not None and lt is not None and lt > lm:
+                        upward.append((mod, line, t, "function-local" if is_local
+                                       else "module-level"))
+                        break
             if is_local:
                 local.append((mod, line, target))
                 continue
@@ -160,6 +241,12 @@ def analyse(pkg_dir: str) -> dict:
         "module_level_imports": n_module_level,
         "function_local_imports": len(local),
         "function_local": sorted(local),
+        "function_local_budget": FUNCTION_LOCAL_BUDGET,
+        "function_local_without_reason": sorted(
+            (m, line, t) for m, line, t in local if not reasons.get((m, line), False)),
+        "upward_edges": [{"from": m, "line": line, "to": t, "kind": k}
+                         for m, line, t, k in sorted(upward)],
+        "unlisted_modules": unlisted,
         "module_cycles": [sorted(c) for c in sccs],
         "subpackage_cycles": [sorted(c) for c in sub_sccs],
         "subpackage_cycle_edges": [{"from": a, "to": b, "via": f"{w[0]} -> {w[1]}"}
@@ -221,11 +308,17 @@ def main(argv=None) -> int:
                        os.path.abspath(__file__))), ROOT))
     p.add_argument("--list", action="store_true", help="print every function-local import")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 on a cycle, an upward edge, a function-local import without "
+                        f"its reason or more than {FUNCTION_LOCAL_BUDGET} of them")
+    p.add_argument("--layers", default=None,
+                   help=f"the document with the ```layers block (default: {LAYERS_DOC})")
     args = p.parse_args(argv)
-    r = analyse(args.package)
+    doc = args.layers or os.path.join(os.path.dirname(os.path.abspath(args.package)), LAYERS_DOC)
+    r = analyse(args.package, read_layers(doc))
     if args.json:
         print(json.dumps(r, indent=1))
-        return 0
+        return _verdict(r, args.check, quiet=True)
     print(f"modules: {r['modules']}")
     print(f"imports between torch_tpu modules: {r['module_level_imports']} module-level, "
           f"{r['function_local_imports']} function-local")
@@ -238,10 +331,45 @@ def main(argv=None) -> int:
         print(f"  {' <-> '.join(c)}")
     for e in r["subpackage_cycle_edges"]:
         print(f"    {e['from']} -> {e['to']}  (e.g. {e['via']})")
+    print(f"upward edges (layers of {os.path.relpath(doc)}, deferred included): "
+          f"{len(r['upward_edges'])}")
+    for e in r["upward_edges"]:
+        print(f"  {e['from']}:{e['line']} -> {e['to']}  ({e['kind']})")
+    if r["unlisted_modules"]:
+        print(f"modules in no layer: {', '.join(r['unlisted_modules'])}")
+    print(f"function-local imports without a '# lazy:' / '# optional:' reason: "
+          f"{len(r['function_local_without_reason'])}")
     if args.list:
         print("function-local imports:")
+        missing = set(map(tuple, r["function_local_without_reason"]))
         for mod, line, target in r["function_local"]:
-            print(f"  {mod}:{line} -> {target}")
+            flag = "  (no reason)" if (mod, line, target) in missing else ""
+            print(f"  {mod}:{line} -> {target}{flag}")
+    return _verdict(r, args.check)
+
+
+def _verdict(r: dict, check: bool, quiet: bool = False) -> int:
+    if not check:
+        return 0
+    failures = []
+    if r["module_cycles"] or r["subpackage_cycles"]:
+        failures.append("import cycles")
+    if r["upward_edges"]:
+        failures.append(f"{len(r['upward_edges'])} upward edges")
+    if r["unlisted_modules"]:
+        failures.append(f"{len(r['unlisted_modules'])} modules in no layer")
+    if r["function_local_imports"] > FUNCTION_LOCAL_BUDGET:
+        failures.append(f"{r['function_local_imports']} function-local imports "
+                        f"(budget {FUNCTION_LOCAL_BUDGET})")
+    if r["function_local_without_reason"]:
+        failures.append(f"{len(r['function_local_without_reason'])} function-local imports "
+                        "without a reason comment")
+    if failures:
+        if not quiet:
+            print("import_graph --check: FAILED: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    if not quiet:
+        print("import_graph --check: ok")
     return 0
 
 
