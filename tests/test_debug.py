@@ -171,12 +171,19 @@ def test_dump_dir_receives_named_files(tmp_path):
     assert len(matches) == 1, files
     ev = [e for e in dbg.compile_log() if e.name == "aten.mul.Tensor"][-1]
     seq, key = pat.fullmatch(matches[0]).groups()
-    assert int(seq) == ev.seq and key == ev.key_hash
+    # numbered from 1 in a new directory, whatever compiled before
+    assert int(seq) == min(int(f[:5]) for f in files) == 1 and key == ev.key_hash
+    assert str(tmp_path / matches[0]) in ev.dumped
     text = (tmp_path / matches[0]).read_text()
     assert "HloModule" in text and "multiply" in text
     # Outside the block nothing more is written.
     x + x * 2
     assert sorted(os.listdir(tmp_path)) == files
+    # A directory used again continues its numbers.
+    with dbg.dump_to(tmp_path):
+        x.sin()
+    new = [f for f in sorted(os.listdir(tmp_path)) if f not in files]
+    assert new and min(int(f[:5]) for f in new) == max(int(f[:5]) for f in files) + 1, new
 
 
 def test_compile_log_through_logging(caplog):
@@ -361,3 +368,23 @@ def test_profiler_writes_trace_with_op_names(tmp_path):
     assert float(y.cpu()) == pytest.approx(float((x.cpu() * 2 + 1).sum()), rel=1e-5)
     with pytest.raises(RuntimeError):
         profiler.stop()
+
+
+def test_report_tells_calls_from_programs_run():
+    """A timed report counts an op's calls apart from the programs it ran: a
+    view runs none, and an op that runs inside another op's call is 'nested'
+    (its time is its caller's), not a row with calls 0 and a time."""
+    x = torch.randn(fresh_shape(), device="tpu")
+    torch.ones_like(x)  # compiled outside the capture
+    x.reshape(-1).sin()
+    with dbg.capture(timing=True) as cap:
+        torch.ones_like(x)
+        x.view(-1).sin()
+    report = dbg.metrics_report(cap.metrics)
+    rows = {line.split()[0]: line.split()[1:] for line in report.splitlines()
+            if line.startswith("aten.")}
+    assert "programs run" in report and "ops executed" not in report
+    assert rows["aten.view.default"][:2] == ["1", "0"], report  # 1 call, no program
+    assert rows["aten.sin.default"][:2] == ["1", "1"], report
+    for name, cols in rows.items():  # no op timed with zero calls
+        assert cols[0] != "0", report

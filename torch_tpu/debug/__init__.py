@@ -167,9 +167,12 @@ def metrics_report(m: dict | None = None) -> str:
     cache = m["cache"]
     lines = ["torch_tpu metrics", ""]
     summary = [
-        ("ops executed", m["ops_total"]),
+        # programs the executor ran for ops; views, metadata ops and ops working
+        # inside another op's program run none
+        ("op programs run", m["ops_total"]),
         ("compiles", f"{c['count']} ({c['seconds'] * 1e3:.1f} ms)"),
-        ("cache hits / misses", f"{cache['hits']} / {cache['misses']}"),
+        # every lookup: ops' programs and the helper programs they use
+        ("program cache hits / misses", f"{cache['hits']} / {cache['misses']}"),
         ("disk cache hits / misses", f"{cache['tiers']['disk']['hits']} / "
                                      f"{cache['tiers']['disk']['misses']}"),
         ("CPU fallbacks", m["fallbacks_total"]),
@@ -178,20 +181,25 @@ def metrics_report(m: dict | None = None) -> str:
     ]
     for kind, t in sorted(m["transfers"].items()):
         summary.append((f"transfers {kind.replace('_', ' ')}", f"{t['count']} ({_bytes(t['bytes'])})"))
+    timed = m["execute"]["per_op"]
     if m["execute"]["mode"]:
         summary.append((f"execute seconds ({m['execute']['mode']})",
                         f"{m['execute']['seconds'] * 1e3:.2f} ms"))
     lines.append(_table(summary, ("metric", "value")))
     ops = m["ops"]
-    names = sorted(set(ops) | set(c["per_op"]) | set(m["execute"]["per_op"]),
-                   key=lambda k: (-ops.get(k, 0), k))
-    if names:
-        rows = []
-        for k in names:
-            ex = m["execute"]["per_op"].get(k)
-            rows.append((k, ops.get(k, 0), c["per_op"].get(k, 0),
-                         f"{ex['seconds'] * 1e3:.3f}" if ex else "-"))
-        lines += ["", _table(rows, ("op", "calls", "compiles", "exec ms"))]
+    names = sorted(set(ops) | set(c["per_op"]) | set(timed),
+                   key=lambda k: (-timed.get(k, {}).get("calls", 0), -ops.get(k, 0), k))
+    if names and timed:
+        # calls: the op's dispatches (a view runs no program; an op called
+        # inside another op is timed within its caller: "nested")
+        rows = [(k, timed[k]["calls"] if k in timed else "nested", ops.get(k, 0),
+                 c["per_op"].get(k, 0), f"{timed[k]['seconds'] * 1e3:.3f}" if k in timed else "nested")
+                for k in names]
+        lines += ["", _table(rows, ("op", "calls", "programs run", "compiles", "exec ms")),
+                  "exec ms includes the ops an op runs inside it (those say 'nested')."]
+    elif names:
+        rows = [(k, ops.get(k, 0), c["per_op"].get(k, 0)) for k in names]
+        lines += ["", _table(rows, ("op", "programs run", "compiles"))]
     if m["fallbacks"]:
         lines += ["", _table(sorted(m["fallbacks"].items(), key=lambda kv: -kv[1]),
                              ("CPU fallback op", "calls"))]

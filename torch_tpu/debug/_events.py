@@ -51,7 +51,8 @@ class CompileEvent:
     optimized HLO text; time: time.time() when recorded; reason: why it
     compiled although its op or graph had compiled before (a
     debug.recompiles.Reason: the nearest earlier key and the differing
-    fields), None for the first compile of an op or graph.
+    fields), None for the first compile of an op or graph; dumped: the
+    files written for it to a dump directory.
     """
 
     seq: int
@@ -64,6 +65,7 @@ class CompileEvent:
     time: float
     program: object = dataclasses.field(default=None, repr=False, compare=False)
     reason: object = None
+    dumped: tuple = ()  # the files TORCH_TPU_DUMP_DIR / debug.dump_to got for it
 
     def as_dict(self):
         # (not dataclasses.asdict: it deep-copies `program`, an executable)
@@ -145,7 +147,7 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
                  "" if ev.reason is None else f"; recompiled: {ev.reason}")
     dump_dir = os.environ.get("TORCH_TPU_DUMP_DIR")
     if dump_dir:
-        dump(ev, program, dump_dir)
+        ev.dumped = tuple(dump(ev, program, dump_dir))
     return ev
 
 
@@ -184,12 +186,30 @@ STAGE_FILES = {
 }
 
 
+_DUMP_NEXT: dict = {}  # dump directory -> the number its next program gets
+_LEADING = re.compile(r"(\d{5,})-")
+
+
+def _dump_number(dump_dir: str) -> int:
+    """The next file number in `dump_dir`: 1 in a new directory, one past the
+    highest there in one that has dumps already (a reader lists a directory in
+    compile order whatever else this process compiled before)."""
+    n = _DUMP_NEXT.get(dump_dir)
+    if n is None:
+        n = 1 + max((int(m.group(1)) for f in os.listdir(dump_dir)
+                     if (m := _LEADING.match(f))), default=0)
+    _DUMP_NEXT[dump_dir] = n + 1
+    return n
+
+
 def dump(ev: CompileEvent, program, dump_dir: str) -> list:
-    """Write `program`'s stages as `<seq>-<name>-<keyhash>.<stage file>`."""
-    written = []
+    """Write `program`'s stages as `<n>-<name>-<keyhash>.<stage file>`, n
+    counting the programs of that directory from 1 (`ev.dumped` names them)."""
+    written: list = []
     try:
         os.makedirs(dump_dir, exist_ok=True)
-        stem = f"{ev.seq:05d}-{safe_name(ev.name)}-{ev.key_hash}"
+        with _lock:
+            stem = f"{_dump_number(dump_dir):05d}-{safe_name(ev.name)}-{ev.key_hash}"
         for stage, suffix in STAGE_FILES.items():
             if not program.has_stage(stage):
                 continue
