@@ -621,3 +621,17 @@ def test_dp_tp_two_processes_match_single(name, par, device):
     single = _train(name, device, steps=4, extra=("--log-interval", "1"))["losses"]
     multi = _torchrun(f"examples/{name}/train.py", args + par)
     assert multi == pytest.approx(single, rel=1e-4, abs=1e-4)
+
+
+def test_progress_bar_out_of_the_box():
+    """tqdm is a dependency: the examples' long loops show a real bar by default
+    (and a silent stand-in with --no-progress)."""
+    from examples.common.loop import _NoBar, progress
+
+    bar = progress(range(3), desc="t")
+    try:
+        assert type(bar).__module__.startswith("tqdm"), type(bar)
+        assert list(bar) == [0, 1, 2]
+    finally:
+        bar.close()
+    assert isinstance(progress(range(3), enabled=False), _NoBar)
