@@ -19,6 +19,12 @@ and jax.jit's taken in turn, so that both see the same host load) and the
 ratio torch_tpu / jax.jit (target: <= 1.3). Then the per-op cost of a chain of 10
 small ops in strict and fused eager mode (torch_tpu.fused()) against jax.jit.
 
+Then large matmuls (128x2048 @ 2048x8192, float32 and bfloat16): GFLOP/s of
+torch_tpu, of jax.jit (the limit) and of torch's own CPU kernel, and the
+ratio torch_tpu / torch CPU (issue 34's target: >= 0.5). On a host without
+AVX-512 BF16/AMX, torch's bfloat16 CPU matmul has no fast kernel (a 2-core
+AVX2 EPYC: ~0.1 GFLOP/s, against ~15-20 for XLA:CPU); `--no-large` skips it.
+
 `--opt-levels 0,1,2,3` adds the effect of the XLA optimization level
 (torch_tpu.runtime.opt_level) on eager executables: per level, the time to
 produce each op's executable (cold: fresh shapes, an empty private disk
@@ -207,11 +213,45 @@ def opt_level_sweep(levels, iters, repeats, rounds=3):
     return results
 
 
+def _gflops(fn, flops, repeats, budget_s=5.0):
+    """Median GFLOP/s of `fn()` (which waits for its result): at least one run,
+    at most `repeats`, stopping early past `budget_s` (a slow CPU kernel)."""
+    fn()  # compile / warm up
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats and (not times or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return flops / statistics.median(times) / 1e9
+
+
+def large_matmuls(repeats):
+    """Compute-bound dots: how close torch_tpu's matmul is to XLA's and to
+    torch's own CPU kernel (issue 34 item 4)."""
+    m, k, n = 128, 2048, 8192
+    flops = 2 * m * k * n
+    print(f"\nlarge matmul {m}x{k} @ {k}x{n} (GFLOP/s, median of <= {repeats}):")
+    print(f"{'dtype':<10}{'torch_tpu':>11}{'jax.jit':>10}{'torch cpu':>11}{'tpu/cpu':>9}{'tpu/jit':>9}")
+    for dtype, jdt in ((torch.float32, jnp.float32), (torch.bfloat16, jnp.bfloat16)):
+        a_cpu, b_cpu = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+        a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
+        ja, jb = executor.value(a), executor.value(b)
+        prec = "highest" if dtype is torch.float32 else None  # torch_tpu's float32 default
+        jit = jax.jit(lambda x, y, prec=prec: jnp.matmul(x, y, precision=prec))
+        g_tpu = _gflops(lambda: _wait_tpu(a @ b), flops, repeats)
+        g_jit = _gflops(lambda: _wait_jax(jit(ja, jb)), flops, repeats)
+        g_cpu = _gflops(lambda: a_cpu @ b_cpu, flops, repeats)
+        print(f"{str(dtype).split('.')[-1]:<10}{g_tpu:>11.1f}{g_jit:>10.1f}{g_cpu:>11.1f}"
+              f"{g_tpu / g_cpu:>9.2f}{g_tpu / g_jit:>9.2f}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--no-torchax", action="store_true", help="skip the torchax column")
+    p.add_argument("--no-large", action="store_true", help="skip the large-matmul rows")
     p.add_argument("--opt-levels", default="",
                    help="comma-separated XLA optimization levels to compare (e.g. 0,1,2,3)")
     args = p.parse_args(argv)
@@ -265,6 +305,8 @@ def main(argv=None):
               f"{len(set(tx['shimmed']))} named-tensor overloads missing in torch "
               f"{torch.__version__.split('+')[0]} stood in at its import, see benchmarks/_torchax.py)")
     fused_chain(args.iters, args.repeats)
+    if not args.no_large:
+        large_matmuls(min(args.repeats, 5))
     if args.opt_levels:
         levels = [opt_level.check(v, "--opt-levels") for v in args.opt_levels.split(",")]
         opt_level_sweep(levels, args.iters, args.repeats)
