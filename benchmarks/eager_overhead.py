@@ -213,10 +213,12 @@ def opt_level_sweep(levels, iters, repeats, rounds=3):
     return results
 
 
-def _gflops(fn, flops, repeats, budget_s=5.0):
+def _gflops(fn, flops, repeats, budget_s=5.0, warm=True):
     """Median GFLOP/s of `fn()` (which waits for its result): at least one run,
-    at most `repeats`, stopping early past `budget_s` (a slow CPU kernel)."""
-    fn()  # compile / warm up
+    at most `repeats`, stopping early past `budget_s` (a slow CPU kernel);
+    `warm`: one untimed call first (a compile)."""
+    if warm:
+        fn()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < repeats and (not times or time.perf_counter() - start < budget_s):
@@ -241,7 +243,9 @@ def large_matmuls(repeats):
         jit = jax.jit(lambda x, y, prec=prec: jnp.matmul(x, y, precision=prec))
         g_tpu = _gflops(lambda: _wait_tpu(a @ b), flops, repeats)
         g_jit = _gflops(lambda: _wait_jax(jit(ja, jb)), flops, repeats)
-        g_cpu = _gflops(lambda: a_cpu @ b_cpu, flops, repeats)
+        # torch compiles nothing: no warm-up call (its bfloat16 kernel can take
+        # tens of seconds a call on a host without AVX-512 BF16/AMX)
+        g_cpu = _gflops(lambda: a_cpu @ b_cpu, flops, repeats, warm=False)
         print(f"{str(dtype).split('.')[-1]:<10}{g_tpu:>11.1f}{g_jit:>10.1f}{g_cpu:>11.1f}"
               f"{g_tpu / g_cpu:>9.2f}{g_tpu / g_jit:>9.2f}")
 
