@@ -385,6 +385,130 @@ def _(mo, readable_hlo, view_write_events):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (transfers counted by `debug.capture()`, the tensor itself) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 1 · wait for the device
+
+    How many times does this block make the host **wait for a value from the device**
+    (copies to the host, plus scalar reads such as `.item()`)? `n` is some size.
+    """), ex.code(ex.TRANSFERS_BLOCK)])
+    return
+
+
+@app.cell
+def _(mo):
+    reads_answer = mo.ui.number(label="reads of a device value")
+    reads_answer
+    return (reads_answer,)
+
+
+@app.cell
+def _(ex, reads_answer):
+    ex.show(ex.check(ex.check_transfers, reads_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **3.** `if y.sum() > 0:` calls `bool()` on a device tensor: a scalar read
+        (an implicit `.item()`); then `.item()`; then `.cpu()`. The arithmetic only
+        queues programs (section 3), and `back.to("tpu")` copies the other way.
+        Count it yourself: run the block inside `with torch_tpu.debug.capture() as c:`
+        and read `c["transfers"]` and `c["item_calls"]`.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 2 · device and dtype
+
+    On which device, and with which dtype, is the result of this expression?
+    """), ex.code(ex.DEVICE_DTYPE_EXPR)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    device_dtype_answer = mo.ui.dropdown(ex.DEVICE_DTYPE_OPTIONS, value=None, label="device, dtype")
+    device_dtype_answer
+    return (device_dtype_answer,)
+
+
+@app.cell
+def _(device_dtype_answer, ex):
+    ex.show(ex.check(ex.check_device_dtype, device_dtype_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **`tpu:0, torch.float32`.** `/` is true division, so integers give
+        PyTorch's default float dtype, exactly as on the CPU. The op runs where its
+        tensor operand lives; a 0-dim CPU tensor such as `torch.tensor(1.0)` may join
+        an op on another device as a scalar (as with CUDA), while a CPU tensor with
+        dimensions would be an error.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 3 · write through a view
+
+    After this block, how many elements of `x` are **zero**?
+    """), ex.code(ex.VIEW_BLOCK)])
+    return
+
+
+@app.cell
+def _(mo):
+    zeros_answer = mo.ui.number(label="zeros in x")
+    zeros_answer
+    return (zeros_answer,)
+
+
+@app.cell
+def _(ex, zeros_answer):
+    ex.show(ex.check(ex.check_view_write, zeros_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **3.** `x.t()` is a view (4×3) of `x`'s storage and `x.t()[1]` is its row 1:
+        column 1 of `x`, three elements. `mul_` writes through the view (section 6):
+        the storage's array is replaced by one with that column zeroed, and `x`,
+        sharing the storage, sees it.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## What the notebook checked
 
     The cells named `test_*` below run with the notebook (and under `pytest`):

@@ -368,6 +368,100 @@ def _(torch):
     return device_error, shape_error_cpu, shape_error_tpu
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (programs counted by `debug.capture()`, fallbacks from its report) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 1 · programs of a loop
+
+    `x` and `w` are `tpu` tensors of shapes this process has not used yet. In
+    strict eager mode, how many **executables** does this loop compile?
+    """), ex.code(ex.LOOP_BLOCK)])
+    return
+
+
+@app.cell
+def _(mo):
+    programs_answer = mo.ui.number(label="executables compiled")
+    programs_answer
+    return (programs_answer,)
+
+
+@app.cell
+def _(ex, programs_answer):
+    ex.show(ex.check(ex.check_loop_programs, programs_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **3**: `aten.mm`, `aten.add.Tensor` and `aten.relu`, each compiled on the
+        first iteration. The other nine iterations have the same ops, shapes and
+        dtypes, so they hit the cache; the Python number `i` is a runtime input of
+        the add's executable, not part of its key (notebook 01, section 4).
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 2 · find the CPU fallback
+
+    One op in this block has no lowering and runs on the **CPU** (inputs copied
+    to the host and back). Which? The `guide_ex` ops exist once the dropdown
+    below is shown, so you can run the block in a cell of your own: wrap it in
+    `with torch_tpu.debug.capture() as c:` and read `c["fallbacks"]`, or print
+    `torch_tpu.debug.fallback_report()` afterwards.
+    """), ex.code(ex.FALLBACK_BLOCK)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    ex.fallback_ops()  # defines torch.ops.guide_ex.*
+    fallback_answer = mo.ui.dropdown(ex.FALLBACK_OPTIONS, value=None, label="falls back to the CPU")
+    fallback_answer
+    return (fallback_answer,)
+
+
+@app.cell
+def _(ex, fallback_answer):
+    ex.show(ex.check(ex.check_fallback_op, fallback_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **`guide_ex.ranks`**: it has a CPU kernel only. `guide_ex.rowscale` has a
+        lowering (`@lower`, section 5), `guide_ex.softsign` is
+        `CompositeImplicitAutograd`: PyTorch decomposes it into `abs`, `add` and
+        `div`, which all have lowerings. `cumsum` and `sigmoid` are in the table.
+        With `TORCH_TPU_CPU_FALLBACK=0` (section 7) the block would raise at `ranks`.
+    """)})
+    return
+
+
 @app.cell
 def test_aten_capture(python_to_aten):
     ops = python_to_aten["ops"]

@@ -261,6 +261,96 @@ def _(copy, make_mlp, torch, train_x, train_y):
     return parity_cpu, parity_rel, parity_tpu, train_steps
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (the ops the backward ran, programs compiled per step) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 1 · what the backward runs
+
+    Which of these ATen ops does `loss.backward()` run on the `tpu` device here?
+    """), ex.code(ex.BACKWARD_BLOCK)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    backward_answer = mo.ui.dropdown(ex.BACKWARD_OPTIONS, value=None, label="runs in the backward")
+    backward_answer
+    return (backward_answer,)
+
+
+@app.cell
+def _(backward_answer, ex):
+    ex.show(ex.check(ex.check_backward_op, backward_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **`aten.gelu_backward.default`**, next to an `aten.mm` for the gradient of
+        `x @ w`. PyTorch's autograd records the forward and calls the backward
+        formulas, which are ATen ops like any other: each is lowered to XLA and runs
+        as a cached executable on the device. Check with
+        `torch_tpu.debug.capture()` around `loss.backward()`.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 2 · the third step
+
+    A small MLP trained with `SGD(momentum=0.9)` on shapes this process has not
+    seen: step 1 compiles every op's executable. How many executables does
+    **step 3** compile?
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    step3_answer = mo.ui.number(label="executables compiled by step 3")
+    step3_answer
+    return (step3_answer,)
+
+
+@app.cell
+def _(ex, step3_answer):
+    ex.show(ex.check(ex.check_steady_compiles, step3_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **0.** Step 1 compiles forward, backward and update; step 2 the momentum
+        update (the buffers exist from step 2 on, section 3); step 3 repeats step
+        2's ops on the same shapes: all cache hits. A step that keeps compiling has
+        shapes or settings that change: `torch_tpu.debug.compile_log()` says which.
+    """)})
+    return
+
+
 @app.cell
 def test_gradients_match_cpu(grad_diffs):
     assert all(v < 1e-4 for v in grad_diffs.values()), grad_diffs

@@ -402,6 +402,103 @@ def _(torch, torch_tpu):
     return export_err, exported, stablehlo
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (graph programs from the compile log, breaks from `torch._dynamo.explain`) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 1 · compile once for every length
+
+    `fn` (below) runs attention-like scores over a sequence; `proj` is a
+    `tpu` tensor of a feature size this process has not used. Edit the code so
+    that `compiled`, after a first call at length 3, compiles **one** graph
+    program for all the lengths 5, 6, …, 12, with `fn`'s values. The check
+    calls it at length 3, then 5..12, and counts the graph programs in the
+    compile log (section 5 explains what it will see).
+    """), ex.code(ex.COMPILE_ONCE_FN)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    compile_once_code = mo.ui.code_editor(value=ex.COMPILE_ONCE_STARTER, label="your code")
+    compile_once_code
+    return (compile_once_code,)
+
+
+@app.cell
+def _(compile_once_code, ex):
+    ex.show(ex.check(ex.check_compile_once, compile_once_code.value, starter=ex.COMPILE_ONCE_STARTER))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        ```python
+        compiled = torch.compile(fn, backend="tpu", dynamic=True, options={"buckets": [16]})
+        ```
+        `dynamic=True` makes the length symbolic from the first call (without it,
+        dynamo compiles length 3 as a static graph and retraces at the next length);
+        torch_tpu pads a size to a bucket once it has seen it change, and one
+        bucket of 16 covers 5..12 (the default buckets 8 and 16 would need two
+        programs); `options={"buckets": [12]}` works as well.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 2 · predict the graph breaks
+
+    How many **graph breaks** does dynamo make in this function?
+    """), ex.code(ex.BREAKS_FN)])
+    return
+
+
+@app.cell
+def _(mo):
+    breaks_answer = mo.ui.number(label="graph breaks")
+    breaks_answer
+    return (breaks_answer,)
+
+
+@app.cell
+def _(breaks_answer, ex):
+    ex.show(ex.check(ex.check_graph_breaks, breaks_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **2** (three graphs). `y.sum().item()` and `float(y.abs().max())` both read a
+        tensor's value on the host, which a graph cannot do: each ends the graph,
+        runs eagerly, and dynamo starts a new graph after it (section 4). Keeping
+        the condition on the device (`torch.where`) and the scale a tensor removes
+        both breaks.
+    """)})
+    return
+
+
 @app.cell
 def test_compiled_matches_eager(compiled_loss, eager_loss):
     assert abs(compiled_loss - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss))

@@ -369,6 +369,100 @@ def _(plt, roofline_device, roofline_report):
     return (roofline_view,)
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (XLA's cost analysis against a published device's roofs) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 1 · make a matmul compute-bound
+
+    Choose the size `n` and the dtype of a square matmul `a @ b` (`n`×`n`)
+    so that it is **compute-bound on a TPU v6e** (ridge: 918 TFLOP/s ÷
+    1638 GB/s ≈ 560 FLOP/byte). The check lowers it (nothing runs) and reads
+    XLA's FLOPs and bytes, as `torch_tpu.debug.roofline` does in section 6.
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    bound_n = mo.ui.number(label="n")
+    bound_dtype = mo.ui.dropdown(ex.MATMUL_DTYPES, value=None, label="dtype")
+    mo.hstack([bound_n, bound_dtype], justify="start")
+    return (bound_dtype, bound_n,)
+
+
+@app.cell
+def _(bound_dtype, bound_n, ex):
+    ex.show(ex.check(ex.check_compute_bound, bound_n.value, bound_dtype.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        For example **n = 4096, float32**. A square matmul does 2n³ FLOPs and
+        moves about 3n² elements, so its intensity is about n/6 FLOP/byte in
+        float32 (n/3 in bfloat16 on a TPU): it passes the v6e's ridge of ~560
+        near n = 3400 (1700). XLA's count on this platform is what decides; the
+        check's message shows it. Small matmuls (and most of a small model's step)
+        are memory-bound on every accelerator.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 2 · which roof bounds softmax
+
+    `torch.softmax(x, dim=-1)` on a 2048×2048 float32 `x`: on a TPU v6e, is it
+    compute-bound or memory-bound?
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    softmax_answer = mo.ui.dropdown(ex.BOUND_OPTIONS, value=None, label="bound")
+    softmax_answer
+    return (softmax_answer,)
+
+
+@app.cell
+def _(ex, softmax_answer):
+    ex.show(ex.check(ex.check_softmax_bound, softmax_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **Memory-bound.** Softmax does a handful of FLOPs (max, subtract, exp, sum,
+        divide) per element it reads and writes: well under 1 FLOP/byte, hundreds
+        of times below the ridge. Only fusing it with its neighbours (fewer bytes)
+        makes it faster, not a faster matrix unit.
+    """)})
+    return
+
+
 @app.cell
 def test_benchmark(matmul_result, n):
     assert matmul_result.iters == 30 and matmul_result.median > 0

@@ -202,6 +202,101 @@ def _(functools, jnp, torch, torch_tpu):
     return leaky_01, leaky_out
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (the operator's values, gradient and programs on `tpu`) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 1 · your own operator
+
+    Write `softsign(x) = x / (1 + |x|)` in `jax.numpy` and make it a PyTorch
+    operator `op` with `torch_tpu.jax_op` (section 1). The check runs it on a
+    `tpu` tensor, backward included, and compares value and gradient with
+    `torch.nn.functional.softsign` on the CPU. `torch`, `torch_tpu`, `jax`,
+    `jnp` and `functools` are defined.
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    op_code = mo.ui.code_editor(value=ex.CUSTOM_OP_STARTER, label="your code")
+    op_code
+    return (op_code,)
+
+
+@app.cell
+def _(ex, op_code):
+    ex.show(ex.check(ex.check_custom_op, op_code.value, starter=ex.CUSTOM_OP_STARTER))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        ```python
+        def softsign_jax(x):
+            return x / (1 + jnp.abs(x))
+
+        op = torch_tpu.jax_op(softsign_jax)
+        ```
+        The gradient comes for free: `jax_op` registers a backward computed with
+        `jax.vjp` of the same function (section 2).
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 2 · programs of a custom op
+
+    `op` is a `jax_op` (here `tanh(x) / 2`, forward only). With `n` a size this
+    process has not used, how many **executables** do these three calls compile?
+    """), ex.code(ex.SHAPES_BLOCK)])
+    return
+
+
+@app.cell
+def _(mo):
+    op_programs_answer = mo.ui.number(label="executables compiled")
+    op_programs_answer
+    return (op_programs_answer,)
+
+
+@app.cell
+def _(ex, op_programs_answer):
+    ex.show(ex.check(ex.check_op_programs, op_programs_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **2.** A `jax_op` is cached like any ATen op: one executable per distinct
+        input shape and dtype. The second call repeats the first one's shape (a
+        cache hit); `(4, n)` is new.
+    """)})
+    return
+
+
 @app.cell
 def test_forward_matches_jax(forward_error, op_capture):
     assert forward_error < 1e-5
