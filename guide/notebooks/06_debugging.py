@@ -26,7 +26,7 @@ def _(mo):
     wrong on the device:
 
     | question | tool |
-    |---|---|
+    |:---|:---|
     | what ran, how often, what compiled, what moved? | `metrics()`, `metrics_report()`, `capture()` |
     | what was compiled, when, how long did it take? | `compile_log()`, `TORCH_TPU_LOG=compile` |
     | why did it compile again? | `explain_recompiles()` |
