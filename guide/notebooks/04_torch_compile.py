@@ -387,7 +387,7 @@ def _(torch, torch_tpu):
     export_err = 0.0
     for _b in (3, 17):
         _x = torch.randn(_b, 4)
-        _got = torch.from_numpy(np.asarray(exported.call(_x.numpy())))
+        _got = torch.from_numpy(np.array(exported.call(_x.numpy())))  # a writable copy
         export_err = max(export_err, (_got - small(_x).detach()).abs().max().item())
     # The StableHLO text, without its source-location annotations (long
     # lines, the baked weights among them, cut at 150 characters).
