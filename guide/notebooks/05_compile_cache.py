@@ -26,7 +26,7 @@ def _(mo):
     one cache with two tiers:
 
     | tier | lives | holds | on a miss |
-    |---|---|---|---|
+    |:---|:---|:---|:---|
     | **memory** | this process | loaded executables (LRU, `TORCH_TPU_CACHE_SIZE` entries) | ask the disk tier |
     | **disk** | `~/.cache/torch_tpu` (`TORCH_TPU_CACHE_DIR`) | serialized executables, checksummed | XLA compiles, the result is written |
 
@@ -279,6 +279,99 @@ def _(guide_cache, torch_tpu, user_cache_dir):
     print(f"removed {removed_guide_entries} entries from {guide_cache}; "
           f"disk tier back at {torch_tpu.cache.cache_dir()}")
     return (removed_guide_entries,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (the cache's own statistics, in a temporary cache directory) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 1 · predict the disk hits
+
+    A fresh cache directory; `x` is a `tpu` matrix of a new shape. The call
+    `torch.nn.functional.gelu(x @ x.T).sum().item()` runs once (compiling and
+    writing the disk tier), then `torch_tpu.cache.clear(memory=True, disk=False)`
+    empties the memory tier, and the call runs again. How many executables does
+    the **disk tier** serve on that second call?
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    disk_answer = mo.ui.number(label="disk hits")
+    disk_answer
+    return (disk_answer,)
+
+
+@app.cell
+def _(disk_answer, ex):
+    ex.show(ex.check(ex.check_disk_hits, disk_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **3**: one per op that runs a program, `mm`, `gelu` and `sum` (`x.T` is a
+        view: it runs nothing of its own). Each is found on disk by the op's key
+        through the eager index, without tracing it again (section 1). A new
+        process with the same cache directory sees the same: that is the warm start
+        of section 2.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 2 · what is in the key
+
+    `x + 1.0` has just run, so its executable is cached. Which change makes the
+    next call **compile again** (miss the cache)?
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    key_answer = mo.ui.dropdown(ex.CACHE_KEY_OPTIONS, value=None, label="the change")
+    key_answer
+    return (key_answer,)
+
+
+@app.cell
+def _(ex, key_answer):
+    ex.show(ex.check(ex.check_cache_key, key_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **A new shape (one more row) or a new dtype (bfloat16).** The key holds
+        the op, the inputs' shapes, dtypes and layouts and the static arguments.
+        Values are the executable's inputs, and so is a Python scalar such as
+        `2.0` (notebook 01, section 4): both are cache hits.
+    """)})
+    return
 
 
 @app.cell

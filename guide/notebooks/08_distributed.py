@@ -428,6 +428,98 @@ def _(mo):
     return
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (one DDP step profiled in this process: gloo, world size 1) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 1 · which collective
+
+    Each DDP step, which collective keeps the replicas' gradients equal? (The
+    check profiles one DDP step of the MLP of section 2 in this process, with
+    PyTorch's `gloo` and a world of one: DDP's reducer issues the same
+    collectives on every backend, the `tpu` one included.)
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    collective_answer = mo.ui.dropdown(ex.COLLECTIVE_OPTIONS, value=None, label="collective")
+    collective_answer
+    return (collective_answer,)
+
+
+@app.cell
+def _(collective_answer, ex):
+    ex.show(ex.check(ex.check_ddp_collective, collective_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **`all_reduce`.** Every rank contributes its gradients and every rank gets
+        their sum (DDP divides by the world size): what section 2 did by hand
+        with copies to `tpu:0` and a mean. `broadcast` runs once, when DDP wraps
+        the model (rank 0's weights to all); `all_gather` and `reduce_scatter` are
+        FSDP's.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 2 · how many bytes
+
+    For that MLP, `Linear(8, 32) → Tanh → Linear(32, 1)` in float32, how many
+    **bytes** does DDP all-reduce per step (per rank, batch size 4)?
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    ddp_bytes_answer = mo.ui.number(label="bytes per step")
+    ddp_bytes_answer
+    return (ddp_bytes_answer,)
+
+
+@app.cell
+def _(ddp_bytes_answer, ex):
+    ex.show(ex.check(ex.check_ddp_bytes, ddp_bytes_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **1284** = (8·32 + 32 + 32·1 + 1) = 321 parameters × 4 bytes: every
+        gradient once, whatever the batch size. Data parallelism's traffic grows
+        with the model; at 1 B parameters in bfloat16 it is 2 GB per step, which is
+        why large models shard the parameters instead (FSDP, tensor parallelism).
+    """)})
+    return
+
+
 @app.cell
 def test_placement(n_devices, placement):
     n = n_devices.value

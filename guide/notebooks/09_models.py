@@ -260,6 +260,98 @@ def table_model_steps(mo, step_table):
     return
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (the model built and counted, programs counted by `debug.capture()`) and says whether yours is right, and why. The
+    solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 1 · count the parameters
+
+    How many parameters does section 1's minGPT have (the `tiny` config:
+    3 layers, 3 heads, width 48; vocabulary 3, block size 11)?
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    params_answer = mo.ui.number(label="parameters")
+    params_answer
+    return (params_answer,)
+
+
+@app.cell
+def _(ex, params_answer):
+    ex.show(ex.check(ex.check_gpt_params, params_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **85,728**: `sum(p.numel() for p in gpt.parameters())`. By hand, per block
+        (d = 48): attention `4d² + 4d` (qkv and projection with biases), MLP
+        `8d² + 5d`, two LayerNorms `4d`: 28,272; three blocks 84,816; token and
+        position embeddings 3·48 + 11·48; the final LayerNorm 96 and the head 144.
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 2 · cache or recompute
+
+    The tiny Llama generates 3 new tokens from a new prompt, once with the KV
+    cache and once recomputing the whole sequence each token
+    (`generate(..., use_cache=False)`). Which path **compiles fewer
+    executables**? (The check measures both: tens of seconds on a CPU.)
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    path_answer = mo.ui.dropdown(ex.FASTER_OPTIONS, value=None, label="compiles fewer")
+    path_answer
+    return (path_answer,)
+
+
+@app.cell
+def _(ex, path_answer):
+    ex.show(ex.check(ex.check_fewer_programs, path_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **With the KV cache.** Without it each new token runs the model on a
+        sequence one longer than the last: new shapes, so every op compiles again.
+        With it every decoding step has the same shapes (one token against a cache
+        of fixed length), so the first step's programs serve all the others, and on
+        a TPU each step also does far less work.
+    """)})
+    return
+
+
 @app.cell
 def test_mingpt_learns(gpt_losses, sort_accuracy):
     assert gpt_losses[-1] < 0.5 * gpt_losses[0], (gpt_losses[0], gpt_losses[-1])
