@@ -562,3 +562,29 @@ def test_docs_jobs_is_the_notebooks_run_at_once(hooks, monkeypatch):
     monkeypatch.setenv("TORCH_TPU_DOCS_JOBS", "5")
     hooks._run_notebooks()
     assert hooks.calls[-1][1]["jobs"] == 5
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), (" No ", False),
+                                       ("FALSE", False), ("1", True), ("", True)])
+def test_on_by_default_switches_read_one_spelling(monkeypatch, value, on):
+    """Donation in compiled graphs, the inductor redirect and the distributed
+    checks read the spelling fused mode reads (runtime.switches): `off` turned
+    fused donation off but left compiled graphs donating."""
+    from torch_tpu.compile import graph_cache
+    from torch_tpu.distributed import programs as dist_programs
+    from torch_tpu.runtime import fused
+
+    for name in ("TORCH_TPU_DONATE", "TORCH_TPU_DIST_CHECKS"):
+        monkeypatch.setenv(name, value)
+    assert graph_cache._donation_enabled() is on
+    assert fused.switch_on("TORCH_TPU_DONATE") is on
+    assert dist_programs.checks_enabled() is on
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("On", True),
+                                       ("0", False), ("", False), ("2", False)])
+def test_off_by_default_switches_read_one_spelling(monkeypatch, value, on):
+    from torch_tpu.runtime.switches import switch_set
+
+    monkeypatch.setenv("TORCH_TPU_DYNAMO_BOOKKEEPING", value)
+    assert switch_set("TORCH_TPU_DYNAMO_BOOKKEEPING") is on

@@ -35,6 +35,7 @@ import torch.fx
 from ..ops import registry
 from ..runtime import gc_pause
 from ..runtime import opt_level as _olevel
+from ..runtime.switches import switch_on, switch_set
 from . import graph_cache
 from .graph import CompiledGraph, prebuild_enabled
 
@@ -219,7 +220,7 @@ def _lighter_dynamo_bookkeeping():
     Nothing else changes: guards, graphs and error messages are the same.
     ``TORCH_TPU_DYNAMO_BOOKKEEPING=1`` keeps PyTorch's behaviour.
     """
-    if os.environ.get("TORCH_TPU_DYNAMO_BOOKKEEPING", "0") in ("1", "true", "True"):
+    if switch_set("TORCH_TPU_DYNAMO_BOOKKEEPING"):
         return
     try:
         from torch._dynamo import funcname_cache
@@ -294,7 +295,7 @@ def _redirect_inductor():
     default backend would fail on tpu tensors. Graphs on other devices still
     go to inductor. TORCH_TPU_INDUCTOR_REDIRECT=0 turns this off.
     """
-    if os.environ.get("TORCH_TPU_INDUCTOR_REDIRECT", "1") in ("0", "false", "False"):
+    if not switch_on("TORCH_TPU_INDUCTOR_REDIRECT"):
         return
     wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
     if wrapper is None or getattr(wrapper.__call__, "_torch_tpu", False):

@@ -18,7 +18,6 @@ the counters only graphs have; `cache_stats()` / `reset_cache_stats()` /
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ import jax
 import numpy as np
 
 from ..runtime import platform, programs
+from ..runtime.switches import switch_on
 from ..runtime import storage as st
 from . import graph_key
 from .lowering import LoweringError
@@ -164,7 +164,7 @@ def entry_for(graph, entry: Entry, consts) -> Entry:
 
 
 def _donation_enabled() -> bool:
-    return os.environ.get("TORCH_TPU_DONATE", "1") not in ("0", "false", "False")
+    return switch_on("TORCH_TPU_DONATE")  # the spelling fused mode reads too
 
 
 _OWN_REFS = 6

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +28,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..runtime import programs
+from ..runtime.switches import switch_on
 from . import runtime
 
 AXIS = "g"
@@ -45,7 +45,7 @@ REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "pre
 
 
 def checks_enabled() -> bool:
-    return os.environ.get("TORCH_TPU_DIST_CHECKS", "1") not in ("0", "false", "False", "off")
+    return switch_on("TORCH_TPU_DIST_CHECKS")
 
 
 try:
