@@ -14,9 +14,9 @@ It reads the source only (nothing is imported) and reports
   `__init__`, so an edge goes to each package on the way too (except the
   importer's own packages, which are initialized before it runs);
 - **cycles between subpackages** (`torch_tpu.runtime`, `torch_tpu.ops`,
-  ...): the same graph with modules collapsed to their subpackage. The layer
-  rule (runtime <- ops <- compile <- distributed; cache and debug as
-  plug-ins) wants none;
+  ...): the same graph with modules collapsed to their subpackage, or to the
+  module itself where the layer list names it alone
+  (`torch_tpu.device.random`). The layer rule wants none;
 - **upward edges**: imports, module-level or function-local alike, from a
   module to one in a higher layer of the list in docs/architecture.md (the
   fenced ```layers block: one layer a line, bottom first; a line names
@@ -220,7 +220,14 @@ def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
 
     sccs = [c for c in _sccs(modules, graph) if len(c) > 1]
 
+    names = sorted((n for layer in layers or () for n in layer), key=len, reverse=True)
+
     def sub(m):
+        # The unit the layer list names (a subpackage, or a module listed on
+        # its own such as torch_tpu.device.random), else the subpackage.
+        for n in names:
+            if n != ROOT and (m == n or m.startswith(n + ".")):
+                return n
         parts = m.split(".")
         return ".".join(parts[:2]) if len(parts) > 1 else m
 

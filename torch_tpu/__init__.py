@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib as _importlib
 import threading as _threading
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 
 def _autoload():
@@ -38,7 +38,9 @@ _registration.register()
 from .device import module as tpu  # noqa: E402,F401
 from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu", lazily)
 from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
+from . import cache as _cache_tier  # noqa: E402  (already loaded by compile: the disk tier)
 from .runtime import gc_pause as _gc_pause  # noqa: E402
+from .runtime import loading as _loading_hook  # noqa: E402
 
 _gc_pause.freeze()  # torch's and our modules: never cyclic garbage (see gc_pause.freeze)
 
@@ -61,12 +63,22 @@ def _load() -> None:
         _gc_pause.begin()
         try:
             _importlib.import_module(f"{__name__}.runtime.platform")  # configures JAX first
+            # The disk tier is JAX's compilation cache before any JAX compile:
+            # kernels also compile through jnp directly, off the program
+            # cache's compile step (which installed it first only by chance).
+            _cache_tier.disk_store()
+            # debug listens to compile events (and JAX's cache events) from the
+            # first program on: a plug-in of the runtime, nothing below imports it.
+            _importlib.import_module(f"{__name__}.debug")
             _importlib.import_module(f"{__name__}.ops").install()
             _importlib.import_module(f"{__name__}.precision")  # torch.tpu precision/autocast API
             _loaded = True
         finally:
             _gc_pause.end()
             _loading = False
+
+
+_loading_hook.set_loader(_load, lambda: _loaded)  # the layers below load through it
 
 
 def fused(enabled: bool = True):
@@ -78,7 +90,7 @@ def fused(enabled: bool = True):
     process). `fused(False)` runs strict eager inside a fused region.
     """
     _load()
-    from .runtime import fused as _fused
+    from .runtime import fused as _fused  # lazy: JAX (the package imports none at start-up)
 
     return _fused.mode(enabled)
 
@@ -91,7 +103,7 @@ def compile_step(fn=None, **kwargs):
     ``compile_step(fn, modules=..., optimizers=..., options=...)``.
     """
     _load()
-    from .compile import step as _step
+    from .compile import step as _step  # lazy: dynamo
 
     return _step.compile_step(fn, **kwargs)
 
@@ -106,7 +118,7 @@ def __getattr__(name):
     if name in globals():
         return globals()[name]
     if name == "export":  # torch_tpu.export(...): the function (module torch_tpu.exporting)
-        from .exporting import export
+        from .exporting import export  # lazy: torch.export
 
         return export
     try:

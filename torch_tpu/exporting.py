@@ -36,9 +36,19 @@ lowering that fails on symbolic sizes (RuntimeError).
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
+
+from .runtime import loading
+from .compile.backend import _decompositions
+from .ops import registry
+from .compile import graph_ops
+from .compile.lowering import GraphProgram
+from .runtime import storage as st
+from .compile.lowering import _const_value, no_host_callbacks
+from .compile.lowering import SymEnv
 
 if TYPE_CHECKING:
     import jax
@@ -84,12 +94,8 @@ def export(fn_or_module: torch.nn.Module | Callable, args: tuple,
     """
     if params not in _MODES:
         raise ValueError(f"torch_tpu.export: params must be one of {_MODES}, not {params!r}")
-    import torch_tpu
-
-    torch_tpu._load()
+    loading.load()
     import jax
-
-    from .compile.backend import _decompositions
 
     kwargs = dict(kwargs or {})
     if not isinstance(args, tuple):
@@ -97,14 +103,18 @@ def export(fn_or_module: torch.nn.Module | Callable, args: tuple,
     module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else _FnModule(
         fn_or_module)
     if isinstance(fn_or_module, torch.nn.Module) and fn_or_module.training:
-        import warnings
-
         warnings.warn("torch_tpu.export: the module is in training mode; the exported "
                       "program is its training-mode forward without state updates "
                       "(call .eval() to export the inference path)", stacklevel=2)
     ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes,
                              strict=strict)
-    ep = ep.run_decompositions(_decomposition_table(_decompositions()))
+    with warnings.catch_warnings():
+        # torch's own run_decompositions deep-copies its module call graph, whose
+        # pytree specs warn about their deprecated LeafSpec check (torch 2.13):
+        # nothing the caller can act on
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated",
+                                category=FutureWarning)
+        ep = ep.run_decompositions(_decomposition_table(_decompositions()))
     ep = _decompose_unlowered(ep)
     _drop_runtime_asserts(ep.graph_module)
     plan = _Plan(ep, module, args, kwargs, dynamic_shapes, params)
@@ -152,8 +162,6 @@ def _decomposition_table(backend_table):
     """torch.export's default table (core ATen, including CompositeImplicit ops
     such as `linear`), plus torch.compile's, minus every op the lowering table
     runs directly: the graph reaches GraphProgram at the level compile's does."""
-    from .ops import registry
-
     table = torch.export.default_decompositions()
     for op, fn in backend_table.items():
         table[op] = fn
@@ -169,8 +177,6 @@ def _decompose_unlowered(ep, rounds=4):
     re-traces them at concrete sizes, which a symbolic export does not have)."""
     from torch._decomp import decomposition_table
 
-    from .compile import graph_ops
-    from .ops import registry
 
     for _ in range(rounds):
         extra = {}
@@ -239,8 +245,6 @@ class _Plan:
 
     def __init__(self, ep, module, args, kwargs, dynamic_shapes, params):
         from torch.export.graph_signature import InputKind, OutputKind
-
-        from .compile.lowering import GraphProgram
 
         self.ep = ep
         self.params = params
@@ -312,8 +316,6 @@ class _Plan:
         """ShapeDtypeStructs (symbolic where the graph is) in the call structure."""
         import jax
 
-        from .runtime import storage as st
-
         def sds(val):
             shape = tuple(self._dims.shape(d) for d in val.shape)
             return jax.ShapeDtypeStruct(shape, st.TORCH_TO_JAX[val.dtype])
@@ -350,8 +352,6 @@ class _Plan:
 
     def jax_function(self):
         import jax.numpy as jnp
-
-        from .compile.lowering import _const_value, no_host_callbacks
 
         program = self.program
         uses_rng = program.uses_rng
@@ -598,8 +598,6 @@ def _sym_value(x, dims):
 
 
 def _jax_sym_env_class():
-    from .compile.lowering import SymEnv
-
     class JaxSymEnv(SymEnv):
         """SymEnv whose symbols are jax.export dimension variables, not ints."""
 

@@ -40,6 +40,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from .runtime.storage import JAX_TO_TORCH
+from .runtime.storage import TORCH_TO_JAX
+from .runtime import registry  # (ops.registry re-exports it: the op layer is not imported)
+from .runtime import executor
+from .runtime import storage as st
 
 NAMESPACE = "torch_tpu_jax"
 _lib = None
@@ -71,14 +76,10 @@ def _op_name(fn, name):
 
 
 def _torch_dtype(jdt):
-    from .runtime.storage import JAX_TO_TORCH
-
     return JAX_TO_TORCH[np.dtype(jdt)]
 
 
 def _spec(t):
-    from .runtime.storage import TORCH_TO_JAX
-
     return jax.ShapeDtypeStruct(tuple(t.shape), TORCH_TO_JAX[t.dtype])
 
 
@@ -109,8 +110,6 @@ class JaxOp:
         """The output pytree structure of fn for inputs (shape, dtype name) `key`."""
         tree = self._trees.get(key)
         if tree is None:
-            from .runtime.storage import TORCH_TO_JAX
-
             specs = [jax.ShapeDtypeStruct(shape, TORCH_TO_JAX[getattr(torch, d.split(".")[-1])])
                      for shape, d in key]
             out = jax.eval_shape(self.fn, *specs)
@@ -137,8 +136,6 @@ class JaxOp:
     # -- the PyTorch side -----------------------------------------------------
 
     def _define(self):
-        from .ops import registry
-        from .runtime import executor
 
         lib = _library()
         name = self.name
@@ -196,8 +193,6 @@ class JaxOp:
     # CPU: the same function through JAX on the host.
 
     def _cpu_run(self, f, *groups):
-        from .runtime import storage as st
-
         cpu = jax.devices("cpu")[0]
         arrays = [[jax.device_put(_host_numpy(t), cpu) for t in g] for g in groups]
         with jax.default_device(cpu):

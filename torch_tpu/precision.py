@@ -310,8 +310,7 @@ _EXPORTS = ("set_matmul_precision", "get_matmul_precision", "matmul_precision",
 
 def install() -> None:
     """Add the precision and autocast functions to torch.tpu; register autocast."""
-    from .device import module
-
+    module = getattr(torch, "tpu")  # the device module (device/module.py), registered at import
     g = globals()
     for name in _EXPORTS:
         setattr(module, name, g[name])

@@ -29,6 +29,8 @@ import os
 import time
 
 import jax
+from .debug._timing import OpTimer
+from .device import module
 
 _active = None
 
@@ -93,8 +95,6 @@ class trace:
         _active = self
         self._t0 = time.perf_counter()
         if self.annotate_ops:
-            from .debug._timing import OpTimer
-
             self._mode = OpTimer(annotate=True, time_ops=False)
             self._mode.__enter__()
         return self
@@ -108,7 +108,6 @@ class trace:
             if self._mode is not None:
                 self._mode.__exit__(None, None, None)
                 self._mode = None
-            from .device import module
 
             module.synchronize()
         finally:

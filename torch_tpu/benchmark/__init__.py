@@ -47,6 +47,10 @@ import warnings
 
 import torch
 from torch.utils import _pytree as pytree
+from ..debug._timing import block
+from ..runtime import executor
+from ..debug import lower
+from ..debug.roofline import host_peaks, reference_peaks
 
 __all__ = ["benchmark", "BenchmarkResult", "BenchmarkCase", "register_model", "models",
            "get_case", "format_table"]
@@ -211,23 +215,17 @@ def _wait(out, sync):
         return
     ts = _tpu_tensors(out) if sync in ("auto", "outputs") else []
     if ts:
-        from ..debug._timing import block
-
         block(ts)
     elif sync in ("auto", "device"):
         torch.tpu.synchronize()
 
 
 def _compile_stats():
-    from ..runtime import executor
-
     return executor.STATS.misses, executor.STATS.compile_seconds
 
 
 def _auto_flops(fn, args, kwargs):
     try:
-        from ..debug import lower
-
         return lower(fn, *args, **kwargs).flops or None
     except Exception as e:
         warnings.warn(f"benchmark: could not count FLOPs ({type(e).__name__}: {e}); "
@@ -240,8 +238,6 @@ _SYNC = ("auto", "outputs", "device", "none", None, False)
 
 def _peak(peaks):
     """(peak FLOP/s, name) for benchmark's `peaks` argument, or (None, '')."""
-    from ..debug.roofline import host_peaks, reference_peaks
-
     if peaks is None:
         return None, ""
     if not (isinstance(peaks, str) and peaks == "host"):

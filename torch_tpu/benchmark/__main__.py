@@ -71,8 +71,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
 
-    import torch_tpu  # noqa: F401  (registers the device)
-
     if args.list or not args.targets:
         avail = models()
         width = max((len(n) for n in avail), default=4)

@@ -61,6 +61,8 @@ import threading
 
 from ..runtime import programs as _programs
 from .store import CacheWarning, DiskStore, configured_dir, default_dir, warn_once  # noqa: F401
+from ..runtime import xla_lock
+from .store import configured_shared_dir
 
 __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
            "set_shared_dir", "shared_dir", "set_max_bytes", "is_enabled", "CacheWarning",
@@ -170,8 +172,6 @@ def _write_entry(store: DiskStore, name: str, seconds: float, compiled: object) 
         return  # another process wrote it (programs that span processes share a key)
     from jax._src import compilation_cache as cc
 
-    from ..runtime import xla_lock
-
     try:
         exe = compiled.runtime_executable()  # type: ignore[attr-defined]
         with xla_lock.serializing():
@@ -198,6 +198,7 @@ class _Tier:
 _programs.set_disk_tier(_Tier())
 
 from . import eager as _eager  # noqa: E402
+from . import graphs  # noqa: E402
 from . import needs as _needs  # noqa: E402
 
 _programs.set_index_tier(_eager.Tier())
@@ -283,8 +284,6 @@ def info() -> dict:
 
 
 def _graph_tier():
-    from . import graphs
-
     return graphs
 
 
@@ -345,8 +344,6 @@ def shared_dir() -> str | None:
 def enable(path: str | None = None) -> None:
     """Turn the disk tier on (in `path`, else TORCH_TPU_CACHE_DIR or the default;
     with TORCH_TPU_SHARED_CACHE_DIR under it when that is set)."""
-    from .store import configured_shared_dir
-
     set_dir(path or configured_dir() or default_dir())
     disk_store().set_shared_dir(configured_shared_dir())
 

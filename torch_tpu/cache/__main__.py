@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from typing import Any
+from .store import DiskStore, configured_dir
 
 
 def _human(n: float) -> str:
@@ -31,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # The store alone: no JAX backend or device is needed to inspect files.
-    from .store import DiskStore, configured_dir
 
     root = args.dir or configured_dir()
     store = DiskStore(root) if root else None

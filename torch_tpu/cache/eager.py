@@ -50,6 +50,7 @@ from typing import Any
 from . import graphs, index, prefetch
 from .index import Index, executable
 from .store import warn_once
+from .. import cache as _cache  # this package
 
 PREFIX = "torch_tpu-eager-v1:"
 STATS = Index()
@@ -289,9 +290,7 @@ class Tier:
     def store(self, index_key: str, compiled: Any) -> None:
         """Index `compiled`, just compiled or loaded on this thread (its JAX key
         is the disk tier's last one here)."""
-        from . import last_compile_keys
-
-        keys = last_compile_keys()
+        keys = _cache.last_compile_keys()
         if len(keys) == 1:
             store(index_key, keys[0], compiled)
 
@@ -304,3 +303,6 @@ def stats() -> dict:
 
 def reset_stats() -> None:
     STATS.reset()
+
+
+prefetch.FETCH[:] = [fetch]  # the prefetch thread loads entries through this module

@@ -23,19 +23,19 @@ import threading
 from typing import Any
 
 from . import needs
+from .. import cache as _cache  # this package (its disk_store() is read at each call)
+from ..runtime import xla_lock
 
 
 def enabled(switch: str) -> bool:
     """Whether an index tier may be used: its switch (`switch`, e.g.
     TORCH_TPU_GRAPH_CACHE) is not off, nothing is being dumped (dumping needs
     the lowered program), and the disk tier is on."""
-    from . import disk_store
-
     if os.environ.get(switch, "1").strip() in ("0", "false", "False", "off"):
         return False
     if os.environ.get("TORCH_TPU_DUMP_DIR"):
         return False
-    return disk_store().enabled
+    return _cache.disk_store().enabled
 
 
 def report_hit() -> None:
@@ -87,8 +87,6 @@ class Index:
         custom-call targets of `exe`, the loaded executable itself); False
         (counted as skipped) when `meta` is not plain JSON data or the
         executable's targets cannot be read."""
-        from . import disk_store
-
         targets = needs.of(exe)
         if targets is None:
             self.skip()
@@ -99,7 +97,7 @@ class Index:
         except (TypeError, ValueError):
             self.skip()
             return False
-        disk_store().put(key, blob, count=False)
+        _cache.disk_store().put(key, blob, count=False)
         with self.lock:
             self.writes += 1
         return True
@@ -107,9 +105,7 @@ class Index:
     def read(self, key: str) -> tuple[str, dict] | None:
         """(JAX key, meta) of entry `key`, or None (absent, malformed, or calling
         a kernel this process cannot be made ready for; not counted)."""
-        from . import disk_store
-
-        blob = disk_store().get(key, count=False)
+        blob = _cache.disk_store().get(key, count=False)
         if blob is None:
             return None
         try:
@@ -128,8 +124,6 @@ def executable(jax_key: str, device: Any) -> Any:
     """The loaded executable stored under `jax_key` for JAX device `device`, or None."""
     from jax._src import compilation_cache as cc
     from jax._src.lib import xla_client as xc
-
-    from ..runtime import xla_lock
 
     try:
         with xla_lock.compiling():  # a load is a compile's kin (xla_lock's docstring)

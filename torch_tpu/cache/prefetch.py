@@ -36,6 +36,12 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from .. import cache as _cache  # this package (its disk_store() is read at each call)
+
+# eager.fetch(key, device), installed by cache.eager when it loads (it imports
+# this module); a prefetch starts only from its lookups.
+FETCH: list = []
+
 PREFIX = "torch_tpu-eager-seq-v1:"
 MAX_KEYS = 512
 HEAD = 3
@@ -105,18 +111,14 @@ def flush() -> None:
     if s.seq == s.given[:len(s.seq)]:
         return  # the same order as last time: the stored sequence stays right
     try:
-        from . import disk_store
-
         blob = json.dumps({"keys": s.seq}).encode()
-        disk_store().put(_seq_key(s.seq), blob, count=False)
+        _cache.disk_store().put(_seq_key(s.seq), blob, count=False)
     except Exception:  # noqa: BLE001 - a sequence is an optimization; its loss costs time only
         pass
 
 
 def _read(head: list) -> list:
-    from . import disk_store
-
-    blob = disk_store().get(_seq_key(head), count=False)
+    blob = _cache.disk_store().get(_seq_key(head), count=False)
     if blob is None:
         return []
     try:
@@ -136,7 +138,7 @@ def _read(head: list) -> list:
 def _start(head: list) -> None:
     """Read the sequence stored under `head` and load the rest of its entries on
     the compile threads."""
-    from ..runtime import async_compile
+    from ..runtime import async_compile  # lazy: JAX (the cache is in the start-up set)
 
     if not async_compile.ENABLED:
         return
@@ -178,8 +180,6 @@ def _stop() -> None:
 def _load_all(todo: list) -> None:
     import jax
 
-    from .eager import fetch
-
     devices = {d.id: d for d in jax.devices()}
     for key, dev_id in todo:
         if _STOP:
@@ -189,7 +189,7 @@ def _load_all(todo: list) -> None:
             continue  # the op asked first and loaded it itself
         try:
             device = devices.get(dev_id)
-            result = fetch(key, device) if device is not None else None
+            result = FETCH[0](key, device) if device is not None else None
         except Exception:  # noqa: BLE001 - the op loads it (or lowers) as without prefetching
             result = None
         if result is not None:

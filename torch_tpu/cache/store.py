@@ -77,6 +77,8 @@ import time
 import warnings
 from typing import Any
 
+from .._version import __version__
+
 MAGIC = b"TTPUXC01"
 SUFFIX = ".tpx"
 SUBDIR = "xla-v1"
@@ -152,8 +154,7 @@ def environment() -> dict:
     import jax
     import jaxlib
 
-    from .. import __version__
-    from ..runtime import platform
+    from ..runtime import platform  # lazy: JAX (the cache is in the start-up set)
 
     try:
         devs = platform.devices()

@@ -26,6 +26,7 @@ import functools
 import torch
 
 from .. import cache as _cache  # noqa: F401  (torch_tpu.cache, the compile cache API)
+from ..runtime import loading
 from ..runtime import programs as _programs  # (no JAX: loaded with torch_tpu.cache)
 
 __all__ = ["register", "install", "tpu_backend", "cache_stats", "clear_cache"]
@@ -33,19 +34,15 @@ __all__ = ["register", "install", "tpu_backend", "cache_stats", "clear_cache"]
 
 def register() -> None:
     """Load the tpu backend and register "tpu" with dynamo (imports dynamo)."""
-    import torch_tpu
-
-    torch_tpu._load()
-    from . import backend
+    loading.load()
+    from . import backend  # lazy: dynamo
 
     backend.register()
 
 
 def tpu_backend(gm, example_inputs, mode=None, options=None):
-    import torch_tpu
-
-    torch_tpu._load()
-    from . import backend
+    loading.load()
+    from . import backend  # lazy: dynamo
 
     return backend.tpu_backend(gm, example_inputs, mode=mode, options=options)
 
@@ -64,15 +61,19 @@ _installed = False
 
 
 def _whole_step(fn, options):
-    import torch_tpu
+    def compile_step(f):
+        loading.load()
+        from .step import compile_step  # lazy: dynamo
+
+        return compile_step(f, options=options)
 
     if fn is None:  # @torch.compile(backend="tpu", options={"whole_step": True})
-        return lambda f: torch_tpu.compile_step(f, options=options)
+        return compile_step
     if isinstance(fn, torch.nn.Module):
         raise TypeError('torch.compile(backend="tpu", options={"whole_step": True}) takes a '
                         "training-step function (forward, backward and optimizer.step), "
                         f"not a module ({type(fn).__name__})")
-    return torch_tpu.compile_step(fn, options=options)
+    return compile_step(fn)
 
 
 def install() -> None:

@@ -30,6 +30,8 @@ from jax import lax
 from ..ops import registry
 from ..ops.opmath import opmath_dtype
 from ..runtime import storage as st
+from ..ops.linalg import geqrf_values
+from ..device import random as tpu_random
 
 aten = torch.ops.aten
 
@@ -88,8 +90,6 @@ def _cholesky_solve(g, a):
 
 @graph_op(aten.geqrf.default)
 def _geqrf(g, a):
-    from ..ops.linalg import geqrf_values
-
     x = a["self"]
     if x.size == 0:
         m, n = x.shape[-2:]
@@ -138,8 +138,6 @@ def _arange(g, a):
 
 
 def _key(g):
-    from ..device import random as tpu_random
-
     return tpu_random.jax_key(g.rng())
 
 

@@ -41,6 +41,9 @@ from ..ops import registry
 from ..runtime import calling
 from ..runtime import storage as st
 from . import graph_ops
+from ..device import random as tpu_random
+from ..runtime import executor
+from ..ops import fallback
 
 aten = torch.ops.aten
 
@@ -187,8 +190,6 @@ class _Trace:
 
 def derive_key(raw, i):
     """The raw key (uint32[4]) of the i-th random op of a graph from the graph's key."""
-    from ..device import random as tpu_random
-
     k = jax.random.fold_in(tpu_random.jax_key(raw), i)
     data = jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k
     data = data.reshape(-1).astype(jnp.uint32)[:2]
@@ -572,8 +573,6 @@ def _const_value(v, device_index=0):
     """A get_attr constant as a program input."""
     if isinstance(v, torch.Tensor):
         if v.device.type == "tpu":
-            from ..runtime import executor
-
             return executor.value(v)
         return st.from_host(v, device_index)
     return v
@@ -599,8 +598,6 @@ class no_host_callbacks:
 
 
 def _cpu_callback(op, args, kwargs, out, name):
-    from ..ops import fallback
-
     if getattr(_no_callbacks, "on", False):
         raise LoweringError(
             f"The operator '{name}' has no tpu lowering and no decomposition; an exported "

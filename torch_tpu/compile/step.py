@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from ..runtime import loading
 from . import backend, graph_cache
 from .graph import CompiledGraph
 from .persist import steps
@@ -461,9 +462,7 @@ def compile_step(fn: Callable | None = None, *, modules=None, optimizers=None,
                     f"torch_tpu.compile_step: found no module or optimizer in the closure or "
                     f"globals of {getattr(f, '__qualname__', f)!r} (one reached through "
                     "`self`, say); pass modules=... and optimizers=...")
-        import torch_tpu
-
-        torch_tpu._load()
+        loading.load()
         return _Step(f, mods, opts, options)
 
     if fn is None:

@@ -51,13 +51,16 @@ import contextlib
 
 from . import metrics  # noqa: F401  (first: producers import it by this name)
 from . import _events
-from .hlo import (STAGES, Program, cost_analysis, hlo, last_graphs, last_programs,  # noqa: F401
-                  lower, memory_analysis)
+from .hlo import (STAGES, Program, cost_analysis, hlo, lower, memory_analysis)  # noqa: F401
 from .fusion import FusionGraph, fusions  # noqa: F401
 from .parity import LayerDiff, ParityReport, parity  # noqa: F401
-from .recompiles import RecompileReport, explain_recompiles  # noqa: F401
+from . import recompiles
+from .recompiles import RecompileReport  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
+from ..device import module
+from ._timing import OpTimer
+from ..runtime import programs
 
 __all__ = [
     "metrics", "metrics_report", "reset_metrics", "capture", "Capture",
@@ -68,6 +71,30 @@ __all__ = [
     "fusions", "FusionGraph",
     "roofline", "RooflineReport",
 ]
+
+
+def last_graphs(n: int | None = None) -> list:
+    """Programs of the most recently compiled torch.compile graphs (newest last).
+
+    A forward/backward pair from one training step is the last two entries.
+    They come from the compile log (events of kind 'graph'); only the last
+    `_events.KEEP_PROGRAMS` compiled programs keep their executables.
+    """
+    progs = [e.program for e in _events.events(kind="graph") if e.program is not None]
+    return progs if n is None else progs[-n:]
+
+
+def last_programs(n: int = 1, name: str | None = None) -> list:
+    """Programs of the most recent compile events of any kind (newest last)."""
+    progs = [e.program for e in _events.events(name=name) if e.program is not None]
+    return progs[-n:]
+
+
+def explain_recompiles(name: str | None = None, events: list | None = None) -> RecompileReport:
+    """Why programs compiled again: the recompiles in the compile log (or in
+    `events`, e.g. a slice of it), of op or graph `name` only if given,
+    grouped by op or graph, with a hint per kind of cause. `print()` it."""
+    return recompiles.explain(_events.events() if events is None else events, name)
 
 
 def reset_metrics() -> None:
@@ -101,13 +128,9 @@ class Capture:
 
     def __enter__(self):
         if self.sync:
-            from ..device import module
-
             module.synchronize()
         self._start = metrics.snapshot()
         if self.timing:
-            from ._timing import OpTimer
-
             self._mode = OpTimer(sync=self.sync)
             self._mode.__enter__()
         return self
@@ -262,8 +285,6 @@ def clear_compile_log() -> None:
 def dump_to(directory):
     """Write every program compiled inside the block to `directory`."""
     import os
-
-    from ..runtime import programs
 
     # Programs compile in the background (runtime.async_compile): the ones
     # started before the block go where they were going, the block's own

@@ -19,7 +19,9 @@ import re
 import threading
 import time
 
-from . import metrics as _metrics
+from ..runtime import counters as _metrics  # (debug.metrics reads the same counters)
+from ..runtime import executor, programs
+from .hlo import Program, safe_name  # noqa: F401  (safe_name: also this module's, for callers)
 from . import recompiles as _recompiles
 
 log = logging.getLogger("torch_tpu.compile")
@@ -113,8 +115,6 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
     an optional jax.stages.Lowered of the same program.
     """
     global _seq
-    from .hlo import Program
-
     try:
         text = compiled.as_text() if compiled is not None else ""
     except Exception:
@@ -172,11 +172,8 @@ _PENDING_LOWERED: dict = {}
 # --------------------------------------------------------------------------
 # dump directory
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
 
-def safe_name(name: str) -> str:
-    return _SAFE.sub("_", name).strip("_")[:120] or "program"
 
 
 STAGE_FILES = {
@@ -245,9 +242,7 @@ def _warn_dump_once(dump_dir, e):
 
 def events(kind: str | None = None, name: str | None = None) -> list:
     """The recorded CompileEvents (oldest first), optionally filtered."""
-    from ..runtime import programs  # cheap (no JAX); compiles still running are recorded first
-
-    programs.settle()
+    programs.settle()  # compiles still running are recorded first
     with _lock:
         evs = list(_events)
     if kind is not None:
@@ -323,8 +318,6 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from ..runtime import executor
-
     if _on_compile not in executor.COMPILE_LISTENERS:
         executor.COMPILE_LISTENERS.append(_on_compile)
     lowered_listeners = getattr(executor, "LOWERED_LISTENERS", None)

@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from ..runtime.storage import TORCH_TO_JAX
+from ..ops import registry
+from ..runtime import executor
 
 aten = torch.ops.aten
 
@@ -31,8 +34,6 @@ aten = torch.ops.aten
 
 
 def _to_jax_dtype(dtype):
-    from ..runtime.storage import TORCH_TO_JAX
-
     return TORCH_TO_JAX[dtype]
 
 
@@ -159,8 +160,6 @@ def decompositions() -> dict:
     """PyTorch decompositions for every op the lowering table cannot run."""
     from torch._decomp import decomposition_table
 
-    from ..ops import registry
-
     return {op: fn for op, fn in decomposition_table.items()
             if op not in registry.LOWERINGS and op not in VALUE_RULES
             and isinstance(op, torch._ops.OpOverload)}
@@ -285,8 +284,6 @@ def _bind(op, args, kwargs):
 def _const(v):
     if isinstance(v, torch.Tensor):
         if v.device.type == "tpu":
-            from ..runtime import executor
-
             return executor.value(v)
         return jnp.asarray(_host_array(v))
     return v
@@ -300,8 +297,6 @@ def _host_array(t):
 
 
 def _call(node, env):
-    from ..ops import registry
-
     op = node.target
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -380,6 +375,7 @@ def backend_program(gm: torch.fx.GraphModule, name: str):
     """(program, constants) through the torch.compile backend's lowering
     (`torch_tpu.compile.lowering.GraphProgram`), or None when unavailable."""
     try:
+        # lazy: compile's graph lowering (34 ms) loads with a graph, not with debug
         from ..compile.lowering import GraphProgram, SymEnv, _const_value
     except Exception:
         return None

@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from .hlo import Program, lower
 
 __all__ = ["FusionGraph", "FusionNode", "FusionEdge", "fusions", "parse"]
 
@@ -601,8 +602,6 @@ def fusions(fn_or_program: Any, *args: Any, **kwargs: Any) -> FusionGraph:
     `debug.lower` takes (a function, module, ATen op or fx graph), with its
     `*args` (lowered and compiled here; nothing runs on the device).
     """
-    from .hlo import Program, lower
-
     if isinstance(fn_or_program, str):
         return parse(fn_or_program)
     if isinstance(fn_or_program, Program):

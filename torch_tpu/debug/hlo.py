@@ -20,8 +20,12 @@ recent torch.compile graphs.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.utils import _pytree as pytree
+from ..runtime.storage import TORCH_TO_JAX
+from . import _graph
 
 STAGES = ("stablehlo", "hlo", "optimized")
 
@@ -223,8 +227,6 @@ def _resolve(target):
 def _jax_spec(t):
     import jax
 
-    from ..runtime.storage import TORCH_TO_JAX
-
     return jax.ShapeDtypeStruct(tuple(t.shape), TORCH_TO_JAX[t.dtype])
 
 
@@ -238,8 +240,6 @@ def lower(target, *args, **kwargs) -> Program:
     tensors.
     """
     import jax
-
-    from . import _graph
 
     fn, name, module = _resolve(target)
     state = {}
@@ -280,9 +280,15 @@ def lower(target, *args, **kwargs) -> Program:
     return prog
 
 
-def _graph_fn_name(name):
-    from ._events import safe_name
+_SAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
+
+def safe_name(name: str) -> str:
+    """`name` as a file-name part (the compile log's dump files, graph functions)."""
+    return _SAFE.sub("_", name).strip("_")[:120] or "program"
+
+
+def _graph_fn_name(name):
     return safe_name(name).replace(".", "_").replace("-", "_") or "program"
 
 
@@ -308,24 +314,3 @@ def memory_analysis(target, *args, **kwargs) -> dict:
     """XLA's memory analysis of `target(*args)` (argument/output/temp bytes)."""
     prog = target if isinstance(target, Program) else lower(target, *args, **kwargs)
     return prog.memory
-
-
-def last_graphs(n: int | None = None) -> list:
-    """Programs of the most recently compiled torch.compile graphs (newest last).
-
-    A forward/backward pair from one training step is the last two entries.
-    They come from the compile log (events of kind 'graph'); only the last
-    `_events.KEEP_PROGRAMS` compiled programs keep their executables.
-    """
-    from . import _events
-
-    progs = [e.program for e in _events.events(kind="graph") if e.program is not None]
-    return progs if n is None else progs[-n:]
-
-
-def last_programs(n: int = 1, name: str | None = None) -> list:
-    """Programs of the most recent compile events of any kind (newest last)."""
-    from . import _events
-
-    progs = [e.program for e in _events.events(name=name) if e.program is not None]
-    return progs[-n:]

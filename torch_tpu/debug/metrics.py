@@ -1,7 +1,8 @@
 """Counters behind torch_tpu.debug.metrics(): transfers, syncs, fallbacks.
 
 Counting is a dict increment, cheap enough to stay on in every path. The
-producers elsewhere in torch_tpu call `count`, `transfer` and `fallback`;
+producers elsewhere in torch_tpu call `count`, `transfer` and `fallback`
+(torch_tpu.runtime.counters, where the counters live);
 the executor keeps its own per-op and cache statistics (`executor.STATS`),
 which `snapshot()` reads without touching.
 
@@ -12,48 +13,15 @@ metrics dict (see `torch_tpu.debug` for its layout), while
 
 from __future__ import annotations
 
-import collections
-import logging
 import sys
 import types
 
-COUNTERS: collections.Counter = collections.Counter()
-TRANSFER_BYTES: collections.Counter = collections.Counter()
-FALLBACKS: collections.Counter = collections.Counter()
-# Host seconds per op, filled only while a timing capture is active
-# (torch_tpu.debug.capture(timing=True) or capture(sync=True)).
-OP_SECONDS: collections.Counter = collections.Counter()
-OP_TIMED: collections.Counter = collections.Counter()
-# Persistent (on-disk) compilation cache events reported by JAX.
-DISK_CACHE: collections.Counter = collections.Counter()
-
-_fallback_log = logging.getLogger("torch_tpu.fallback")
-
-
-def count(name: str, n: int = 1) -> None:
-    COUNTERS[name] += n
-
-
-def transfer(kind: str, nbytes: int) -> None:
-    COUNTERS[f"transfer.{kind}"] += 1
-    TRANSFER_BYTES[kind] += int(nbytes)
-
-
-def fallback(op_name: str) -> None:
-    FALLBACKS[op_name] += 1
-    if _fallback_log.isEnabledFor(logging.INFO):
-        _fallback_log.info("CPU fallback: %s (call %d); inputs copied to the host and "
-                           "results back", op_name, FALLBACKS[op_name])
-
-
-def reset() -> None:
-    """Clear this module's counters (executor.STATS is left alone)."""
-    COUNTERS.clear()
-    TRANSFER_BYTES.clear()
-    FALLBACKS.clear()
-    OP_SECONDS.clear()
-    OP_TIMED.clear()
-    DISK_CACHE.clear()
+# The counters live in the runtime layer (every layer counts); these are
+# the same objects, read and reset here.
+from . import _events
+from ..runtime.counters import (COUNTERS, DISK_CACHE, FALLBACKS, OP_SECONDS,  # noqa: E402,F401
+                                OP_TIMED, TRANSFER_BYTES, count, fallback, reset, transfer)
+from ..runtime import programs
 
 
 # --------------------------------------------------------------------------
@@ -62,8 +30,6 @@ def reset() -> None:
 
 def snapshot() -> dict:
     """Every counter as one flat dict of monotonically growing numbers."""
-    from ..runtime import programs  # cheap (no JAX)
-
     programs.settle()  # compiles still running in the background count first
     flat: dict = {}
     for k, v in COUNTERS.items():
@@ -94,8 +60,6 @@ def snapshot() -> dict:
     graph = programs.STATS.rows[programs.ProgramKind.GRAPH]  # compiled graphs' row
     for k in ("requests", "hits", "misses", "eager_fallbacks", "runs"):
         flat["graph:" + k] = getattr(graph, k, 0)
-    from . import _events
-
     flat["events:compiles"] = _events.TOTALS["compiles"]
     for k, v in _events.TOTALS_BY_TIER.items():
         flat["tier:" + k] = v

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..runtime import programs  # cheap (no JAX)
+from ..runtime import executor, fused
 
 # Earlier keys kept per op or graph (the nearest is searched among them).
 HISTORY = 32
@@ -130,9 +131,6 @@ def key_fields(key: Any) -> dict:
     if type(key) is not tuple or not key:
         return {"key": _short(key)}
     if isinstance(key[0], torch._ops.OpOverload):
-        # Lazy: the executor loads JAX; an eager op that compiled loaded it already.
-        from ..runtime import executor
-
         return executor.key_fields(key)
     graph_key = sys.modules.get("torch_tpu.compile.graph_key")  # only if graphs exist
     if graph_key is not None:
@@ -141,8 +139,6 @@ def key_fields(key: Any) -> dict:
             return fields
     head, parts = key[0], list(key[1:])
     if head is programs.ProgramKind.FUSED:
-        from ..runtime import executor, fused  # lazy: as above (JAX)
-
         # Each recorded op is an executor entry: its own key, found by value.
         keys_of = {id(e): k for k, e in list(programs.CACHE.items())
                    if type(k) is tuple and k and isinstance(k[0], torch._ops.OpOverload)}
@@ -324,13 +320,11 @@ class RecompileReport:
                 "hints": {name: self.hints(name) for name in self.groups}}
 
 
-def explain_recompiles(name: str | None = None, events: list | None = None) -> RecompileReport:
-    """Why programs compiled again: the recompiles in the compile log (or in
-    `events`, e.g. a slice of it), of op or graph `name` only if given,
-    grouped by op or graph, with a hint per kind of cause. `print()` it."""
-    from . import _events  # lazy: _events imports this module
-
-    evs = _events.events() if events is None else list(events)
+def explain(events: list, name: str | None = None) -> RecompileReport:
+    """The recompiles among compile events `events` (of op or graph `name`
+    only if given), grouped by op or graph: debug.explain_recompiles, which
+    passes the compile log (this module is below the log, which imports it)."""
+    evs = list(events)
     if name is not None:
         evs = [ev for ev in evs if _named(ev, name)]
     return RecompileReport(evs)

@@ -41,6 +41,13 @@ import socket
 import statistics
 import threading
 import time
+from .. import cache
+from ..cache import store
+from ..runtime import platform, programs
+from .hlo import Program
+from . import _events
+from ._timing import block
+from .hlo import lower
 
 __all__ = ["roofline", "RooflineReport", "RooflineRow", "Peaks", "PUBLISHED", "host_peaks",
            "reference_peaks"]
@@ -131,8 +138,6 @@ _host_lock = threading.Lock()
 
 
 def _host_key() -> str:
-    from ..runtime import platform
-
     dev = platform.jax_device(0)
     return f"{socket.gethostname()}|{platform.platform()}|{dev.device_kind}|{os.cpu_count()}"
 
@@ -141,14 +146,10 @@ def _peaks_path() -> str | None:
     """The peaks file in the compile cache's directory (None when the cache is off)."""
     root = None
     try:
-        from .. import cache
-
         root = cache.cache_dir()
     except Exception:
         root = None
     if root is None:
-        from ..cache import store
-
         root = store.configured_dir()
     return os.path.join(root, _PEAKS_FILE) if root else None
 
@@ -222,8 +223,6 @@ def _measure() -> Peaks:
     import jax
     import jax.numpy as jnp
 
-    from ..runtime import platform, programs
-    from .hlo import Program
 
     plat = platform.platform()
     dev = platform.jax_device(0)
@@ -485,8 +484,6 @@ def _inputs(compiled):
     import jax
     import numpy as np
 
-    from ..runtime import platform
-
     avals = jax.tree_util.tree_leaves(compiled.in_avals)
     # An input whose placement the program leaves open has sharding None.
     shardings = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
@@ -530,15 +527,11 @@ def time_program(program, repeats: int = 5) -> float:
 
 
 def _last_seq() -> int:
-    from . import _events
-
     evs = _events.events()
     return evs[-1].seq if evs else 0
 
 
 def _sync(out) -> None:
-    from ._timing import block
-
     block(out)
     import torch
 
@@ -548,8 +541,6 @@ def _sync(out) -> None:
 
 def _programs_of_call(fn, args, kwargs, repeats, mode):
     """(programs, call seconds, source text, notes) for a callable."""
-    from . import _events
-    from .hlo import lower
 
     notes = []
     progs: list = []
@@ -603,8 +594,6 @@ def roofline(target, *args, device=None, repeats: int = 5, programs: str = "auto
     whole call lowered as one), 'run' (only those it compiles) or 'lower'.
     host: peaks to use for this device instead of the measured ones.
     """
-    from .hlo import Program
-
     if programs not in ("auto", "run", "lower"):
         raise ValueError(f"programs must be 'auto', 'run' or 'lower', got {programs!r}")
     host = host if host is not None else host_peaks()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import gc
 
 from ..runtime import oom, platform
+from ..runtime import storage as st
+from ..runtime.oom import fmt
 
 _peak: dict = {}
 
@@ -131,8 +133,6 @@ def snapshot(index: int | None = None) -> list:
     compiled graph), and tensor (False for arrays that no tensor holds: RNG
     state, cached constants, values kept alive by Python references).
     """
-    from ..runtime import storage as st
-
     owners = {}
     for o in gc.get_objects():
         if type(o) is st.DeviceData:
@@ -159,8 +159,6 @@ def snapshot(index: int | None = None) -> list:
 
 def summary(index: int, abbreviated: bool = False, top: int = 10) -> str:
     """A readable table of tpu:index's memory, like torch.cuda.memory_summary."""
-    from ..runtime.oom import fmt
-
     cur = allocated(index)
     pk = peak(index)
     stats = raw_stats(index)

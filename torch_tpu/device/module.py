@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-import threading
 from dataclasses import dataclass
 
 import torch
 
-_tls = threading.local()
+from ..runtime import counters, device_index, loading  # no JAX: the start-up set
 
 
 class _Lazy:
@@ -97,21 +96,11 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    fastpath = sys.modules.get("torch_tpu.runtime.fastpath")
-    if fastpath is not None and fastpath.GUARD:
-        # The C++ guard's: also what autograd's per-device workers set.
-        return fastpath.NATIVE.device_index()
-    return getattr(_tls, "index", 0)
+    return device_index.current()
 
 
 def set_device(device) -> None:
-    idx = _index(device)
-    _tls.index = idx
-    # PyTorch's C++ side (torch.accelerator, the device guard) sees it too,
-    # once the runtime (and its native guard) is loaded.
-    fastpath = sys.modules.get("torch_tpu.runtime.fastpath")
-    if fastpath is not None:
-        fastpath.set_device_index(idx)
+    device_index.set_current(_index(device))
 
 
 class device:
@@ -141,28 +130,24 @@ class device_of(device):
 
 def synchronize(device=None) -> None:
     """Wait for every op dispatched to `device` (all devices if None) to finish."""
-    import torch_tpu
-
-    if not torch_tpu._loaded:
+    if not loading.is_loaded():
         # The backend has not loaded (it does at the first op): nothing was
         # dispatched, so there is nothing to wait for.
         if device is not None:
             _index(device)
         return
-    from ..debug import metrics
-
-    metrics.count("synchronize")
-    from ..runtime import fused
+    counters.count("synchronize")
+    from ..runtime import fused  # lazy: JAX (this module is in the start-up set)
 
     fused.flush()  # ops recorded in fused eager mode run now
-    from ..runtime import async_compile
+    from ..runtime import async_compile  # lazy: as above
 
     async_compile.synchronize()  # ops waiting for their executables run now
     jax.effects_barrier()
     devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
     # Raises the error of failed asynchronous work, as torch.cuda.synchronize().
     _memory.synchronize(devs)
-    from ..runtime import asserts
+    from ..runtime import asserts  # lazy: as above
 
     asserts.check()  # device-side checks (index bounds) of the ops that ran
 
@@ -356,9 +341,7 @@ _BACKEND_NAMES = frozenset(("set_matmul_precision", "get_matmul_precision", "mat
 
 def __getattr__(name):
     if name in _BACKEND_NAMES:
-        import torch_tpu
-
-        torch_tpu._load()
+        loading.load()
         if name in globals():
             return globals()[name]
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")

@@ -17,7 +17,8 @@ import threading
 
 import torch
 
-from . import module
+from ..runtime import loading
+from . import accelerator, module, printing, serialization
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -58,9 +59,7 @@ def _fallback(keyset, op, *args, **kwargs):
         raise RuntimeError(f"{op}: a tpu op ran while the tpu backend was still loading")
     _loading.active = True
     try:
-        import torch_tpu
-
-        torch_tpu._load()
+        loading.load()
     except Exception as e:
         raise RuntimeError(f"{op}: the tpu backend failed to load: {e}") from e
     finally:
@@ -85,7 +84,6 @@ def register() -> None:
     if torch._C._get_privateuse1_backend_name() != "tpu":
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
-    from . import accelerator, printing, serialization
 
     accelerator.install()
     printing.install()

@@ -13,14 +13,13 @@ from __future__ import annotations
 import re
 
 import torch
+from ..device import module
 
 _TPU_LOCATION = re.compile(r"^tpu(:\d+)?$")
 
 
 def storage_to_tpu(storage, device=None):
     """A tpu storage with the bytes of CPU (or tpu) `storage`."""
-    from ..device import module
-
     index = module._index(device)
     if storage.device.type == "tpu":
         if storage.device.index == index:

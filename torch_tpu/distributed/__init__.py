@@ -24,16 +24,21 @@ from __future__ import annotations
 
 import torch.distributed as _dist
 
+from ..runtime import loading
+from .launch import set_tpu_launch_env as _set
+
 BACKEND = "tpu"
 
 
 def _create_process_group(dist_backend_opts, backend_options=None):
-    import torch_tpu
+    loading.load()  # the backend loads on first use (see torch_tpu/__init__.py)
+    # lazy: JAX (this package is in the start-up set)
+    from . import fsdp_support, process_group, spmd
 
-    torch_tpu._load()  # the backend loads on first use (see torch_tpu/__init__.py)
-    from .process_group import create
-
-    return create(dist_backend_opts, backend_options)
+    pg = process_group.create(dist_backend_opts, backend_options)
+    spmd.install()  # compiled graphs with collectives: one SPMD program
+    fsdp_support.install()  # device streams/events and storage resize_ for FSDP2
+    return pg
 
 
 def register() -> None:
@@ -53,27 +58,25 @@ register()
 def initialize(coordinator_address=None, num_processes=None, process_id=None,
                local_device_ids=None, *, timeout=None):
     """Start the multi-process runtime now (see runtime.initialize)."""
-    from . import runtime
+    from . import runtime  # lazy: JAX (this package is in the start-up set)
 
     return runtime.initialize(coordinator_address, num_processes, process_id,
                               local_device_ids, timeout=timeout)
 
 
 def is_initialized() -> bool:
-    from . import runtime
+    from . import runtime  # lazy: as above
 
     return runtime.is_initialized()
 
 
 def set_tpu_launch_env(*args, **kwargs):
-    from .launch import set_tpu_launch_env as _set
-
     return _set(*args, **kwargs)
 
 
 def jax_mesh(group=None):
     """The 1-D `jax.sharding.Mesh` (axis "g") of a tpu process group's devices."""
-    from . import programs
+    from . import programs  # lazy: as above
 
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
     ranks = getattr(pg, "global_ranks", None)
@@ -84,7 +87,7 @@ def jax_mesh(group=None):
 
 def __getattr__(name):
     if name in ("ProcessGroupTPU", "Work", "CollectiveError"):
-        from . import process_group
+        from . import process_group  # lazy: as above
 
         return getattr(process_group, name)
     raise AttributeError(f"module 'torch_tpu.distributed' has no attribute {name!r}")

@@ -39,14 +39,16 @@ from torch.distributed import ReduceOp
 
 from . import programs as pg_programs
 from . import runtime
+from ..runtime import platform
+from ..runtime import executor
+from ..runtime import storage as st
+from ..ops import collectives, core
 
 # --------------------------------------------------------------------------
 # device values of tensors
 
 
 def _local_device():
-    from ..runtime import platform
-
     return platform.jax_device(0)
 
 
@@ -56,12 +58,9 @@ def value_of(t: torch.Tensor):
         if t.device.index not in (None, 0):
             raise RuntimeError(
                 f"the tpu process group uses each process's tpu:0; got a tensor on {t.device}")
-        from ..runtime import executor
 
         return executor.value(t)
     if t.device.type == "cpu":
-        from ..runtime import storage as st
-
         return st.from_host(t, 0)
     raise RuntimeError(f"the tpu process group cannot use tensors on {t.device}")
 
@@ -69,19 +68,14 @@ def value_of(t: torch.Tensor):
 def write(t: torch.Tensor, arr) -> None:
     """Store jax value `arr` (t's shape) into tensor `t`."""
     if t.device.type == "tpu":
-        from ..runtime import storage as st
-
         data = st.data_of(t)
         if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
                 and t.storage_offset() == 0 and tuple(arr.shape) == data.shape
                 and np.dtype(arr.dtype) == np.dtype(st.TORCH_TO_JAX[t.dtype])):
             data.array = arr
         else:
-            from ..ops import core
-
             core.assign(t, arr.reshape(tuple(t.shape)))
         return
-    from ..runtime import storage as st
 
     host = st.host_tensor(np.asarray(arr), t.dtype).reshape(t.shape)
     with torch.no_grad():
@@ -702,7 +696,6 @@ class ProcessGroupTPU(dist.ProcessGroup):
             vals = [value_of(t) for t in ins]
         else:
             vals = None
-        from ..runtime import storage as st
 
         jd = st.TORCH_TO_JAX[out.dtype]
         if vals is None:
@@ -1060,11 +1053,9 @@ def create(dist_backend_opts, backend_options=None):
                 "torch_tpu.distributed.initialize() in every process before new_group")
         runtime.initialize(num_processes=world, process_id=me, store=store,
                            timeout=timeout.total_seconds() if timeout is not None else None)
-    from .. import ops as _ops  # noqa: F401  (functional collective kernels)
-    from . import fsdp_support, spmd
-
-    spmd.install()  # compiled graphs with collectives: one SPMD program
-    fsdp_support.install()  # device streams/events and storage resize_ for FSDP2
 
     pg = ProcessGroupTPU(rank, size, global_ranks, timeout, dist_backend_opts.group_id)
     return pg
+
+
+collectives.TPU_GROUP_TYPES.append(ProcessGroupTPU)  # the functional collectives run through it

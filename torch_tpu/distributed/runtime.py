@@ -33,6 +33,8 @@ import threading
 import time
 
 import jax
+from ..runtime import platform, programs
+from .launch import set_tpu_launch_env
 
 _lock = threading.RLock()
 _state = None  # _Runtime once initialized
@@ -109,17 +111,9 @@ def _restart_device_client():
 
 
 def _clear_torch_tpu_caches():
-    from ..runtime import platform, executor
-
     platform.platform.cache_clear()
     platform.devices.cache_clear()
-    executor.clear_cache()  # every program, compiled graphs included
-    try:
-        from ..ops import core
-
-        core._copy_cache.clear()
-    except (ImportError, AttributeError):  # pragma: no cover
-        pass
+    programs.clear()  # every program, compiled graphs included
 
 
 def _reachable_host(master_addr: str | None) -> str:
@@ -162,8 +156,6 @@ def _platform_hint() -> str:
     if want:
         return "gpu" if want == "cuda" else want
     if _backends_started():
-        from ..runtime import platform
-
         return platform.platform()
     import importlib.util
 
@@ -227,8 +219,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             _finish(_state)
             return _state
         if plat == "tpu" and _env_int("LOCAL_WORLD_SIZE", 1) > 1 and not _backends_started():
-            from .launch import set_tpu_launch_env
-
             set_tpu_launch_env(local_rank=_env_int("LOCAL_RANK", 0),
                                local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
                                only_if_unset=True)
@@ -304,8 +294,6 @@ def _exchange_address(store, process_id, timeout):
 
 
 def _finish(rt: _Runtime):
-    from ..runtime import platform
-
     plat = platform.platform()
     local = platform.devices()
     if rt.distributed:

@@ -40,6 +40,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import programs
 from ..runtime import programs as program_cache  # (not this package's `programs`)
+from ..compile.lowering import LoweringError
+from ..ops.collectives import _group, _tpu_group
+from .process_group import CollectiveError, Work, WORKER, _local_device
+from ..compile import graph_ops
 
 _fc = torch.ops._c10d_functional
 
@@ -52,8 +56,6 @@ CTX = _Ctx()
 
 
 def _lowering_error():
-    from ..compile.lowering import LoweringError
-
     return LoweringError
 
 
@@ -80,8 +82,6 @@ _PLANS: dict = {}
 
 
 def plan_of_group(group_name) -> SpmdPlan:
-    from ..ops.collectives import _group, _tpu_group
-
     pg = _tpu_group(_group(group_name))
     if pg is None:
         raise _lowering_error()(
@@ -257,8 +257,6 @@ class SpmdExecutable:
         return jax.make_array_from_single_device_arrays(shape, self.sharding, [x])
 
     def __call__(self, *args):
-        from .process_group import CollectiveError, Work, WORKER, _local_device
-
         leaves = jax.tree_util.tree_leaves(args)
         dyn = [leaves[i] for i in self.dyn]
         pg = self.plan.pg
@@ -317,7 +315,6 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from ..compile import graph_ops
 
     for name, rule in RULES.items():
         packet = getattr(_fc, name, None)

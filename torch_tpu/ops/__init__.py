@@ -16,7 +16,9 @@ import torch
 from ..runtime import calling
 from . import registry  # noqa: F401  (the table, filled by the imports below)
 from . import bounds, core, fallback, quantized, sparse
-from . import elementwise, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
+from . import elementwise, activations, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
+from ..runtime import executor
+from ..device import registration
 
 _libs = []
 
@@ -25,7 +27,6 @@ def install() -> None:
     """Register every kernel and the fallback for PrivateUse1 (once)."""
     if _libs:
         return
-    from ..runtime import executor
 
     lib = torch.library.Library("aten", "IMPL")
     _libs.append(lib)
@@ -54,7 +55,6 @@ def install() -> None:
     # The device's one PrivateUse1 fallback was registered with the device
     # (torch_tpu.device.registration): it now hands every op with no kernel
     # of its own to fallback.handle.
-    from ..device import registration
 
     registration.register()
     registration.set_fallback(fallback.handle)
@@ -76,8 +76,6 @@ def _lib_for(op, aten_lib):
 
 
 def _install(lib, op, runner) -> None:
-    from ..runtime import executor
-
     if bounds.spec_for(op) is not None:  # index bounds checked first (ops/bounds.py)
         lib.impl(op, bounds.guard(op, runner.__call__), "PrivateUse1")
     else:

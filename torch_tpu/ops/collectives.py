@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime import storage as st
+
 _fc = torch.ops._c10d_functional
+
+# The tpu process group class (distributed.process_group.ProcessGroupTPU),
+# added by that module when it loads: a layer above, so never imported here.
+# Before it loads no tpu group exists.
+TPU_GROUP_TYPES: list = []
 
 _lib = None
 
@@ -36,9 +43,7 @@ def _group(group_name):
 
 
 def _tpu_group(group):
-    from ..distributed.process_group import ProcessGroupTPU
-
-    return group if isinstance(group, ProcessGroupTPU) else None
+    return group if TPU_GROUP_TYPES and isinstance(group, tuple(TPU_GROUP_TYPES)) else None
 
 
 def _run(work, box):
@@ -47,8 +52,6 @@ def _run(work, box):
 
 
 def _wrap(arr, dtype):
-    from ..runtime import storage as st
-
     return st.wrap(arr, 0, dtype)
 
 
@@ -61,8 +64,6 @@ def _via_cpu(op, t, *args, **kwargs):
 
 def _one(pg, run_kind, t, **kw):
     """Run one collective on `t` through ProcessGroupTPU, return the new tensor."""
-    from ..distributed import process_group as pgm
-
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
     if run_kind == "all_reduce":
         src = t.contiguous()
@@ -76,7 +77,6 @@ def _one(pg, run_kind, t, **kw):
         pg.broadcast([out], opts).wait()
     else:  # pragma: no cover
         raise NotImplementedError(run_kind)
-    del pgm
     return out
 
 

@@ -16,10 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..debug import metrics
+from ..runtime import counters
 from ..runtime import executor, platform, programs
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
+from ..device import module
+from ..runtime import async_compile
+from ..runtime import oom
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -117,8 +120,6 @@ def check_scalar_fits(op, value, dtype) -> None:
 
 
 def _device_index(device) -> int:
-    from ..device import module
-
     if device is None:
         return module.current_device()
     if isinstance(device, str):
@@ -175,7 +176,6 @@ def _zeros(shape, dtype: torch.dtype, index: int):
     if fn is not None:
         return fn()
     jd = st.jax_dtype(dtype)
-    from ..runtime import async_compile
 
     if async_compile.ENABLED and math.prod(shape) * dtype.itemsize <= _ZEROS_TRANSFER_MAX:
         pending = _zeros_compiling.get(key)
@@ -222,8 +222,6 @@ def new_tensor(shape, dtype, index, stride=None):
 
 def _new_zeros(shape, dtype, index, op):
     """_zeros, with torch.OutOfMemoryError where it does not fit (runtime.oom)."""
-    from ..runtime import oom
-
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes >= oom.check_threshold(index):
         oom.check(op, nbytes, index)
@@ -305,14 +303,14 @@ def copy_(self, src, non_blocking=False):
             value = _device_value(src)
             if src.device.index != self.device.index:
                 value = jax.device_put(value, platform.jax_device(self.device.index))
-                metrics.transfer("device_to_device", value.nbytes)
+                counters.transfer("device_to_device", value.nbytes)
         else:
             if src.dim() == 0 and not src.is_meta:
                 value = np.asarray(src.item(), dtype=st.TORCH_TO_JAX[src.dtype])
                 value = jax.device_put(value, platform.jax_device(self.device.index))
             else:
                 value = st.from_host(src, self.device.index)
-            metrics.transfer("host_to_device", value.nbytes)
+            counters.transfer("host_to_device", value.nbytes)
         torch._check(
             _broadcastable(tuple(src.shape), tuple(self.shape)),
             lambda: f"copy_: the source of shape {tuple(src.shape)} cannot be broadcast "
@@ -324,7 +322,7 @@ def copy_(self, src, non_blocking=False):
     if value.ndim > st.NUMPY_MAX_DIMS:  # numpy's limit: carry the elements flat
         value = value.reshape(-1)
     host = st.host_array(value, "aten.copy_.default", src.device.index)
-    metrics.transfer("device_to_host", host.nbytes)
+    counters.transfer("device_to_host", host.nbytes)
     cpu = st.host_tensor(host, src.dtype).reshape(tuple(src.shape))
     with torch.no_grad():
         self.copy_(cpu)
@@ -400,10 +398,10 @@ def new_tensor_like_value(src, dtype, index):
         value = _device_value(src)
         if src.device.index != index:
             value = jax.device_put(value, platform.jax_device(index))
-            metrics.transfer("device_to_device", value.nbytes)
+            counters.transfer("device_to_device", value.nbytes)
     else:
         value = st.from_host(src, index)
-        metrics.transfer("host_to_device", value.nbytes)
+        counters.transfer("host_to_device", value.nbytes)
     if value.dtype != want or (dtype is torch.complex32 and src.dtype is not torch.complex32):
         value = _cast(value, dtype)
     return st.wrap(value, index, dtype, "aten._to_copy.default")
@@ -416,8 +414,9 @@ def _cast(value, want):
 
 @kernel(aten._local_scalar_dense.default)
 def _local_scalar_dense(self):
-    metrics.count("item")
-    return st.to_host(self).reshape(()).item()
+    counters.count("item")
+    return st.host_array(executor.value(self), "aten._to_copy.default",
+                         self.device.index).reshape(()).item()
 
 
 # -- results in the memory format PyTorch's meta kernel gives them --------------

@@ -22,8 +22,9 @@ import torch
 from torch._decomp import decomposition_table
 from torch.utils import _pytree as pytree
 
-from ..debug import metrics
+from ..runtime import counters
 from ..runtime import executor
+from . import core
 
 _warned: set = set()
 # Ops whose decomposition is wrong or slower than the CPU for eager use.
@@ -41,7 +42,7 @@ def handle(op, *args, **kwargs):
         return runner(*args, **kwargs)
     decomp = decomposition_table.get(op)
     if decomp is not None and op not in _NO_DECOMP and op not in _active.ops:
-        metrics.count(f"decomposed.{op}")
+        counters.count(f"decomposed.{op}")
         # A decomposition may call back into `op` (in-place <-> functional
         # pairs); the inner call then goes to the CPU instead of recursing.
         _active.ops.add(op)
@@ -72,8 +73,7 @@ def cpu_fallback(op, *args, **kwargs):
             f"The operator '{name}' has no tpu lowering: it runs on the CPU (inputs "
             "copied to the host and results back), which is slow. See "
             "torch_tpu.debug.fallback_report().", stacklevel=3)
-    metrics.fallback(name)
-    from . import core, sparse
+    counters.fallback(name)
 
     device = None
     cpu_of = {}
@@ -88,9 +88,9 @@ def cpu_fallback(op, *args, **kwargs):
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
             device = device or x.device
             if x.layout == torch.sparse_coo:
-                c = sparse.coo_to_cpu(x, dense_to_cpu)
-            elif x.layout in sparse.COMPRESSED:
-                c = sparse.compressed_moved(x, torch.device("cpu"), dense_to_cpu)
+                c = coo_to_cpu(x, dense_to_cpu)
+            elif x.layout in COMPRESSED:
+                c = compressed_moved(x, torch.device("cpu"), dense_to_cpu)
             else:
                 c = dense_to_cpu(x)
             cpu_of[id(c)] = x
@@ -137,9 +137,9 @@ def cpu_fallback(op, *args, **kwargs):
             if id(x) in cpu_of:
                 return cpu_of[id(x)]
             if x.layout == torch.sparse_coo:
-                return sparse.coo_from_cpu(x, torch.device("tpu", index), dense_back)
-            if x.layout in sparse.COMPRESSED:
-                return sparse.compressed_moved(x, torch.device("tpu", index), dense_back)
+                return coo_from_cpu(x, torch.device("tpu", index), dense_back)
+            if x.layout in COMPRESSED:
+                return compressed_moved(x, torch.device("tpu", index), dense_back)
             if x.layout != torch.strided:
                 raise NotImplementedError(
                     f"The operator '{name}' returned a tensor with layout {x.layout}, which "
@@ -155,3 +155,56 @@ def _bind(schema, args, kwargs):
     for a in schema.arguments[len(vals):]:
         vals.append(kwargs.get(a.name, None))
     return vals
+
+
+aten = torch.ops.aten
+COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+# -- the CPU fallback's conversions ------------------------------------------------
+
+
+def _compressed_parts(x):
+    if x.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return x.crow_indices(), x.col_indices(), x.values()
+    return x.ccol_indices(), x.row_indices(), x.values()
+
+
+def compressed_moved(x, device, move):
+    """A copy on `device` of CSR/CSC/BSR/BSC tensor `x`, its parts moved by `move`."""
+    compressed, plain, values = _compressed_parts(x)
+    return aten._sparse_compressed_tensor_unsafe.default(
+        move(compressed), move(plain), move(values), list(x.shape), dtype=x.dtype,
+        layout=x.layout, device=device, pin_memory=False)
+
+
+def _overlapping_copy(t, copy):
+    """copy(t), keeping t's strides where elements share memory (an expanded
+    tensor): CPU's sparse kernels choose their algorithm by the contiguity of
+    the values (`add_` merges the matching entries of contiguous values and
+    concatenates the others), so the CPU copy of a sparse tensor whose values
+    are expanded (an embedding's sparse gradient of a `sum()`) keeps them so."""
+    if t.is_contiguous() or t.numel() == 0 or any(s < 0 for s in t.stride()):
+        return copy(t)
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if extent >= t.numel():
+        return copy(t)
+    region = copy(t.as_strided((extent,), (1,), t.storage_offset()))
+    return region.as_strided(tuple(t.shape), tuple(t.stride()))
+
+
+def coo_to_cpu(x, copy):
+    """CPU copy of sparse COO tpu tensor `x`; `copy(dense_tpu)` moves a dense part."""
+    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        x.sparse_dim(), x.dense_dim(), list(x.shape), copy(x._indices()),
+        _overlapping_copy(x._values(), copy),
+        dtype=x.dtype, layout=torch.sparse_coo, device=torch.device("cpu"),
+        pin_memory=False, is_coalesced=x.is_coalesced())
+
+
+def coo_from_cpu(x, device, to_device):
+    """A copy on `device` of CPU sparse COO tensor `x`; `to_device(dense_cpu)` moves a part."""
+    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        x.sparse_dim(), x.dense_dim(), list(x.shape), to_device(x._indices()),
+        to_device(x._values()), dtype=x.dtype, layout=torch.sparse_coo,
+        device=device, pin_memory=False, is_coalesced=x.is_coalesced())

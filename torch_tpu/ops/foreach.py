@@ -26,6 +26,8 @@ from . import elementwise as ew
 from . import registry
 from .opmath import opmath_dtype
 from .registry import LOWERINGS, out_meta
+from ..runtime import executor
+from ..runtime.storage import TORCH_TO_JAX
 
 aten = torch.ops.aten
 
@@ -44,8 +46,6 @@ def _executor_returns_none_for_void_ops() -> bool:
     """
     try:
         from torch.utils import _pytree as pytree
-
-        from ..runtime import executor
 
         op = aten._foreach_zero_.default
         spec = pytree.tree_flatten(None)[1]
@@ -253,8 +253,6 @@ def _foreach_norm(self, ord=2, dtype=None):
     runtime value the program held all six norms of every member behind a
     switch, which took 1.8 s to compile for the tiny Llama's 21 parameters
     (clip_grad_norm_) against 0.44 s for the order it uses."""
-    from ..runtime.storage import TORCH_TO_JAX
-
     metas = out_meta()
     absd = []
     for x, m in zip(self, metas):

@@ -39,6 +39,10 @@ from jax import lax
 
 from . import bounds, core
 from .registry import lower, out_dtype, out_meta
+from .fallback import cpu_fallback
+from ..runtime import executor
+from ..runtime import storage as st
+from .reductions import type_name
 
 aten = torch.ops.aten
 
@@ -338,10 +342,7 @@ def _index_kernel(op):
     def kernel(self, indices):
         new, cpu = _prepare_indices(self, indices)
         if cpu:
-            from .fallback import cpu_fallback
-
             return cpu_fallback(op, self, indices)
-        from ..runtime import executor
 
         runner = executor.runner_for(op)
         indices = _strip(indices if new is None else new)
@@ -407,11 +408,8 @@ def _index_put_kernel(op):
     def kernel(self, indices, values, *args, **kwargs):
         new, cpu = _prepare_indices(self, indices, values)
         if cpu:
-            from .fallback import cpu_fallback
-
             return cpu_fallback(op, self, indices, values, *args, **kwargs)
         _check_put(self, indices if new is None else new, values)
-        from ..runtime import executor
 
         runner = executor.runner_for(op)
         indices = _strip(indices if new is None else new)
@@ -686,8 +684,6 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
 
 
 def _torch_type_name(dtype):
-    from ..runtime import storage as st
-    from .reductions import type_name
 
     return type_name(st.TORCH_TO_JAX[dtype])
 
@@ -794,8 +790,6 @@ def _cpu_value_kernel(op, scalar_op, pos):
     """op's Tensor `value` (argument `pos`) may be a CPU 0-dim tensor, as on
     CUDA; PyTorch's meta check rejects that, so use the Scalar overload."""
     def kernel(*args, **kwargs):
-        from ..runtime import executor
-
         value = args[pos] if len(args) > pos else kwargs.get("value")
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
             args = list(args)
@@ -848,8 +842,6 @@ for _op, _sop, _pos in ((aten.masked_fill.Tensor, aten.masked_fill.Scalar, 2),
 
 def _runner(op):
     def run(*args, **kwargs):
-        from ..runtime import executor
-
         return executor.runner_for(op)(*args, **kwargs)
 
     return run
@@ -875,8 +867,6 @@ for _op, _pos, _complex in (
 @lower(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     if jnp.asarray(mask).dtype != jnp.bool_:
-        from .reductions import type_name
-
         raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with "
                            f"dtype {type_name(jnp.asarray(mask).dtype)}")
     shape = tuple(out_meta().shape)
@@ -983,8 +973,6 @@ def _write_checked_kernel(op, base, written_name, rule):
         if inner is not None:
             return inner(*args, **kwargs)
         if runner is None:
-            from ..runtime import executor
-
             runner = executor.runner_for(op)
         return runner(*args, **kwargs)
 
@@ -1001,8 +989,6 @@ def _tensor_args(v):
 
 
 def _check_written_inputs(written, inputs):
-    from ..runtime import executor
-
     for t in inputs:
         if executor.overlaps(written, t):
             raise RuntimeError(

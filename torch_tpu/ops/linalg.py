@@ -27,6 +27,7 @@ from ..precision import lax_precision
 from ..runtime import opt_level
 from ..runtime import executor, platform, programs
 from ..runtime import storage as st
+from . import fallback
 
 aten = torch.ops.aten
 
@@ -999,8 +1000,6 @@ def _cpu_platform_only_kernel(op):
     there) the CPU fallback runs it, or it raises NotImplementedError naming
     the op when the fallback is off."""
     def kernel(*args, **kwargs):
-        from . import fallback
-
         if platform.platform() != "cpu":
             return fallback.cpu_fallback(op, *args, **kwargs)
         return executor.runner_for(op)(*args, **kwargs)
@@ -1101,8 +1100,6 @@ def _sytf2_lower(a):
 def _ldl_real_only(op, name):
     """Complex inputs (hetrf/sytrf with complex pivot magnitudes) run on the CPU."""
     def kernel(*args, **kwargs):
-        from . import fallback
-
         if any(isinstance(t, torch.Tensor) and t.is_complex() for t in args):
             return fallback.cpu_fallback(op, *args, **kwargs)
         return executor.runner_for(op)(*args, **kwargs)

@@ -26,6 +26,7 @@ from jax import lax
 from ..runtime import storage as st
 from .opmath import opmath_dtype
 from .registry import lower, out_dtype, out_meta
+from . import core
 
 aten = torch.ops.aten
 
@@ -276,8 +277,6 @@ def _reduction_check(op, label, dim_at, default_dim=None, any_dim_error=None):
 
 
 def _install_checked_kernels():
-    from . import core
-
     table = [
         # (ops, label, index of dim in the positional args after self, default dim)
         ((aten.amax.default, aten.amax.out), "amax()", 0, None, None),

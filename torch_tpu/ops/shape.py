@@ -19,6 +19,7 @@ from jax import lax
 from . import core
 from .registry import lower, out_dtype, out_meta, out_torch_dtype
 from ..runtime import storage as st
+from ..runtime import executor
 
 aten = torch.ops.aten
 
@@ -81,8 +82,6 @@ def _clone_kernel(self, *, memory_format=None):
                                device="meta").clone(memory_format=memory_format
                                                     or torch.preserve_format)
     if tuple(meta.stride()) == st.contiguous_strides(tuple(meta.shape)) or meta.numel() <= 1:
-        from ..runtime import executor
-
         # One executable; the result is a fresh, plain (contiguous) tensor.
         return executor.runner_for(aten.clone.default)(self)
     # preserve_format of a dense permuted tensor, channels_last, ...: PyTorch
@@ -176,7 +175,6 @@ def _narrow_copy_kernel(self, dim, start, length):
     if self.dim() > 0 and dim >= self.dim():
         raise RuntimeError(f"aten.narrow_copy.default: Expected dim < {self.dim()} "
                            f"(the tensor's number of dimensions), but got dim={dim}")
-    from ..runtime import executor
 
     return executor.runner_for(aten.narrow_copy.default)(self, dim, start, length)
 
@@ -299,7 +297,6 @@ def _repeat_interleave_kernel(repeats, *, output_size=None):
         torch._check(repeats.dim() <= 1, lambda: "repeat_interleave only accept 1D vector as repeat")
         # The output length is data: one device-to-host read, as on CUDA.
         output_size = int(repeats.sum().item()) if repeats.numel() else 0
-    from ..runtime import executor
 
     return executor.runner_for(aten.repeat_interleave.Tensor)(repeats, output_size=output_size)
 

@@ -29,6 +29,9 @@ from . import core
 from .opmath import opmath_dtype
 from .reductions import reject, type_name, wrap_dim
 from .registry import LOWERINGS, lower, out_dtype
+from .factories import _linspace_exponents
+from ..device import module
+from .indexing import _C10_TYPE_NAMES as names
 
 aten = torch.ops.aten
 
@@ -243,8 +246,6 @@ def _hist_fill(x2, edges, weight, density):
 
 def _linspace_edges(x2, bins, range_):
     """The linspace bin edges of every dimension (select_outer_bin_edges)."""
-    from .factories import _linspace_exponents
-
     m, n = x2.shape
     if range_ is not None:
         lo = [jnp.asarray(range_[2 * d], x2.dtype) for d in range(n)]
@@ -677,8 +678,6 @@ def _eager_kernel(op):
                 index = v.device.index
                 break
         if index is None:
-            from ..device import module
-
             index = module.current_device()
         pos, kw = [], {}
         for a, v in zip(schema.arguments, vals):
@@ -718,8 +717,6 @@ def _eager_kernel(op):
 
 def _out_dtype_message(out_op, want, got):
     if out_op is aten.nonzero.out:
-        from .indexing import _C10_TYPE_NAMES as names
-
         # CPU's text, verbatim (its missing space included).
         return (f"nonzero: Expected out tensor to have scalar type {names.get(want, want)} "
                 f"but got scalar type{names.get(got, got)}")

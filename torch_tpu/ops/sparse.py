@@ -34,11 +34,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import fallback
+# The CPU fallback's conversions of sparse layouts live with it (fallback.py).
+from .fallback import COMPRESSED, compressed_moved, coo_from_cpu, coo_to_cpu  # noqa: F401
 
 aten = torch.ops.aten
 _SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
 _SPARSE_CSR_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCsrCPU)
-COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 # SparseCPU kernels that only build or query the SparseTensorImpl (and call
 # dispatched ATen ops on indices/values): device-generic, redispatched as is.
@@ -256,55 +257,6 @@ def sparse_mask(self, mask):
     else:
         values = self[tuple(indices.unbind(0))]
     return make_coo(indices.clone(), values, self.shape, coalesced=mask.is_coalesced())
-
-
-# -- the CPU fallback's conversions ------------------------------------------------
-
-
-def _compressed_parts(x):
-    if x.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return x.crow_indices(), x.col_indices(), x.values()
-    return x.ccol_indices(), x.row_indices(), x.values()
-
-
-def compressed_moved(x, device, move):
-    """A copy on `device` of CSR/CSC/BSR/BSC tensor `x`, its parts moved by `move`."""
-    compressed, plain, values = _compressed_parts(x)
-    return aten._sparse_compressed_tensor_unsafe.default(
-        move(compressed), move(plain), move(values), list(x.shape), dtype=x.dtype,
-        layout=x.layout, device=device, pin_memory=False)
-
-
-def _overlapping_copy(t, copy):
-    """copy(t), keeping t's strides where elements share memory (an expanded
-    tensor): CPU's sparse kernels choose their algorithm by the contiguity of
-    the values (`add_` merges the matching entries of contiguous values and
-    concatenates the others), so the CPU copy of a sparse tensor whose values
-    are expanded (an embedding's sparse gradient of a `sum()`) keeps them so."""
-    if t.is_contiguous() or t.numel() == 0 or any(s < 0 for s in t.stride()):
-        return copy(t)
-    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    if extent >= t.numel():
-        return copy(t)
-    region = copy(t.as_strided((extent,), (1,), t.storage_offset()))
-    return region.as_strided(tuple(t.shape), tuple(t.stride()))
-
-
-def coo_to_cpu(x, copy):
-    """CPU copy of sparse COO tpu tensor `x`; `copy(dense_tpu)` moves a dense part."""
-    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
-        x.sparse_dim(), x.dense_dim(), list(x.shape), copy(x._indices()),
-        _overlapping_copy(x._values(), copy),
-        dtype=x.dtype, layout=torch.sparse_coo, device=torch.device("cpu"),
-        pin_memory=False, is_coalesced=x.is_coalesced())
-
-
-def coo_from_cpu(x, device, to_device):
-    """A copy on `device` of CPU sparse COO tensor `x`; `to_device(dense_cpu)` moves a part."""
-    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
-        x.sparse_dim(), x.dense_dim(), list(x.shape), to_device(x._indices()),
-        to_device(x._values()), dtype=x.dtype, layout=torch.sparse_coo,
-        device=device, pin_memory=False, is_coalesced=x.is_coalesced())
 
 
 # -- registration ----------------------------------------------------------------

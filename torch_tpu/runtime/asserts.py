@@ -26,6 +26,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import executor
+from . import storage as st
+
 MAX_PENDING = 1024
 
 _lock = threading.Lock()
@@ -44,8 +47,6 @@ class DeviceIndexError(IndexError, RuntimeError):
 def defer(flags: Any, make_error: Callable[[np.ndarray], BaseException | None]) -> None:
     """Hold device tensor `flags` until the host next waits; then
     `make_error(host value)` returns the error to raise, or None."""
-    from . import executor
-
     if executor.LAUNCH_BLOCKING:
         _raise_first([(flags, make_error)])
         return
@@ -77,8 +78,6 @@ def discard() -> None:
 
 
 def _raise_first(todo: list) -> None:
-    from . import storage as st
-
     for flags, make_error in todo:
         try:
             value = np.asarray(st.data_of(flags).array)
@@ -87,3 +86,6 @@ def _raise_first(todo: list) -> None:
         err = make_error(value)
         if err is not None:
             raise err
+
+
+st.BEFORE_HOST_READ.append(check)  # host reads raise the pending checks first

@@ -43,7 +43,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import fused, gc_pause, oom, platform, programs
+from . import gc_pause, oom, platform, programs
 from . import opt_level as _olevel
 from . import storage as st
 
@@ -310,10 +310,11 @@ class Value(st.Deferred):
 
 
 def abstract(data: st.DeviceData) -> Any:
-    """What the executor compiles a new program against for `data`: for a
-    value not computed yet, its shape and dtype, committed to its device
+    """For a value of this module not computed yet, what the executor compiles
+    a new program against: its shape and dtype, committed to its device
     exactly as the array will be, so the program lowers to the same text (and
-    disk-cache key) as for the array; otherwise fused mode's `abstract`."""
+    disk-cache key) as for the array; None for anything else (fused.abstract
+    asks this first)."""
     raw = data.raw
     if type(raw) is Value and raw.committed is not None and not raw.done():
         import jax
@@ -321,7 +322,7 @@ def abstract(data: st.DeviceData) -> Any:
         sharding = (jax.sharding.SingleDeviceSharding(platform.jax_device(data.index))
                     if raw.committed else None)
         return jax.ShapeDtypeStruct(raw.shape, raw.dtype, sharding=sharding)
-    return fused.abstract(data)
+    return None
 
 
 def deferred(entry: Any, sig: Any) -> bool:

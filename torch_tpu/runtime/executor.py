@@ -29,7 +29,13 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+# (`from ..precision import`: `from .. import precision` would ask the package,
+# whose __getattr__ loads the backend)
+from ..device import random as tpu_random
+from ..precision import _jax_precision_state
+from ..precision import cache_token as precision_token
 from . import async_compile as _aco
+from . import device_index, fastpath, loading
 from . import calling, fused, gc_pause, oom, platform, programs, registry, scalars, verdict
 from . import opt_level as _olevel
 from . import storage as st
@@ -68,16 +74,6 @@ _CACHE = programs.CACHE  # read by name by the native kernel (csrc)
 # the op that caused it, and timers and profilers see each op's own time.
 LAUNCH_BLOCKING = os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
     "1", "true", "yes", "on")
-
-
-def precision_token():  # noqa: F811 - rebound to cache_token on first use
-    """precision.cache_token, bound on first use (precision sits above the
-    runtime); the name is then rebound to it, so later calls pay nothing."""
-    from ..precision import cache_token
-
-    global precision_token
-    precision_token = cache_token
-    return cache_token()
 
 
 def clear_cache():
@@ -309,8 +305,6 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
     does not handle the op (in-place, out=, random, list or non-tensor
     results). A `kernel` other than the runner must do exactly the runner's
     call on a cache hit."""
-    from . import fastpath
-
     if kernel is None:
         kernel = runner.__call__
     low = runner.lowering
@@ -318,10 +312,8 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
     if (native is not None and fastpath.KERNEL and runner.functional is None and not low.mutates and not runner.rng
             and not low.eager and not runner.returns_nothing):
         if not _KERNEL_READY:
-            from .. import precision
-
             native.setup_kernel(sys.modules[__name__], fused, _olevel,
-                                precision._jax_precision_state, precision.cache_token,
+                                _jax_precision_state, precision_token,
                                 _fast_spec, platform.array_class())
             # Its hits are counted in C++ and read back with the statistics.
             STATS.native_counts = getattr(native, "take_stats", None)
@@ -730,8 +722,6 @@ class Runner:
             sig = Signature(plan)  # the native part handed the call back
             recipes = classify(plan, vals, sig)
         if self.rng:
-            from ..device import random as tpu_random
-
             sig.dyn.append(tpu_random.next_key(
                 sig.device if sig.device is not None else _factory_device(vals, plan)))
             sig.key.append(programs.KeyTag.RNG)
@@ -884,7 +874,7 @@ class Runner:
         narrow = scalars.are_narrow(vals, meta_leaves) and scalars.narrow(sig.dyn, sig.device)
         # Compiling needs only shapes: a value fused mode has not computed yet
         # stays pending (runtime.fused.abstract).
-        arrays = [_aco.abstract(d) for d in sig.slot_data]  # (and async compilation's)
+        arrays = [fused.abstract(d) for d in sig.slot_data]  # (and async compilation's)
         if lowering.eager:
             entry = Entry(None, out_tree, meta_leaves, out_slots)
             entry.eager_fn = program
@@ -1061,9 +1051,7 @@ def _factory_device(vals, plan):
 
 
 def _current():
-    from ..device import module
-
-    return module.current_device()
+    return device_index.current()
 
 
 # --------------------------------------------------------------------------
@@ -1086,9 +1074,10 @@ def _make_runner(op):
     if _OPS_MODULE not in sys.modules:
         # The op families (a layer above) fill the table when imported; a
         # runner asked for before they load (a direct import of this module)
-        # must still find its lowering. Lazy by design: the runtime never
-        # imports the op layer at module level. Once per op (runners are cached).
-        from .. import ops  # noqa: F401
+        # must still find its lowering: load the backend (the package's load
+        # step, installed in runtime.loading; the runtime never imports the
+        # op layer). Once per op (runners are cached).
+        loading.load()
     low = registry.LOWERINGS.get(op)
     if low is not None:
         return Runner(op, low)

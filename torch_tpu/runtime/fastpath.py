@@ -89,16 +89,19 @@ def set_device_index(index: int) -> None:
         NATIVE.set_device_index(index)
 
 
+# platform.jax_device, installed by runtime.platform when it loads (it imports
+# this module); the native call asks for scalar arrays only after that.
+JAX_DEVICE: list = []
+
+
 def _scalar_array(value: object, index: int) -> object:
     """`value`, a Python scalar input of an executable, as the device array a
     jitted call makes of it on tpu:index (same aval, weak type included), which
     the native `call` caches; `value` itself when no such array exists."""
     import jax
 
-    from . import platform
-
     try:
-        array = jax.device_put(value, platform.jax_device(index))
+        array = jax.device_put(value, JAX_DEVICE[0](index))
     except (OverflowError, TypeError, ValueError):
         return value
     return array if jax.typeof(array) == jax.typeof(value) else value

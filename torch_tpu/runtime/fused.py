@@ -77,6 +77,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from . import async_compile as aco
 from . import oom, platform, programs, scalars
 from . import opt_level as _olevel
 from .switches import switch_on
@@ -447,8 +448,6 @@ class LazyExecutable:
         return c(*args)
 
     def _compile(self) -> Any:
-        from . import async_compile as aco
-
         with _lock:
             if self.compiled is not None:
                 return self.compiled
@@ -472,8 +471,6 @@ class LazyExecutable:
 
 def compile_later(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> LazyExecutable:
     """The executor's compile for an op built while ops are recorded (`LazyExecutable`)."""
-    from . import async_compile as aco
-
     lowered, level, trace_s = aco.lower(name, key, fn, args, **jit_kwargs)
     specs = aco._specs_of(lowered.out_info, aco._committed(lowered))
     return LazyExecutable(name, key, lowered, level, trace_s, specs)
@@ -489,7 +486,8 @@ def abstract(data: st.DeviceData) -> Any:
     if type(raw) is _Node and raw.value is None:
         return jax.ShapeDtypeStruct(data.shape, raw.dtype, sharding=jax.sharding.SingleDeviceSharding(
             platform.jax_device(data.index)))
-    return data.array
+    pending = aco.abstract(data)  # asynchronous compilation's values
+    return data.array if pending is None else pending
 
 
 # --------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+from . import device_index, fastpath  # noqa: E402 (after JAX's configuration)
+
 _ORDER = ("tpu", "gpu", "cpu")
 
 
@@ -47,10 +49,7 @@ def platform() -> str:
 def devices() -> tuple:
     """The PJRT devices of the chosen platform; `tpu:i` is devices()[i]."""
     devs = tuple(jax.local_devices(backend=platform()))
-    from ..device import module
-    from . import fastpath
-
-    index = module.current_device()  # torch.tpu.set_device's, before the guard takes over
+    index = device_index.current()  # torch.tpu.set_device's, before the guard takes over
     fastpath.install_device_guard(len(devs))
     fastpath.set_device_index(index)
     return devs
@@ -82,3 +81,6 @@ def array_class() -> type[jax.Array]:
 def supports_float64() -> bool:
     """TPUs have no float64; XLA:CPU and GPUs do."""
     return platform() != "tpu"
+
+
+fastpath.JAX_DEVICE.append(jax_device)  # the native call's scalar arrays (fastpath)

@@ -574,15 +574,10 @@ def set_disk_tier(tier: DiskTier | None) -> None:
 
 
 def disk_tier() -> DiskTier | None:
-    """The persistent tier; the default one (torch_tpu.cache) is loaded on the
-    first compile of the process."""
-    if not _DISK_TIER:
-        # Lazy by design: the disk tier is a plug-in above the runtime; it
-        # installs itself with set_disk_tier when imported.
-        from .. import cache  # noqa: F401
-        if not _DISK_TIER:
-            _DISK_TIER.append(None)
-    return _DISK_TIER[0]
+    """The persistent tier: the default one (torch_tpu.cache) installs itself
+    with set_disk_tier when the package imports it (torch_tpu.compile does, at
+    start-up); None before that or when turned off."""
+    return _DISK_TIER[0] if _DISK_TIER else None
 
 
 class IndexTier(Protocol):
@@ -737,9 +732,9 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     """
     # Lazy: this module loads at start-up (torch_tpu.cache imports it, under
     # the torch.compile wrapper) and must not import JAX there.
-    import jax
+    import jax  # lazy: this module is in the start-up set (no JAX there)
 
-    from . import opt_level as _olevel
+    from . import opt_level as _olevel  # lazy: as above (it imports JAX's config)
 
     rss0 = _rss()
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ own: the executor runs the functional overload and writes the result back.
     def add(x, y, *, alpha=1):
         return x + alpha * y
 
-It lives in the runtime, the bottom layer, as a leaf (torch only): the
+It lives in the runtime, the bottom layer, as a leaf (torch and storage's dtype table): the
 executor and the graph lowering read it without importing the op families
 that fill it. The families use it as `torch_tpu.ops.registry` (a re-export);
 importing that name loads every family, so the table is full.
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from .storage import TORCH_TO_JAX
 
 aten = torch.ops.aten
 
@@ -81,9 +83,6 @@ def out_meta():
 
 def out_dtype():
     """The jax dtype of the (first) output of the op being lowered."""
-    # Lazy: storage imports JAX; this leaf module imports torch only.
-    from .storage import TORCH_TO_JAX
-
     meta = CONTEXT.meta_out
     while isinstance(meta, (tuple, list)):
         meta = meta[0]

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import platform
+from . import oom, platform
+from ._dlpack import empty_on_device
 from .fastpath import NATIVE as _NATIVE
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -228,8 +229,6 @@ def _seed(index: int, dtype: torch.dtype) -> torch.Tensor:
         if index == 0:
             t = torch._C._acc.create_empty_tensor((0,), dtype)
         else:
-            from ._dlpack import empty_on_device
-
             t = _view_dtype.redispatch_boxed(_CPU_KEYS, empty_on_device(index), dtype) \
                 if dtype != torch.float32 else empty_on_device(index)
         _seeds[key] = t
@@ -500,24 +499,21 @@ def strided_write(base, layout, value, offset=None):
 # host transfers
 
 
-def to_host(t: torch.Tensor) -> np.ndarray:
-    """The value of tpu tensor `t` as a numpy array (blocks until ready)."""
-    from . import executor
-
-    return host_array(executor.value(t), "aten._to_copy.default", t.device.index)
-
-
 def host_array(value: jax.Array, op: str, index: int) -> np.ndarray:
     """jax.Array `value` as numpy; the failure of the work that computed it
     raised as PyTorch's error for `op` (reading a failed buffer's memory
     directly would abort the process). Device-side checks pending from
-    earlier ops are raised first (`asserts`), as CUDA reports its asserts."""
-    from . import asserts, oom
-
-    asserts.check()
+    earlier ops are raised first (`asserts`, through BEFORE_HOST_READ), as CUDA
+    reports its asserts."""
+    for hook in BEFORE_HOST_READ:
+        hook()
     oom.ready((value,), op, index)
     return np.asarray(value)
 
+
+# Called before every host read of a device value: runtime.asserts adds its
+# check() when it loads (no pending device-side check exists before that).
+BEFORE_HOST_READ: list = []
 
 NUMPY_MAX_DIMS = 64
 
@@ -563,8 +559,6 @@ def from_host(src: torch.Tensor, index: int) -> jax.Array:
             return jax.device_put(host, device)
         return jax.device_put(host, device, may_alias=False)
     except jax.errors.JaxRuntimeError as e:
-        from . import oom
-
         raise oom.translate(e, "aten.copy_.default", index, host.nbytes) from None
 
 

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from torch._inductor.output_code import OutputCode
 from torch.fx import GraphModule
+from ..graph import CompiledGraph
 
 
 class TpuOutputCode(OutputCode):
@@ -46,8 +47,6 @@ class TpuOutputCode(OutputCode):
         from torch._subclasses import FakeTensorMode
         from torch.fx._graph_pickler import GraphPickler
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        from ..graph import CompiledGraph
 
         s = self._state
         if s is None:  # only an unpickled graph is rebuilt, and pickling needs the state

@@ -448,9 +448,16 @@ def _patch() -> None:
             logger.addFilter(_DropNoise())
 
 
-def _is_tpu_entry(entry: object) -> bool:
-    from ._output_code import TpuOutputCode
+def _output_code() -> type:
+    """TpuOutputCode (imports torch._inductor's output code: only where
+    precompile entries are read or written)."""
+    from ._output_code import TpuOutputCode  # lazy: torch._inductor, for precompile only
 
+    return TpuOutputCode
+
+
+def _is_tpu_entry(entry: object) -> bool:
+    TpuOutputCode = _output_code()
     fw = getattr(entry, "compiled_fw", None)
     return isinstance(getattr(fw, "result", None), TpuOutputCode)
 
@@ -467,7 +474,7 @@ def serializable_compiler(compile_graph):
     serializable compiler AOTAutograd bundles into packages."""
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
-    from ._output_code import TpuOutputCode
+    TpuOutputCode = _output_code()
 
     def compile_output_code(gm, example_inputs):
         return TpuOutputCode(compile_graph(gm, example_inputs))

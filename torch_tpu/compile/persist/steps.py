@@ -61,6 +61,7 @@ from typing import Any
 
 from ...cache import store as _store
 from .artifacts import artifact_store
+from ...precision import get_matmul_precision
 
 FORMAT = 1
 _MAX_CONST = 4096      # tensor values hashed into the key up to this size
@@ -381,8 +382,6 @@ def step_key(fn: Any, modules: list, optimizers: list, options: dict | None, inp
              local_key: tuple) -> str:
     """The store key of one traced step; raises Unkeyable."""
     import torch
-
-    from ...precision import get_matmul_precision
 
     local = repr(local_key)
     if " at 0x" in local:

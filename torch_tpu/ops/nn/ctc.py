@@ -14,6 +14,8 @@ from jax import lax
 
 from ..registry import lower
 from ._common import _meta_list
+from ..reductions import type_name
+from .. import core
 
 aten = torch.ops.aten
 
@@ -45,8 +47,6 @@ def _ctc_lse3(a, b, c):
 
 def _ctc_check(log_probs, targets, blank):
     if log_probs.dtype not in (jnp.float32, jnp.float64):
-        from ..reductions import type_name
-
         raise NotImplementedError(
             f'"ctc_loss_cpu" not implemented for \'{type_name(log_probs.dtype)}\'')
     if not 0 <= blank < log_probs.shape[2]:
@@ -249,7 +249,7 @@ def _ctc_jax_op(kind, L, blank, zero_infinity):
     key = (kind, L, blank, zero_infinity)
     op = _CTC_JAX_OPS.get(key)
     if op is None:
-        from ...jax_op import jax_op
+        from ...jax_op import jax_op  # lazy: jax_op imports dynamo (the backend's load must not)
 
         if kind == "fwd":
             def fn(log_probs, targets, il, tl):
@@ -346,8 +346,6 @@ def _ctc_loss_backward_kernel(grad, log_probs, targets, input_lengths, target_le
 
 
 def _install_ctc_kernels():
-    from .. import core
-
     for op in (aten._ctc_loss.default, aten._ctc_loss.Tensor):
         core.KERNELS.setdefault(op, _ctc_loss_kernel)
     for op in (aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor):

@@ -9,6 +9,8 @@ import torch
 
 from ..opmath import opmath, upcast
 from ..registry import lower
+from ...device import random as tpu_random
+from .. import core
 
 aten = torch.ops.aten
 
@@ -18,8 +20,6 @@ aten = torch.ops.aten
 
 
 def _jax_key(rng_key):
-    from ...device import random as tpu_random
-
     return tpu_random.jax_key(rng_key)
 
 
@@ -64,8 +64,6 @@ def _rrelu_with_noise_inplace(self, noise, lower=0.125, upper=1.0 / 3.0, trainin
 
 
 def _install_rrelu_kernel():
-    from .. import core
-
     core.KERNELS.setdefault(aten.rrelu_with_noise_.default, _rrelu_with_noise_inplace)
 
 

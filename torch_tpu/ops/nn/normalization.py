@@ -12,6 +12,8 @@ from jax import lax
 from ..opmath import opmath, upcast
 from ..registry import lower
 from ._common import _meta_list
+from ...runtime import executor
+from .. import core
 
 aten = torch.ops.aten
 
@@ -76,8 +78,6 @@ def _layer_norm_kernel(input, normalized_shape, weight, bias, eps):
     dtype for mean/rstd. CPU keeps them in the input's dtype (float32 only for a
     half input with float32 weight or bias); PyTorch's meta function, which
     sizes the lowering's outputs, says float32 for half inputs always."""
-    from ...runtime import executor
-
     out, mean, rstd = executor.runner_for(aten.native_layer_norm.default)(
         input, normalized_shape, weight, bias, eps)
     dt = _bn_stat_dtype(input, weight, bias)
@@ -89,7 +89,6 @@ def _layer_norm_kernel(input, normalized_shape, weight, bias, eps):
 def _install_layer_norm_kernel():
     # Takes the op's PrivateUse1 slot in place of the runner (the lowering stays
     # in the table for graphs).
-    from .. import core
 
     core.KERNELS.setdefault(aten.native_layer_norm.default, _layer_norm_kernel)
 
@@ -355,8 +354,6 @@ def _bn_cpu_stats(out, input, params, training):
 def _bn_kernels():
     """PrivateUse1 kernels of the batch-norm overloads: the lowering's runner,
     then CPU's saved-statistics conventions (`_bn_cpu_stats`)."""
-    from ...runtime import executor
-
     def legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
         out = executor.runner_for(aten._native_batch_norm_legit.default)(
             input, weight, bias, running_mean, running_var, training, momentum, eps)
@@ -395,7 +392,6 @@ def _bn_kernels():
 def _install_bn_kernels():
     # Kernels in `core.KERNELS` take the op's PrivateUse1 slot in place of the
     # lowering's runner (the lowering stays in the table for graphs).
-    from .. import core
 
     for op, fn in _bn_kernels().items():
         core.KERNELS.setdefault(op, fn)
