@@ -165,7 +165,7 @@ def test_cache_byte_cap_evicts(monkeypatch):
         torch.ones(n + 300, device="tpu") + 1
     # A bound of about three of these executables (their measured sizes).
     cap = 3 * max(programs.ENTRY_BYTES.values())
-    monkeypatch.setattr(programs, "_byte_cap", [cap])  # the program cache's bound
+    monkeypatch.setattr(programs, "byte_capacity", lambda: cap)  # the program cache's bound
     ev0 = executor.STATS.evictions
     for n in range(3, 10):
         torch.ones(n + 300, device="tpu") + 1
