@@ -233,7 +233,8 @@ _SIDE_BY_SIDE_JS = """
 return Array.from(document.querySelectorAll('.hlo-side-by-side')).map(grid => {
   const cols = Array.from(grid.querySelectorAll(':scope > div'));
   return cols.map(c => {
-    const pre = c.querySelector('pre');
+    // a program's <pre>, or a drawn graph's scroll box (hlo_view.fusions_beside_hlo)
+    const pre = c.querySelector('pre') || c.querySelector('div[style*=overflow]') || c;
     const r = c.getBoundingClientRect(), p = pre.getBoundingClientRect();
     const st = getComputedStyle(pre);
     return {left: r.left, right: r.right, pre_left: p.left, pre_right: p.right,
