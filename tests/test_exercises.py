@@ -38,6 +38,8 @@ CASES = [
     ("check_cache_key", "x with one more row", "x + 2.0 instead of x + 1.0"),
     ("check_compute_bound", (4096, "float32"), (256, "float32")),
     ("check_softmax_bound", "memory", "compute"),
+    ("check_recompile_cause", "scalar type", "static value"),
+    ("check_parity_layer", "clip", "head"),
     ("check_ddp_collective", "all_reduce", "all_gather"),
     ("check_ddp_bytes", 1284, 321),
     ("check_gpt_params", 85728, 85000),
@@ -119,7 +121,7 @@ def test_show_renders_each_kind():
 # --------------------------------------------------------------------------
 # the notebooks
 
-IN_SCOPE = ["01", "02", "03", "04", "05", "07", "08", "09", "10"]
+IN_SCOPE = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
 _CHECK_REF = re.compile(r"ex\.check\(ex\.(check_\w+)")
 
 

@@ -412,6 +412,112 @@ def _(mo):
     return
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Exercises
+
+    Answer in the controls below. Each check *measures* the answer by running
+    torch_tpu here (the recompile report of `explain_recompiles()`, the
+    per-layer differences of `parity()`) and says whether yours is right, and
+    why. The solutions are folded away under each exercise.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import exercises as ex  # guide/notebooks/exercises.py: the checks
+
+    return (ex,)
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 1 · why did the multiply compile again?
+
+    `n` is a batch size this process has not used yet. After the first step,
+    which cause does `torch_tpu.debug.explain_recompiles()` name for
+    **`aten.mul.Tensor`** (the `h * scale`) over the last three steps? To see
+    for yourself, run the block in a cell of your own and print
+    `explain_recompiles(events=...)` of the events after the first step, as in
+    section 6.
+    """), ex.code(ex.RECOMPILE_BLOCK)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    recompile_answer = mo.ui.dropdown(ex.RECOMPILE_OPTIONS, value=None,
+                                      label="cause named for aten.mul.Tensor")
+    recompile_answer
+    return (recompile_answer,)
+
+
+@app.cell
+def _(ex, recompile_answer):
+    ex.show(ex.check(ex.check_recompile_cause, recompile_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **scalar type**: `h * 2` compiles again with
+        `arg 1 (other) value runtime float -> runtime int`. A Python number's
+        value is a runtime input of the program, so 0.5 and 1.5 share one
+        program; its type is part of the key, so `2` (an int) needs another.
+        Dropout's new `p` recompiles `aten.native_dropout.default` (a *static
+        value*, baked into its program), not the multiply, whose inputs did not
+        change. The fix the hint gives: pass one Python type (`2.0`).
+    """)})
+    return
+
+
+@app.cell(hide_code=True)
+def _(ex, mo):
+    mo.vstack([mo.md(r"""
+    ### Exercise 2 · which layer diverges?
+
+    This model calls two custom ops, `torch.ops.guide_ex06.swish` and
+    `torch.ops.guide_ex06.softclip`, each with a CPU kernel and a lowering
+    for `tpu`. Its output on `tpu` is not the CPU's. Which layer is the
+    **first** to diverge? In a cell of your own: `import collections` and
+    `import exercises as ex`, run the block, then
+    `print(torch_tpu.debug.parity(make_model(), x))` (section 4).
+    """), ex.code(ex.PARITY_BLOCK)])
+    return
+
+
+@app.cell
+def _(ex, mo):
+    ex.parity_ops()  # defines torch.ops.guide_ex06.*
+    parity_answer = mo.ui.dropdown(ex.PARITY_OPTIONS, value=None, label="first layer to diverge")
+    parity_answer
+    return (parity_answer,)
+
+
+@app.cell
+def _(ex, parity_answer):
+    ex.show(ex.check(ex.check_parity_layer, parity_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **`clip`**: `parity` shows `embed`, `act` and `proj` equal to the CPU
+        (within float rounding) and `clip` off by about 1e-2; `norm` and `head`
+        differ too, but only because their input already does. Look for the
+        *first* divergence (`report.first_divergence(atol=1e-4, rtol=1e-3)`),
+        not the output where you notice it. The bug is in `softclip`'s
+        lowering: a hard `jnp.clip(x, -2, 2)` where the CPU kernel computes
+        `2 * tanh(x / 2)`.
+    """)})
+    return
+
+
 @app.cell
 def test_metrics(step_capture):
     m = step_capture.metrics

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import sys
 import textwrap
 import traceback
 import warnings
@@ -525,6 +526,143 @@ def check_cache_key(answer) -> Verdict:
     if results[answer]:
         return Verdict(True, why)
     return Verdict(False, f"'{answer}' is a cache hit. {why}")
+
+
+# --------------------------------------------------------------------------
+# 06 · debugging
+
+
+RECOMPILE_BLOCK = """\
+lin = torch.nn.Linear(16, 16).to("tpu")
+
+def step(p, scale):
+    h = torch.nn.functional.dropout(lin(torch.randn(n, 16, device="tpu")), p=p)
+    return (h * scale).sum().item()
+
+step(0.1, 0.5)       # the first step compiles every op
+step(0.3, 0.5)       # dropout's p changes
+step(0.3, 2)         # the scale is 2, not 2.0
+step(0.3, 1.5)       # and a float again
+"""
+RECOMPILE_OPTIONS = ["shape", "dtype", "static value", "scalar type",
+                     "nothing: it does not compile again"]
+RECOMPILE_OP = "aten.mul.Tensor"
+
+
+def check_recompile_cause(answer) -> Verdict:
+    """06: the cause `explain_recompiles()` names for RECOMPILE_OP in RECOMPILE_BLOCK's
+    steps after the first (run on a fresh batch size, so the first step compiles)."""
+    import torch_tpu.debug as dbg
+
+    ns: dict = {"torch": torch, "n": _fresh()}
+    first, rest = RECOMPILE_BLOCK.split("# the first step compiles every op\n")
+    exec(first, ns)
+    torch.tpu.synchronize()
+    n_before = len(dbg.compile_log())
+    exec(rest, ns)
+    report = dbg.explain_recompiles(events=dbg.compile_log()[n_before:])
+    evs = report.groups.get(RECOMPILE_OP, [])
+    causes = list(dict.fromkeys(c for ev in evs for c in ev.reason.causes))
+    truth = causes[0] if len(causes) == 1 else (RECOMPILE_OPTIONS[-1] if not causes else None)
+    lines = "; ".join(f"`{name}`: {', '.join(str(ev.reason) for ev in group)}"
+                      for name, group in report.groups.items())
+    why = (f"`explain_recompiles()` of the last three steps: {lines or 'no recompiles'}. "
+           "A Python number's *value* is a runtime input of the program (0.5 -> 1.5 compiles "
+           "nothing), its *type* is part of the key: `2` is an int, so `h * 2` compiles "
+           "again, and `1.5` hits the float program. dropout's `p` is a static value of "
+           "`native_dropout`'s program, not of the multiply.")
+    if truth is not None and str(answer) == truth:
+        return Verdict(True, why)
+    return Verdict(False, f"The report names {', '.join(f'`{c}`' for c in causes) or 'nothing'} "
+                          f"for `{RECOMPILE_OP}`, not `{answer}`. {why}")
+
+
+_PARITY_LIB = None
+
+
+def parity_ops():
+    """guide_ex06::{swish, softclip}: a CPU kernel each and a lowering each; softclip's
+    lowering is wrong on purpose (a hard clip where the CPU kernel is a soft one)."""
+    global _PARITY_LIB
+    if _PARITY_LIB is None:
+        import jax
+        import jax.numpy as jnp
+
+        from torch_tpu.ops.registry import lower
+
+        lib = torch.library.Library("guide_ex06", "DEF")
+        lib.define("swish(Tensor x) -> Tensor")
+        lib.define("softclip(Tensor x) -> Tensor")
+        lib.impl("swish", lambda x: x * torch.sigmoid(x), "CPU")
+        lib.impl("softclip", lambda x: 2 * torch.tanh(x / 2), "CPU")
+        lib.impl("swish", torch.empty_like, "Meta")
+        lib.impl("softclip", torch.empty_like, "Meta")
+
+        @lower(torch.ops.guide_ex06.swish.default)
+        def _swish(x):
+            return x * jax.nn.sigmoid(x)
+
+        @lower(torch.ops.guide_ex06.softclip.default)
+        def _softclip(x):  # the planted bug: 2 * tanh(x / 2) on the CPU
+            return jnp.clip(x, -2.0, 2.0)
+
+        _PARITY_LIB = lib
+    return torch.ops.guide_ex06
+
+
+class CustomOp(torch.nn.Module):
+    """A layer that calls one op of guide_ex06 (see parity_ops)."""
+
+    def __init__(self, op: str):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return getattr(parity_ops(), self.op)(x)
+
+    def extra_repr(self) -> str:
+        return f"guide_ex06.{self.op}"
+
+
+PARITY_BLOCK = """\
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(collections.OrderedDict([
+        ("embed", torch.nn.Linear(16, 32)),
+        ("act", ex.CustomOp("swish")),       # torch.ops.guide_ex06.swish
+        ("proj", torch.nn.Linear(32, 32)),
+        ("clip", ex.CustomOp("softclip")),   # torch.ops.guide_ex06.softclip
+        ("norm", torch.nn.LayerNorm(32)),
+        ("head", torch.nn.Linear(32, 4)),
+    ]))
+
+x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+"""
+PARITY_OPTIONS = ["embed", "act", "proj", "clip", "norm", "head"]
+
+
+def check_parity_layer(answer) -> Verdict:
+    """06: the first layer of PARITY_BLOCK's model whose tpu output differs from the CPU's
+    (debug.parity, first_divergence)."""
+    import collections
+
+    import torch_tpu.debug as dbg
+
+    parity_ops()
+    ns: dict = {"torch": torch, "collections": collections, "ex": sys.modules[__name__]}
+    exec(PARITY_BLOCK, ns)
+    report = dbg.parity(ns["make_model"](), ns["x"])
+    first = report.first_divergence(atol=1e-4, rtol=1e-3)
+    truth = first.name if first is not None else None
+    diffs = ", ".join(f"`{r.name}` {r.max_abs:.1e}" for r in report.rows if r.name)
+    why = (f"`torch_tpu.debug.parity(make_model(), x)` measured the largest difference per "
+           f"layer: {diffs}. Every layer after the first bad one differs too (it gets a "
+           "different input), so the culprit is the *first* divergence, not the output where "
+           "you notice it: `first_divergence()` names it. Here `softclip`'s lowering is a hard "
+           "clip, where its CPU kernel is `2 * tanh(x / 2)`.")
+    if truth is not None and str(answer) == truth:
+        return Verdict(True, why)
+    return Verdict(False, f"The first layer that diverges is `{truth}`, not `{answer}`. {why}")
 
 
 # --------------------------------------------------------------------------
