@@ -195,3 +195,24 @@ def test_compiled_graph_shape_change_has_dynamo_guard_and_bucket():
     hints = report.hints(reason.group)
     assert "mark_dynamic" in hints["guard"]
     assert "TORCH_TPU_BUCKETS" in hints["bucket"]
+
+
+def test_capture_lists_a_blocks_compiles_when_the_log_is_full(monkeypatch):
+    """The log keeps its newest events only: a block's compiles come from
+    capture().compiles (event numbers), not from the log's length, which stops
+    growing once it is full (CI's long-lived workers hit this)."""
+    import collections
+
+    from torch_tpu.debug import _events
+
+    monkeypatch.setattr(_events, "_events", collections.deque(maxlen=3))
+    for n in range(4, 8):  # fills the log
+        tpu(n, 3) * 2
+    assert len(dbg.compile_log()) == 3
+    with dbg.capture() as cap:
+        tpu(9, 3) * 2
+        tpu(9, 3) * 2  # a hit: compiles nothing
+    names = [ev.name for ev in cap.compiles]
+    assert names.count("aten.mul.Tensor") == 1, names
+    assert dbg.compile_log(since=cap.compiles[-1].seq) == []
+    assert len(dbg.compile_log()) == 3

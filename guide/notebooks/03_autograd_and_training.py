@@ -150,16 +150,16 @@ def _(dbg, lr, make_mlp, optimizer_name, steps, test_x, test_y, time, torch, tra
     losses, test_losses, step_times, step_compiles = [], [], [], []
     dbg.reset_metrics()
     for _step in range(steps.value):
-        _n0 = len(dbg.compile_log())
         _t0 = time.perf_counter()
-        _idx = torch.randint(0, _xs.shape[0], (64,), device="tpu")
-        loss = torch.nn.functional.mse_loss(model(_xs[_idx]), _ys[_idx])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with dbg.capture() as _cap:               # _cap.compiles: what this step compiled
+            _idx = torch.randint(0, _xs.shape[0], (64,), device="tpu")
+            loss = torch.nn.functional.mse_loss(model(_xs[_idx]), _ys[_idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
         losses.append(loss)                       # stays on the device: no sync per step
         step_times.append(time.perf_counter() - _t0)
-        step_compiles.append(len(dbg.compile_log()) - _n0)
+        step_compiles.append(len(_cap.compiles))
         if _step % 20 == 19 or _step == steps.value - 1:
             with torch.no_grad():
                 test_losses.append((_step + 1, torch.nn.functional.mse_loss(model(_tx), _ty)))

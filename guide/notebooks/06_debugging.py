@@ -150,15 +150,15 @@ def _(cnn, dbg, io, logging, torch):
     _logger.addHandler(_handler)
     _logger.setLevel(logging.INFO)     # what set_log("compile") does, minus its stderr handler
     _logger.propagate = False
-    _n_before = len(dbg.compile_log())
     try:
-        _out = cnn(torch.randn(5, 3, 16, 16, device="tpu"))   # batch 5: new shapes
-        _out.sum().item()
+        with dbg.capture() as _cap:      # _cap.compiles: the compile events of the block
+            _out = cnn(torch.randn(5, 3, 16, 16, device="tpu"))   # batch 5: new shapes
+            _out.sum().item()
     finally:
         _logger.removeHandler(_handler)
         _logger.setLevel(_saved[0])
         _logger.propagate = _saved[1]
-    recompile_events = dbg.compile_log()[_n_before:]
+    recompile_events = _cap.compiles
     compile_log_text = _stream.getvalue()
     print(f"{len(recompile_events)} programs compiled for batch 5; the first lines of the log:\n")
     print("\n".join(compile_log_text.splitlines()[:8]))
@@ -392,10 +392,10 @@ def _(dbg, torch):
         return (_h * scale).sum().item()
 
     _step(8, 0.1, 0.5)                        # the first step compiles as always
-    _n_before = len(dbg.compile_log())
-    for _batch, _p, _scale in [(8, 0.1, 0.7), (12, 0.1, 0.9), (12, 0.2, 1.1)]:
-        _step(_batch, _p, _scale)
-    recompile_report = dbg.explain_recompiles(events=dbg.compile_log()[_n_before:])
+    with dbg.capture() as _cap:
+        for _batch, _p, _scale in [(8, 0.1, 0.7), (12, 0.1, 0.9), (12, 0.2, 1.1)]:
+            _step(_batch, _p, _scale)
+    recompile_report = dbg.explain_recompiles(events=_cap.compiles)
     print(recompile_report)
     return (recompile_report,)
 

@@ -558,9 +558,9 @@ def check_recompile_cause(answer) -> Verdict:
     first, rest = RECOMPILE_BLOCK.split("# the first step compiles every op\n")
     exec(first, ns)
     torch.tpu.synchronize()
-    n_before = len(dbg.compile_log())
-    exec(rest, ns)
-    report = dbg.explain_recompiles(events=dbg.compile_log()[n_before:])
+    with dbg.capture() as cap:
+        exec(rest, ns)
+    report = dbg.explain_recompiles(events=cap.compiles)
     evs = report.groups.get(RECOMPILE_OP, [])
     causes = list(dict.fromkeys(c for ev in evs for c in ev.reason.causes))
     truth = causes[0] if len(causes) == 1 else (RECOMPILE_OPTIONS[-1] if not causes else None)

@@ -109,7 +109,8 @@ def reset_metrics() -> None:
 class Capture:
     """The metrics of one block; `.metrics` is filled when the block exits.
 
-    While the block runs, `.current()` gives the metrics so far.
+    While the block runs, `.current()` gives the metrics so far; `.compiles`
+    lists the compile events (CompileEvent) recorded in the block.
     """
 
     def __init__(self, sync: bool = False, timing: bool | None = None):
@@ -118,6 +119,8 @@ class Capture:
         self.metrics = None
         self._start = None
         self._mode = None
+        self._seq = 0
+        self._compiles: list | None = None
 
     def _mode_name(self):
         return "sync" if self.sync else ("dispatch" if self.timing else None)
@@ -129,6 +132,7 @@ class Capture:
     def __enter__(self):
         if self.sync:
             module.synchronize()
+        self._seq = _events.last_seq()
         self._start = metrics.snapshot()
         if self.timing:
             self._mode = OpTimer(sync=self.sync)
@@ -140,7 +144,13 @@ class Capture:
             self._mode.__exit__(*exc)
             self._mode = None
         self.metrics = self.current()
+        self._compiles = _events.events(since=self._seq)
         return False
+
+    @property
+    def compiles(self) -> list:
+        """The CompileEvents of the block (so far, while it runs), oldest first."""
+        return self._compiles if self._compiles is not None else _events.events(since=self._seq)
 
     def report(self) -> str:
         return metrics_report(self.metrics if self.metrics is not None else self.current())
@@ -267,14 +277,18 @@ def fallback_report() -> FallbackReport:
 # compile log
 
 
-def compile_log(kind: str | None = None, name: str | None = None) -> list:
+def compile_log(kind: str | None = None, name: str | None = None, since: int = 0) -> list:
     """Recorded compile events (CompileEvent), oldest first.
+
+    The log keeps the newest 10,000: to see what one block compiled, use
+    `capture()`'s `.compiles` (or `since=` an event's `seq`), not the log's
+    length, which stops growing when it is full.
 
     Each has seq, name, key_hash, kind ('op'|'graph'|'other'), tier
     ('compile'|'disk'), seconds, program_bytes, time, and `.program` (a
     Program: optimized HLO, cost, memory) for the most recent ones.
     """
-    return _events.events(kind=kind, name=name)
+    return _events.events(kind=kind, name=name, since=since)
 
 
 def clear_compile_log() -> None:

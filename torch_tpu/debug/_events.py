@@ -240,16 +240,25 @@ def _warn_dump_once(dump_dir, e):
 # the log
 
 
-def events(kind: str | None = None, name: str | None = None) -> list:
-    """The recorded CompileEvents (oldest first), optionally filtered."""
+def events(kind: str | None = None, name: str | None = None, since: int = 0) -> list:
+    """The recorded CompileEvents (oldest first), optionally filtered; `since`:
+    only those after the event numbered `since` (a `last_seq()` taken before)."""
     programs.settle()  # compiles still running are recorded first
     with _lock:
-        evs = list(_events)
+        evs = [e for e in _events if e.seq > since] if since else list(_events)
     if kind is not None:
         evs = [e for e in evs if e.kind == kind]
     if name is not None:
         evs = [e for e in evs if e.name == name]
     return evs
+
+
+def last_seq() -> int:
+    """The number of the newest event (0 before any): a mark for `events(since=)`,
+    which stays right when the log is full and drops its oldest."""
+    programs.settle()
+    with _lock:
+        return _seq
 
 
 def clear() -> None:
