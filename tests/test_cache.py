@@ -776,7 +776,7 @@ def test_write_failure_stops_writing_for_the_process(cache_dir, monkeypatch, err
         calls.append(fname)
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(store_mod, "_write_atomic", failing_write)
+    monkeypatch.setattr(store_mod, "write_atomic", failing_write)
     s = cache.disk_store()
     errors = s.stats.write_errors
     with warnings.catch_warnings(record=True) as record:

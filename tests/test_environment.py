@@ -208,7 +208,7 @@ SCRIPT = textwrap.dedent("""
         from torch_tpu.compile import backend
 
         backend.register()
-        table = backend._decompositions()
+        table = backend.decompositions()
         return {
             "inductor_redirected": bool(getattr(torch._TorchCompileInductorWrapper.__call__,
                                                 "_torch_tpu", False)),

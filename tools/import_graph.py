@@ -28,11 +28,20 @@ It reads the source only (nothing is imported) and reports
   import a, b` counts two, `from .m import a, b` one). They are for laziness
   only (start-up cost, an optional dependency), each with a one-line reason
   on its line or the line above: a comment starting `# lazy:` or
-  `# optional:`. At most FUNCTION_LOCAL_BUDGET of them.
+  `# optional:`. At most FUNCTION_LOCAL_BUDGET of them;
+- **uses of another module's private names**: `from torch_tpu.m import _name`
+  (or `from .m import _name`), and `alias._name` where `alias` is a name an
+  import binds to a torch_tpu module anywhere in the file (`from . import m as
+  alias`, `import torch_tpu.m`, through `alias.sub._name` too), `_name` not a
+  dunder. A name other modules use is part of its module's surface: public,
+  with a docstring saying what for. A private submodule (`ops/nn/_common.py`)
+  is private to its package: its siblings may import it, other packages may
+  not. Each (module, name) is reported once, at its first use.
 
 `--check` fails on a cycle, an upward edge, a function-local import over the
-budget or one without its reason. Written for issue 15 (one clean runtime
-layer), extended for issue 36 (imports go down).
+budget or one without its reason, or a use of another module's private name.
+Written for issue 15 (one clean runtime layer), extended for issue 36
+(imports go down, no private names across modules).
 """
 
 from __future__ import annotations
@@ -65,6 +74,19 @@ def _modules(pkg_dir: str) -> dict[str, str]:
             if rel[-1] == "__init__":
                 rel = rel[:-1]
             out[".".join(rel)] = path
+    return out
+
+
+def _extension_modules(pkg_dir: str) -> set[str]:
+    """Modules with no .py source: compiled extensions, named by their .pyi stub."""
+    base = os.path.dirname(os.path.abspath(pkg_dir))
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(pkg_dir):
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "__pycache__"))]
+        for f in filenames:
+            if f.endswith(".pyi"):
+                out.add(".".join(os.path.relpath(os.path.join(dirpath, f), base)[:-4]
+                                 .split(os.sep)))
     return out
 
 
@@ -134,6 +156,97 @@ class _Collector(ast.NodeVisitor):
             self._add(sub if sub in self.modules else base, node.lineno)
 
 
+def _private(name: str) -> bool:
+    """A private name: one leading underscore, not a dunder (`__version__`)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _inside(mod: str, pkg: str) -> bool:
+    """`mod` is the package `pkg` itself or one of the modules under it."""
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+class _PrivateUses(ast.NodeVisitor):
+    """Uses of another torch_tpu module's private names in one module.
+
+    A name is bound to a torch_tpu module by an import anywhere in the module
+    (`import torch_tpu.x`, `from . import x as alias`, in a function or under
+    `if TYPE_CHECKING:` alike). A use is `from <module> import _name` or
+    `alias._name` (`torch_tpu.x._name` through the chain) where `_name` is
+    not a submodule: a private name of that module. A private submodule
+    (`ops/nn/_common.py`) is private to its package: a module inside that
+    package may import it, one outside may not.
+    """
+
+    def __init__(self, module: str, is_pkg: bool, modules: set[str]):
+        self.module = module
+        self.package = module if is_pkg else module.rpartition(".")[0]
+        # Modules and the packages holding them (runtime/ has no __init__.py).
+        self.modules = modules | {m.rsplit(".", i)[0] for m in modules
+                                  for i in range(1, m.count(".") + 1)}
+        self.aliases: dict[str, str] = {}  # local name -> torch_tpu module it is bound to
+        self.found: dict[tuple[str, str], int] = {}  # (module, name) -> first line
+
+    def _use(self, target: str, name: str, line: int):
+        # `name` reached through the module `target`.
+        sub = f"{target}.{name}"
+        if sub in self.modules:
+            if _private(name) and not _inside(self.module, target):
+                self.found.setdefault((target, name), line)  # another package's private module
+        elif _private(name) and target != self.module:
+            self.found.setdefault((target, name), line)
+
+    def _via(self, dotted: str, line: int):
+        # Each private module on the way of `import a._b.c` / `from a._b import c`.
+        parts = dotted.split(".")
+        for i in range(1, len(parts)):
+            self._use(".".join(parts[:i]), parts[i], line)
+
+    def visit_Import(self, node):
+        for a in node.names:
+            if a.name == ROOT or a.name.startswith(ROOT + "."):
+                self._via(a.name, node.lineno)
+                if a.asname:
+                    self.aliases[a.asname] = a.name
+                else:
+                    self.aliases[a.name.split(".")[0]] = ROOT
+
+    def visit_ImportFrom(self, node):
+        if node.level:
+            parts = self.package.split(".")
+            if node.level > 1:
+                parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts)
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        if base not in self.modules:
+            return
+        self._via(base, node.lineno)
+        for a in node.names:
+            if a.name == "*":
+                continue
+            self._use(base, a.name, node.lineno)
+            if f"{base}.{a.name}" in self.modules:
+                self.aliases[a.asname or a.name] = f"{base}.{a.name}"
+
+    def _resolve(self, node) -> str | None:
+        # The torch_tpu module an expression (`alias`, `alias.sub`) names, if any.
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._resolve(node.value)
+            if base is not None and f"{base}.{node.attr}" in self.modules:
+                return f"{base}.{node.attr}"
+        return None
+
+    def visit_Attribute(self, node):
+        base = self._resolve(node.value)
+        if base is not None:
+            self._use(base, node.attr, node.lineno)
+        self.generic_visit(node)
+
+
 def read_layers(doc: str) -> list[list[str]]:
     """The ```layers block of `doc`: one list of names per layer, bottom first."""
     layers: list[list[str]] = []
@@ -168,6 +281,8 @@ def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
     modules = _modules(pkg_dir)
     imports: dict[str, list] = {}
     reasons: dict[tuple, bool] = {}
+    private_uses: list[tuple[str, int, str, str]] = []  # (module, line, target, name)
+    extensions = _extension_modules(pkg_dir)
     for mod, path in modules.items():
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -175,6 +290,10 @@ def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
         c = _Collector(mod, path.endswith("__init__.py"), modules, text.splitlines())
         c.visit(tree)
         imports[mod] = c.found
+        pu = _PrivateUses(mod, path.endswith("__init__.py"), set(modules) | extensions)
+        pu.visit(tree)
+        private_uses.extend((mod, line, target, name)
+                            for (target, name), line in pu.found.items())
         for line, ok in c.reasons.items():
             reasons[(mod, line)] = ok
 
@@ -254,6 +373,8 @@ def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
         "upward_edges": [{"from": m, "line": line, "to": t, "kind": k}
                          for m, line, t, k in sorted(upward)],
         "unlisted_modules": unlisted,
+        "private_uses": [{"from": m, "line": line, "module": t, "name": n}
+                         for m, line, t, n in sorted(private_uses)],
         "module_cycles": [sorted(c) for c in sccs],
         "subpackage_cycles": [sorted(c) for c in sub_sccs],
         "subpackage_cycle_edges": [{"from": a, "to": b, "via": f"{w[0]} -> {w[1]}"}
@@ -313,11 +434,13 @@ def main(argv=None) -> int:
     p.add_argument("package", nargs="?",
                    default=os.path.join(os.path.dirname(os.path.dirname(
                        os.path.abspath(__file__))), ROOT))
-    p.add_argument("--list", action="store_true", help="print every function-local import")
+    p.add_argument("--list", action="store_true", help="print every function-local import "
+                   "(private-name uses are printed always)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--check", action="store_true",
                    help="exit 1 on a cycle, an upward edge, a function-local import without "
-                        f"its reason or more than {FUNCTION_LOCAL_BUDGET} of them")
+                        f"its reason or more than {FUNCTION_LOCAL_BUDGET} of them, or a use of "
+                        "another module's private name")
     p.add_argument("--layers", default=None,
                    help=f"the document with the ```layers block (default: {LAYERS_DOC})")
     args = p.parse_args(argv)
@@ -346,6 +469,9 @@ def main(argv=None) -> int:
         print(f"modules in no layer: {', '.join(r['unlisted_modules'])}")
     print(f"function-local imports without a '# lazy:' / '# optional:' reason: "
           f"{len(r['function_local_without_reason'])}")
+    print(f"uses of another module's private names: {len(r['private_uses'])}")
+    for u in r["private_uses"]:
+        print(f"  {u['from']}:{u['line']} -> {u['module']}.{u['name']}")
     if args.list:
         print("function-local imports:")
         missing = set(map(tuple, r["function_local_without_reason"]))
@@ -368,6 +494,8 @@ def _verdict(r: dict, check: bool, quiet: bool = False) -> int:
     if r["function_local_imports"] > FUNCTION_LOCAL_BUDGET:
         failures.append(f"{r['function_local_imports']} function-local imports "
                         f"(budget {FUNCTION_LOCAL_BUDGET})")
+    if r["private_uses"]:
+        failures.append(f"{len(r['private_uses'])} uses of another module's private names")
     if r["function_local_without_reason"]:
         failures.append(f"{len(r['function_local_without_reason'])} function-local imports "
                         "without a reason comment")

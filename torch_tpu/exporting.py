@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from .runtime import loading
-from .compile.backend import _decompositions
+from .compile.backend import decompositions
 from .ops import registry
 from .compile import graph_ops
 from .compile.lowering import GraphProgram
 from .runtime import storage as st
-from .compile.lowering import _const_value, no_host_callbacks
+from .compile.lowering import const_value, no_host_callbacks
 from .compile.lowering import SymEnv
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def export(fn_or_module: torch.nn.Module | Callable, args: tuple,
         # nothing the caller can act on
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated",
                                 category=FutureWarning)
-        ep = ep.run_decompositions(_decomposition_table(_decompositions()))
+        ep = ep.run_decompositions(_decomposition_table(decompositions()))
     ep = _decompose_unlowered(ep)
     _drop_runtime_asserts(ep.graph_module)
     plan = _Plan(ep, module, args, kwargs, dynamic_shapes, params)
@@ -360,7 +360,7 @@ class _Plan:
             raise NotImplementedError(
                 f"torch_tpu.export: the graph has a random op ({op}); exported programs are "
                 "deterministic (export the inference path: module.eval())")
-        consts_graph = [_const_value(v) for _, v in program.constants]
+        consts_graph = [const_value(v) for _, v in program.constants]
         placeholders = program.placeholders
         plan = self
 

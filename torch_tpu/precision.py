@@ -55,9 +55,9 @@ import jax
 import torch
 
 try:  # the State object: reading its value is ~40 ns (cache_token is on the hot path)
-    from jax._src.config import default_matmul_precision as _jax_precision_state
+    from jax._src.config import default_matmul_precision as JAX_PRECISION_STATE
 except Exception:  # pragma: no cover - JAX moved it
-    _jax_precision_state = None
+    JAX_PRECISION_STATE = None
 
 PRECISIONS = ("default", "high", "highest")
 
@@ -122,8 +122,8 @@ def _from_torch() -> str:
 
 
 def _raw():
-    if _jax_precision_state is not None:
-        return _jax_precision_state.value
+    if JAX_PRECISION_STATE is not None:
+        return JAX_PRECISION_STATE.value
     return jax.config.jax_default_matmul_precision
 
 

@@ -29,7 +29,7 @@ import os
 import time
 
 import jax
-from .debug._timing import OpTimer
+from .debug.timing import OpTimer
 from .device import module
 
 _active = None

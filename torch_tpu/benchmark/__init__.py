@@ -47,7 +47,7 @@ import warnings
 
 import torch
 from torch.utils import _pytree as pytree
-from ..debug._timing import block
+from ..debug.timing import block
 from ..runtime import executor
 from ..debug import lower
 from ..debug.roofline import host_peaks, reference_peaks

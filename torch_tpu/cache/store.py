@@ -248,8 +248,8 @@ class DiskStore:
                 self.reason = "disabled"
                 return
             path = os.path.join(root, SUBDIR)
-            problem = _prepare_dir(path)
-            if problem == "not writable" and _check_readable(path) is None:
+            problem = prepare_dir(path)
+            if problem == "not writable" and check_readable(path) is None:
                 # A read-only directory still serves what it holds.
                 self.path = path
                 self.reason = "read-only"
@@ -284,7 +284,7 @@ class DiskStore:
             if self.path is not None and _same_dir(path, self.path):
                 self.shared_reason = "same as the local directory"
                 return
-            problem = _check_readable(root) or _check_readable(path)
+            problem = check_readable(root) or check_readable(path)
             if problem is not None:
                 self.shared_reason = problem
                 warn_once(f"shared:{path}", f"cannot use the shared directory {root!r} "
@@ -362,7 +362,7 @@ class DiskStore:
             if path is None:
                 continue
             fname = os.path.join(path, name)
-            blob, problem = _read_entry(fname, shared)
+            blob, problem = read_entry(fname, shared)
             if blob is None:
                 if problem is not None:
                     self._bad_entry(fname, problem, shared)
@@ -400,7 +400,7 @@ class DiskStore:
                   f"ignored {where} bad cache entry {os.path.basename(fname)} ({problem}); "
                   "the program is recompiled")
         if not shared and self.writable:
-            _remove(fname)
+            remove(fname)
             self._bytes_estimate = None
 
     def put(self, key: str, value: bytes, count: bool = True) -> None:
@@ -419,7 +419,7 @@ class DiskStore:
         fname = self.file_for(key)
         for attempt in (0, 1):
             try:
-                _write_atomic(fname, blob)
+                write_atomic(fname, blob)
                 break
             except OSError as e:
                 if attempt == 0 and self._heal(fname, e):
@@ -440,12 +440,12 @@ class DiskStore:
         """Remove what made writing `fname` fail, if it can be; True to retry."""
         if e.errno == errno.ENOENT:
             # The directory went away (removed by hand): make it again.
-            return _prepare_dir(os.path.dirname(fname)) is None
+            return prepare_dir(os.path.dirname(fname)) is None
         if os.path.lexists(fname) and not _is_file(fname):
             # A directory (or other non-file) sits at the entry's path.
             with self._lock:
                 self.stats.corrupt += 1
-            return _remove(fname)
+            return remove(fname)
         return False
 
     def _write_failed(self, e: OSError) -> None:
@@ -540,7 +540,7 @@ class DiskStore:
         with self._lock:
             entries, other = self._scan(self.path)
             for full in [e[0] for e in entries] + other:
-                if _remove(full):
+                if remove(full):
                     n += 1
             self._bytes_estimate = None
             # PyTorch's compile packages (torch_tpu.compile.persist.artifacts) beside it.
@@ -550,7 +550,7 @@ class DiskStore:
                     names = os.listdir(packages)
                 except OSError:
                     names = []
-                n += sum(_remove(os.path.join(packages, name)) for name in names)
+                n += sum(remove(os.path.join(packages, name)) for name in names)
         return n
 
     def info(self) -> dict:
@@ -580,8 +580,9 @@ class DiskStore:
         }
 
 
-def _prepare_dir(path: str) -> str | None:
-    """Create `path` (private) and check it is ours; the problem, or None."""
+def prepare_dir(path: str) -> str | None:
+    """Create `path` (private) and check it is ours; the problem, or None
+    (compile.persist's artifact stores prepare their directories with it)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as e:
@@ -660,8 +661,9 @@ def decode_entry(blob: bytes, key: str, env: dict, *, magic: bytes = MAGIC,
     return payload, None
 
 
-def _check_readable(path: str) -> str | None:
-    """Check an existing directory that is only read; the problem, or None."""
+def check_readable(path: str) -> str | None:
+    """Check an existing directory that is only read; the problem, or None
+    (also compile.persist's read-only artifact stores)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -685,8 +687,9 @@ def _same_dir(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _read_entry(fname: str, shared: bool) -> tuple[bytes | None, str | None]:
-    """(bytes, None), (None, None) when there is no entry, or (None, the problem).
+def read_entry(fname: str, shared: bool) -> tuple[bytes | None, str | None]:
+    """(bytes, None), (None, None) when there is no entry, or (None, the problem);
+    compile.persist reads its artifact entries with it too.
 
     Opened without blocking (a FIFO in an entry's place must not hang the
     process) and checked to be a regular file; a shared entry must also be
@@ -724,8 +727,9 @@ def _read_entry(fname: str, shared: bool) -> tuple[bytes | None, str | None]:
         os.close(fd)
 
 
-def _write_atomic(fname: str, blob: bytes) -> None:
-    """Write `blob` to a temporary file beside `fname`, then rename it into place."""
+def write_atomic(fname: str, blob: bytes) -> None:
+    """Write `blob` to a temporary file beside `fname`, then rename it into place
+    (compile.persist writes its artifact entries with it too)."""
     tmp = f"{fname}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -744,8 +748,9 @@ def _is_file(path: str) -> bool:
         return False
 
 
-def _remove(path: str) -> bool:
-    """Remove a file, link or directory tree at `path`; True if it is gone."""
+def remove(path: str) -> bool:
+    """Remove a file, link or directory tree at `path`; True if it is gone
+    (compile.persist drops rejected artifact entries with it)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:

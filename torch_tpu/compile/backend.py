@@ -73,8 +73,9 @@ def _core_table():
     return dict(_core_aten_decompositions_post_autograd())
 
 
-def _decompositions():
-    """Core-ATen decompositions, minus ops the lowering table runs directly.
+def decompositions():
+    """Core-ATen decompositions, minus ops the lowering table runs directly:
+    the table torch.compile's backend, compile_step's trace and export use.
 
     Built once per process (building PyTorch's table takes ~0.2 s) and
     rebuilt only if the lowering table grew since.
@@ -152,7 +153,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         fw_compiler=_compiler("forward", options, packaged, made),
         bw_compiler=_compiler("backward", options, packaged, made),
         inference_compiler=_compiler("inference", options, packaged),
-        decompositions=_decompositions(),
+        decompositions=decompositions(),
         partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )

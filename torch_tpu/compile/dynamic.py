@@ -156,7 +156,7 @@ class Policy:
         seen = {}
         for pos, d, sym in tensor_dims:
             t = args[pos]
-            if not isinstance(t, torch.Tensor) or _registered(t) is not None:
+            if not isinstance(t, torch.Tensor) or registered_spec(t) is not None:
                 continue
             seen[sym] = min(seen.get(sym, 1 << 62), int(t.shape[d]))
         for sym, v in seen.items():
@@ -184,7 +184,7 @@ class Policy:
             val = program.placeholders[pos].meta["val"]
             padded_shape = tuple(pad_env.int(s) for s in val.shape)
             true_shape = tuple(true_env.int(s) for s in val.shape)
-            reg = _registered(t)
+            reg = registered_spec(t)
             if reg is not None and tuple(reg[1]) == padded_shape and \
                     tuple(t.shape) == padded_shape:
                 arrays.append(st.data_of(t).array)
@@ -227,7 +227,7 @@ class Policy:
             arr = outs[spec[1]]
             t = st.wrap(arr, graph.device, spec[2])
             pspec = out_specs[spec[1]]
-            if padding._spec_masked(pspec):
+            if padding.spec_masked(pspec):
                 if _simple(pspec):
                     t = padding.true_view(
                         t, tuple(true_env.int(s) for s in nodes[i].meta["val"].shape))
@@ -271,7 +271,7 @@ class Policy:
                 if spec[0] != "array":
                     continue
                 ps = out_pad[i]
-                if padding._spec_masked(ps) and not _simple(ps) and i < graph.n_user_outputs:
+                if padding.spec_masked(ps) and not _simple(ps) and i < graph.n_user_outputs:
                     raise PadUnsafe("an output merges a padded dimension with another")
                 arr_outs.append(v)
                 arr_specs.append(ps)
@@ -304,7 +304,9 @@ def _spec_key(spec):
                  for d in spec)
 
 
-def _registered(t):
+def registered_spec(t):
+    """The padding spec registered for tpu tensor `t`'s value (None: none);
+    compile.graph reads the specs of a graph's padded inputs with it."""
     if not isinstance(t, torch.Tensor) or t.device.type != "tpu" or not st.has_data(t):
         return None
     return padding.SPECS.get(st.data_of(t))

@@ -36,7 +36,7 @@ from ..runtime import storage as st
 from . import dynamic as dyn
 from . import effects, graph_cache, graph_key, padding
 from .graph_cache import GRAPH_STATS, contiguous
-from .lowering import GraphProgram, LoweringError, SymEnv, _const_value
+from .lowering import GraphProgram, LoweringError, SymEnv, const_value
 from .outputs import wrap_outputs
 
 aten = torch.ops.aten
@@ -303,7 +303,7 @@ class CompiledGraph:
 
     def _run(self, args):
         if self.consts is None:
-            self.consts = [_const_value(v, self.device) for _, v in self.program.constants]
+            self.consts = [const_value(v, self.device) for _, v in self.program.constants]
         ints = [int(args[p]) for p in self.int_pos]
         if self.symbolic:
             # The policy reads the inputs itself (padded inputs are not re-read).
@@ -387,7 +387,7 @@ class CompiledGraph:
             return
         b_arrays, b_layouts = predicted[0], tuple(predicted[1])
         if bw.consts is None:
-            bw.consts = [_const_value(v, bw.device) for _, v in bw.program.constants]
+            bw.consts = [const_value(v, bw.device) for _, v in bw.program.constants]
         precision = graph_key.precision_token()
         token = graph_key.call_token(bw, b_arrays, b_layouts)
         key = bw.signature(b_arrays, []) + (b_layouts,)
@@ -466,7 +466,7 @@ class CompiledGraph:
     def _unpad_inputs(self, args, arrays):
         """Saved activations a padded graph produced padded, for an unpadded graph."""
         for i, p in enumerate(self.tensor_pos):
-            reg = dyn._registered(args[p])
+            reg = dyn.registered_spec(args[p])
             if reg is not None:
                 arrays[i] = padding.unpad(arrays[i], reg[0], reg[2])
 

@@ -312,16 +312,17 @@ def _complex_view(g, a):
 
 @graph_op(aten.as_strided.default, aten.as_strided_copy.default)
 def _as_strided(g, a):
-    return _generic_view(g, a)
+    return generic_view(g, a)
 
 
-def _generic_view(g, a):
-    """Any view: gather the output's storage positions from the input's value."""
+def generic_view(g, a):
+    """Any view: gather the output's storage positions from the input's value
+    (compile.lowering's fallback for a view op with no lowering of its own)."""
     src = g.meta("self")
     x = a["self"]
     outs = g.out if isinstance(g.out, (list, tuple)) else [g.out]
     # Which storage position each element of the input occupies.
-    pos = st._flat_index(tuple(src.shape), tuple(src.stride), src.offset).reshape(-1)
+    pos = st.flat_index(tuple(src.shape), tuple(src.stride), src.offset).reshape(-1)
     flat = x.reshape(-1)
     contiguous = tuple(src.stride) == st.contiguous_strides(tuple(src.shape))
     results = []
@@ -329,7 +330,7 @@ def _generic_view(g, a):
         if math.prod(o.shape) == 0:
             results.append(jnp.zeros(o.shape, x.dtype))
             continue
-        want = st._flat_index(tuple(o.shape), tuple(o.stride), o.offset)
+        want = st.flat_index(tuple(o.shape), tuple(o.stride), o.offset)
         if contiguous:
             layout = (o.dtype, tuple(o.shape), tuple(o.stride), o.offset - src.offset)
             results.append(st.strided_read(flat, layout))
@@ -354,4 +355,4 @@ def _gather_static(flat, idx: np.ndarray):
 
 @graph_op(aten.diagonal.default, aten.unfold.default, aten.diagonal_copy.default)
 def _other_views(g, a):
-    return _generic_view(g, a)
+    return generic_view(g, a)

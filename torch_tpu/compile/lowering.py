@@ -406,7 +406,7 @@ class GraphProgram:
             return self._apply_inplace(n, op, functional, named, out, tr)
         if op.is_view and val is not None:
             node_named = calling.bind(op, n.args, n.kwargs)
-            return graph_ops._generic_view(_NodeCtx(self, n, out, node_named, tr), named)
+            return graph_ops.generic_view(_NodeCtx(self, n, out, node_named, tr), named)
         decomposed = _decompose(op, n, args, kwargs, tr)
         if decomposed is not _NO_DECOMP:
             return decomposed
@@ -558,7 +558,7 @@ def _decompose_with(decomp, op, n, args, kwargs, tr):
             raise LoweringError(f"decomposing {op} failed: {e}") from e
         prog = _DECOMP_GRAPHS[key] = GraphProgram(gm, f"decomp:{op}")
     inputs = [x for x in flat if _is_array(x)]
-    consts = [_const_value(v) for _, v in prog.constants]  # decompositions: rarely any
+    consts = [const_value(v) for _, v in prog.constants]  # decompositions: rarely any
     outs, _ = prog.trace(inputs, consts, tr.rng_raw if prog.uses_rng else None, SymEnv())
     if prog.uses_rng:
         # Keep the counter moving so sibling random ops get distinct keys.
@@ -569,8 +569,9 @@ def _decompose_with(decomp, op, n, args, kwargs, tr):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _const_value(v, device_index=0):
-    """A get_attr constant as a program input."""
+def const_value(v, device_index=0):
+    """A get_attr constant as a program input (compile.graph, exporting and
+    debug's graph view pass a program's constants through it)."""
     if isinstance(v, torch.Tensor):
         if v.device.type == "tpu":
             return executor.value(v)

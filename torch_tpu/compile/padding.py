@@ -59,7 +59,9 @@ def _masked(dim) -> bool:
     return dim is not None and any(sym is not None for _, sym in dim)
 
 
-def _spec_masked(spec) -> bool:
+def spec_masked(spec) -> bool:
+    """Whether a padding spec has a masked (padded) dimension; compile.dynamic
+    asks it of the specs of a graph's inputs and outputs."""
     return spec is not None and any(_masked(d) for d in spec)
 
 
@@ -145,7 +147,7 @@ class PadHook:
 
     def mask(self, spec, shape):
         """bool array (broadcastable to `shape`) of the real positions, or None."""
-        if not _spec_masked(spec):
+        if not spec_masked(spec):
             return None
         result = None
         rank = len(shape)
@@ -192,7 +194,7 @@ class PadHook:
         return None
 
     def mutation(self, n):
-        if _spec_masked(self.specs.get(n.args[0])):
+        if spec_masked(self.specs.get(n.args[0])):
             raise PadUnsafe("an in-place update of a padded input")
 
     def node(self, n, args, kwargs, call):
@@ -218,7 +220,7 @@ class PadHook:
             return value
         self._check_sizes(n, op)
         in_nodes = [a for a in n.all_input_nodes if a not in self.tainted]
-        masked = any(_spec_masked(self.specs.get(a)) for a in in_nodes)
+        masked = any(spec_masked(self.specs.get(a)) for a in in_nodes)
         if not masked:
             value = call(args, kwargs)
             self.specs[n] = self._meta_specs(n)
@@ -283,7 +285,7 @@ def _broadcast_spec(hook, n, tensor_nodes, out_shape):
     result = [None] * rank
     for a in tensor_nodes:
         spec = hook.specs.get(a)
-        if not _spec_masked(spec):
+        if not spec_masked(spec):
             continue
         shape = hook.values[a].shape
         r = len(shape)
@@ -639,7 +641,7 @@ def _mm_rule(hook, n, op, args, kwargs, call):
             args = [a2, b2] + list(args[2:])
     value = call(args, kwargs)
     spec = _norm(spec)
-    if op is aten.addmm.default and _spec_masked(hook.specs.get(n.args[0])):
+    if op is aten.addmm.default and spec_masked(hook.specs.get(n.args[0])):
         bspec = _full(hook.specs.get(n.args[0]), bias.ndim)
         merged = list(_full(spec, 2))
         for i in range(bias.ndim):
@@ -683,7 +685,7 @@ def _layer_norm_backward_rule(hook, n, op, args, kwargs, call):
 
 def _embedding_rule(hook, n, op, args, kwargs, call):
     weight, idx = args[0], args[1]
-    if _spec_masked(hook.specs.get(n.args[0])):
+    if spec_masked(hook.specs.get(n.args[0])):
         raise PadUnsafe("embedding of a padded table")
     ispec = hook.specs.get(n.args[1])
     args = [weight, hook.sanitize(idx, ispec, 0)] + list(args[2:])
@@ -695,7 +697,7 @@ def _embedding_backward_rule(hook, n, op, args, kwargs, call):
     if _get(op, args, kwargs, "scale_grad_by_freq", False):
         raise PadUnsafe("embedding backward with scale_grad_by_freq on padded indices")
     ispec = hook.specs.get(n.args[1])
-    gspec = _norm(_full(ispec, idx.ndim) + (None,)) if _spec_masked(ispec) else \
+    gspec = _norm(_full(ispec, idx.ndim) + (None,)) if spec_masked(ispec) else \
         hook.specs.get(n.args[0])
     args = list(args)
     args[0] = hook.sanitize(g, gspec, 0)
@@ -711,7 +713,7 @@ def _nll_rule(hook, n, op, args, kwargs, call):
     if x.ndim >= 2 and _masked(xspec[1]):
         raise PadUnsafe("nll_loss over padded classes")
     tspec = hook.specs.get(n.args[ti])
-    if not _spec_masked(tspec) and x.ndim >= 1 and _masked(xspec[0]):
+    if not spec_masked(tspec) and x.ndim >= 1 and _masked(xspec[0]):
         tspec = _norm((xspec[0],) + tuple(xspec[2:]))
     ignore = _get(op, args, kwargs, "ignore_index", -100)
     reduction = _get(op, args, kwargs, "reduction", 1)

@@ -252,7 +252,7 @@ class _Step:
         _drop_profiler_ops(gm)
         with torch.no_grad():
             gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
-                         tracing_mode="fake", decomposition_table=backend._decompositions(),
+                         tracing_mode="fake", decomposition_table=backend.decompositions(),
                          _allow_non_fake_inputs=True)(*real)
         _check_functional(gm)
         self.traces += 1
@@ -272,8 +272,7 @@ class _Step:
                 skey = steps.step_key(self.fn, self.modules, self.optimizers, self.options,
                                       real, key)
             except Exception:  # Unkeyable, or an object that fails to describe itself
-                with steps._lock:
-                    steps.STATS.unkeyed += 1
+                steps.count_unkeyed()
             if skey is not None:
                 t0 = time.perf_counter()
                 found = steps.load(skey)

@@ -59,7 +59,7 @@ from .recompiles import RecompileReport  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 from ..device import module
-from ._timing import OpTimer
+from .timing import OpTimer
 from ..runtime import programs
 
 __all__ = [

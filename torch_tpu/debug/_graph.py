@@ -376,11 +376,11 @@ def backend_program(gm: torch.fx.GraphModule, name: str):
     (`torch_tpu.compile.lowering.GraphProgram`), or None when unavailable."""
     try:
         # lazy: compile's graph lowering (34 ms) loads with a graph, not with debug
-        from ..compile.lowering import GraphProgram, SymEnv, _const_value
+        from ..compile.lowering import GraphProgram, SymEnv, const_value
     except Exception:
         return None
     prog = GraphProgram(gm, name)
-    consts = [_const_value(v, 0) for _, v in prog.constants]
+    consts = [const_value(v, 0) for _, v in prog.constants]
     rng = np.zeros((4,), np.uint32) if prog.uses_rng else None
     n_in = len(prog.placeholders)
 

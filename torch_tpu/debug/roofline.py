@@ -46,7 +46,7 @@ from ..cache import store
 from ..runtime import platform, programs
 from .hlo import Program
 from . import _events
-from ._timing import block
+from .timing import block
 from .hlo import lower
 
 __all__ = ["roofline", "RooflineReport", "RooflineRow", "Peaks", "PUBLISHED", "host_peaks",

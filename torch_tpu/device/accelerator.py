@@ -15,7 +15,6 @@ import torch
 
 from . import module
 
-memory = module._memory  # torch_tpu.device.memory, imported on first use (it imports JAX)
 _C = torch._C
 _originals: dict = {}
 
@@ -48,7 +47,7 @@ def _exchange(idx):
 
 
 def _stats(idx):
-    s = memory.stats(module._index(idx if idx is not None and idx >= 0 else None))
+    s = module.memory_stats(idx if idx is not None and idx >= 0 else None)
     cur = s["allocated_bytes.all.current"]
     peak = s["allocated_bytes.all.peak"]
     reserved = s["reserved_bytes.all.current"]
@@ -62,7 +61,7 @@ def _stats(idx):
 
 def _memory_info(idx):
     props = module.get_device_properties(idx if idx is not None and idx >= 0 else None)
-    used = memory.reserved(props.index)
+    used = module.memory_reserved(props.index)
     return (max(props.total_memory - used, 0), props.total_memory)
 
 
@@ -74,9 +73,9 @@ def install() -> None:
     _route("_accelerator_synchronizeDevice",
            lambda idx: module.synchronize(idx if idx is not None and idx >= 0 else None))
     _route("_accelerator_isAllocatorInitialized", lambda: True)
-    _route("_accelerator_emptyCache", lambda: memory.empty_cache())
+    _route("_accelerator_emptyCache", lambda: module.empty_cache())
     _route("_accelerator_getDeviceStats", _stats)
     _route("_accelerator_resetPeakStats",
-           lambda idx: memory.reset_peak(module._index(idx if idx >= 0 else None)))
+           lambda idx: module.reset_peak_memory_stats(idx if idx >= 0 else None))
     _route("_accelerator_resetAccumulatedStats", lambda idx: None)
     _route("_accelerator_getMemoryInfo", _memory_info)

@@ -50,8 +50,10 @@ _memory = _Lazy("torch_tpu.device.memory")
 _random = _Lazy("torch_tpu.device.random")
 
 
-def _index(device=None) -> int:
-    """The device index named by `device` (int, str, torch.device or None)."""
+def index_of(device=None) -> int:
+    """The device index named by `device` (int, str, torch.device or None: the
+    current device), checked against device_count(); serialization resolves
+    its target device with it."""
     if device is None:
         return current_device()
     if isinstance(device, int):
@@ -100,14 +102,14 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    device_index.set_current(_index(device))
+    device_index.set_current(index_of(device))
 
 
 class device:
     """Context manager that changes the current tpu device, like torch.cuda.device."""
 
     def __init__(self, device):
-        self.idx = _index(device) if device is not None else None
+        self.idx = index_of(device) if device is not None else None
         self.prev = None
 
     def __enter__(self):
@@ -134,7 +136,7 @@ def synchronize(device=None) -> None:
         # The backend has not loaded (it does at the first op): nothing was
         # dispatched, so there is nothing to wait for.
         if device is not None:
-            _index(device)
+            index_of(device)
         return
     counters.count("synchronize")
     from ..runtime import fused  # lazy: JAX (this module is in the start-up set)
@@ -144,7 +146,7 @@ def synchronize(device=None) -> None:
 
     async_compile.synchronize()  # ops waiting for their executables run now
     jax.effects_barrier()
-    devs = platform.devices() if device is None else (platform.jax_device(_index(device)),)
+    devs = platform.devices() if device is None else (platform.jax_device(index_of(device)),)
     # Raises the error of failed asynchronous work, as torch.cuda.synchronize().
     _memory.synchronize(devs)
     from ..runtime import asserts  # lazy: as above
@@ -170,7 +172,7 @@ class _DeviceProperties:
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
-    idx = _index(device)
+    idx = index_of(device)
     d = platform.jax_device(idx)
     stats = _memory.raw_stats(idx)
     total = int(stats.get("bytes_limit", 0)) if stats else 0
@@ -182,7 +184,7 @@ def get_device_properties(device=None) -> _DeviceProperties:
 
 
 def get_device_name(device=None) -> str:
-    d = platform.jax_device(_index(device))
+    d = platform.jax_device(index_of(device))
     return f"{d.device_kind} ({platform.platform()})"
 
 
@@ -217,11 +219,11 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
-    return _random.get_state(_index(device))
+    return _random.get_state(index_of(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    _random.set_state(new_state, _index(device))
+    _random.set_state(new_state, index_of(device))
 
 
 def get_rng_state_all():
@@ -237,19 +239,19 @@ def set_rng_state_all(new_states) -> None:
 
 
 def memory_allocated(device=None) -> int:
-    return _memory.allocated(_index(device))
+    return _memory.allocated(index_of(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    return _memory.peak(_index(device))
+    return _memory.peak(index_of(device))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _memory.reset_peak(_index(device))
+    _memory.reset_peak(index_of(device))
 
 
 def memory_stats(device=None) -> dict:
-    return _memory.stats(_index(device))
+    return _memory.stats(index_of(device))
 
 
 def empty_cache() -> None:
@@ -257,27 +259,27 @@ def empty_cache() -> None:
 
 
 def memory_reserved(device=None) -> int:
-    return _memory.reserved(_index(device))
+    return _memory.reserved(index_of(device))
 
 
 def max_memory_reserved(device=None) -> int:
-    return _memory.peak(_index(device))
+    return _memory.peak(index_of(device))
 
 
 def mem_get_info(device=None) -> tuple:
     """(free, total) bytes of the device, as torch.cuda.mem_get_info."""
-    return _memory.mem_get_info(_index(device))
+    return _memory.mem_get_info(index_of(device))
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A readable table of the device's memory and its largest live buffers."""
-    return _memory.summary(_index(device), abbreviated)
+    return _memory.summary(index_of(device), abbreviated)
 
 
 def memory_snapshot(device=None) -> list:
     """Every live device buffer (all devices if None), largest first, with
     shape, dtype and the op that produced it."""
-    return _memory.snapshot(None if device is None else _index(device))
+    return _memory.snapshot(None if device is None else index_of(device))
 
 
 # -- streams (PJRT orders work per device; one stream each) ----------------
@@ -287,7 +289,7 @@ class Stream:
     """The single in-order stream of a tpu device (PJRT keeps one per device)."""
 
     def __init__(self, device=None, priority=0):
-        self.device = torch.device("tpu", _index(device))
+        self.device = torch.device("tpu", index_of(device))
 
     def synchronize(self):
         synchronize(self.device)

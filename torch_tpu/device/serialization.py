@@ -20,7 +20,7 @@ _TPU_LOCATION = re.compile(r"^tpu(:\d+)?$")
 
 def storage_to_tpu(storage, device=None):
     """A tpu storage with the bytes of CPU (or tpu) `storage`."""
-    index = module._index(device)
+    index = module.index_of(device)
     if storage.device.type == "tpu":
         if storage.device.index == index:
             return storage

@@ -62,9 +62,9 @@ def set_tpu_launch_env(local_rank: int | None = None, local_world_size: int | No
     if not (0 <= local_rank < max(1, local_world_size)):
         raise ValueError(f"local_rank {local_rank} is not in [0, {local_world_size})")
     if platform is None:
-        from .runtime import _platform_hint  # lazy: JAX (launch runs before any JAX import)
+        from .runtime import platform_hint  # lazy: JAX (launch runs before any JAX import)
 
-        platform = _platform_hint()
+        platform = platform_hint()
     env = {}
     if platform == "tpu":
         env.update({

@@ -48,7 +48,9 @@ from ..ops import collectives, core
 # device values of tensors
 
 
-def _local_device():
+def local_device():
+    """This process's jax device (each process uses its tpu:0); distributed.spmd
+    places its values there too."""
     return platform.jax_device(0)
 
 
@@ -260,10 +262,11 @@ class _Worker:
                 while not self.queue:
                     self.cv.wait()
                 work = self.queue.popleft()
-                if runtime._state is not None and runtime._state.broken is not None:
+                broken = runtime.broken_by()
+                if broken is not None:
                     work._finish(CollectiveError(
                         f"[torch_tpu] {work.desc} was not run: the tpu process group is "
-                        f"unusable after an earlier failure: {runtime._state.broken}"))
+                        f"unusable after an earlier failure: {broken}"))
                     continue
                 work.started = time.monotonic()
                 self.current = work
@@ -468,7 +471,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                                        meta_dtype, tuple(meta_shape), seq)
         desc = (f"{op} #{seq} ({np.dtype(meta_dtype) if meta_dtype is not None else ''}"
                 f"{list(meta_shape)}) on ranks {list(self.global_ranks)}")
-        dev = _local_device()
+        dev = local_device()
 
         def run():
             meta_arr = jax.device_put(meta, dev)
@@ -544,7 +547,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return _Done(tensors)
 
         def payload(*xs):
-            return [pg_programs._select_from(x, root) for x in xs]
+            return [pg_programs.select_from(x, root) for x in xs]
 
         blocks = [(_block_shape(s), v.dtype) for s, v in zip(shapes, values)]
 
@@ -699,15 +702,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
         jd = st.TORCH_TO_JAX[out.dtype]
         if vals is None:
-            vals = [jnp.zeros(block, jd, device=_local_device())] * n
+            vals = [jnp.zeros(block, jd, device=local_device())] * n
 
         def payload(*xs):
             stacked = jnp.concatenate([x.reshape(block) for x in xs], axis=0)
-            bits = pg_programs._to_bits(stacked)
+            bits = pg_programs.to_bits(stacked)
             mine = jax.lax.axis_index(pg_programs.AXIS) == root
             bits = jnp.where(mine, bits, jnp.zeros_like(bits))
             got = jax.lax.psum_scatter(bits, pg_programs.AXIS, scatter_dimension=0, tiled=True)
-            return [pg_programs._from_bits(got, stacked.dtype)]
+            return [pg_programs.from_bits(got, stacked.dtype)]
 
         def writes(res):
             return [(out, res[0].reshape(shape))]
@@ -841,7 +844,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         n = self._size
         # Step 1: every process learns the largest chunk (a tiny all-gather).
         sizes = np.asarray(in_splits + out_splits, np.int64)
-        sizes_dev = jax.device_put(sizes, _local_device())
+        sizes_dev = jax.device_put(sizes, local_device())
         box = {}
 
         def payload_sizes(x):
@@ -974,7 +977,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                                        + self.global_ranks[dst], v.dtype, shape, seq)
         desc = (f"{what} #{seq} ({v.dtype}{list(shape)}) from rank {self.global_ranks[src]} "
                 f"to rank {self.global_ranks[dst]}")
-        dev = _local_device()
+        dev = local_device()
         receiving = what == "recv"
         x = _as_block(v)
 

@@ -126,8 +126,9 @@ def _bits_dtype(dtype):
     return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[np.dtype(dtype).itemsize]
 
 
-def _to_bits(x):
-    """Exact integer image of x (for moving bits with a sum)."""
+def to_bits(x):
+    """Exact integer image of x (for moving bits with a sum; the process group's
+    scatter moves its blocks as bits)."""
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         part = jnp.real(x).dtype
         return jnp.stack([lax.bitcast_convert_type(jnp.real(x), _bits_dtype(part)),
@@ -137,7 +138,8 @@ def _to_bits(x):
     return lax.bitcast_convert_type(x, _bits_dtype(x.dtype))
 
 
-def _from_bits(b, dtype):
+def from_bits(b, dtype):
+    """The values of dtype `dtype` whose bits are `b` (the inverse of to_bits)."""
     dtype = np.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         part = np.dtype(jnp.float32 if dtype == np.complex64 else jnp.float64)
@@ -149,11 +151,12 @@ def _from_bits(b, dtype):
     return lax.bitcast_convert_type(b, dtype)
 
 
-def _select_from(x, root):
-    """Every device gets `root`'s x (bit-exact): a sum where only root is non-zero."""
-    b = _to_bits(x)
+def select_from(x, root):
+    """Every device gets `root`'s x (bit-exact): a sum where only root is non-zero
+    (the process group's broadcast)."""
+    b = to_bits(x)
     mine = lax.axis_index(AXIS) == root
-    return _from_bits(lax.psum(jnp.where(mine, b, jnp.zeros_like(b)), AXIS), x.dtype)
+    return from_bits(lax.psum(jnp.where(mine, b, jnp.zeros_like(b)), AXIS), x.dtype)
 
 
 def _is_float(dtype):
@@ -267,7 +270,7 @@ def gather_check(meta, extra=None):
 
 
 def _bits_layout(shape, dtype):
-    """(shape, dtype) of `_to_bits` of an array of `shape`, `dtype`."""
+    """(shape, dtype) of `to_bits` of an array of `shape`, `dtype`."""
     dtype = np.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         part = np.dtype(jnp.float32 if dtype == np.complex64 else jnp.float64)
@@ -289,7 +292,7 @@ def pack_words(xs):
     """The bytes of arrays xs, concatenated and zero-padded, as int64 words."""
     parts = []
     for x in xs:
-        b = _to_bits(x).reshape(-1)
+        b = to_bits(x).reshape(-1)
         if b.dtype.itemsize > 1:
             b = lax.bitcast_convert_type(b, jnp.uint8).reshape(-1)
         parts.append(b)
@@ -313,7 +316,7 @@ def unpack_words(rows, xs):
         off += nb
         if bdt.itemsize > 1:
             seg = lax.bitcast_convert_type(seg.reshape(n, count, bdt.itemsize), bdt)
-        out.append(_from_bits(seg.reshape((n,) + bshape), x.dtype))
+        out.append(from_bits(seg.reshape((n,) + bshape), x.dtype))
     return out
 
 

@@ -64,6 +64,13 @@ def state() -> _Runtime:
     return _state
 
 
+def broken_by() -> BaseException | None:
+    """The error that made the runtime unusable (None while it is usable or not
+    initialized); the process group's worker checks it before each collective."""
+    rt = _state
+    return None if rt is None else rt.broken
+
+
 def _env_int(name, default=None):
     v = os.environ.get(name)
     if v is None or v == "":
@@ -150,8 +157,9 @@ def _explicit_coordinator():
             or os.environ.get("JAX_COORDINATOR_ADDRESS") or None)
 
 
-def _platform_hint() -> str:
-    """The platform the runtime will use, without starting any JAX client."""
+def platform_hint() -> str:
+    """The platform the runtime will use, without starting any JAX client
+    (launch.set_tpu_launch_env picks the environment variables to set by it)."""
     want = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
     if want:
         return "gpu" if want == "cuda" else want
@@ -213,7 +221,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             _finish(_state)
             return _state
         timeout = 300.0 if timeout is None else float(timeout)
-        plat = _platform_hint()
+        plat = platform_hint()
         if num_processes == 1:
             _state = _Runtime(0, 1, None, False)
             _finish(_state)

@@ -41,8 +41,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from . import programs
 from ..runtime import programs as program_cache  # (not this package's `programs`)
 from ..compile.lowering import LoweringError
-from ..ops.collectives import _group, _tpu_group
-from .process_group import CollectiveError, Work, WORKER, _local_device
+from ..ops.collectives import tpu_group
+from .process_group import CollectiveError, Work, WORKER, local_device
 from ..compile import graph_ops
 
 _fc = torch.ops._c10d_functional
@@ -82,7 +82,7 @@ _PLANS: dict = {}
 
 
 def plan_of_group(group_name) -> SpmdPlan:
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         raise _lowering_error()(
             f"graph collective on group {group_name!r}, which is not a tpu process group")
@@ -267,7 +267,7 @@ class SpmdExecutable:
         meta[5] = self.fingerprint
         gl = [self._global(x, s) for x, s in zip(dyn, self.in_scalar)]
         box = {}
-        dev = _local_device()
+        dev = local_device()
         desc = f"compiled graph {self.name} (collectives over ranks {list(self.plan.ranks)})"
 
         def run():

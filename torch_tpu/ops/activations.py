@@ -12,8 +12,8 @@ import torch
 from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
-from .elementwise import (_c, _is_bool, _is_complex, _max, _min, _no_complex_clamp, _one,
-                          _zero, prep)
+from .elementwise import (const, is_bool, is_complex, max_of, min_of, no_complex_clamp, one,
+                          zero, prep)
 from .registry import lower, out_meta
 
 aten = torch.ops.aten
@@ -25,11 +25,11 @@ def _float(*xs):
 
 @lower(aten.relu.default)
 def relu(self):
-    _no_complex_clamp(self)  # CPU's relu is clamp_min(0)
-    if _is_bool(self):
+    no_complex_clamp(self)  # CPU's relu is clamp_min(0)
+    if is_bool(self):
         raise RuntimeError("Boolean inputs not supported for relu")
     x = _float(self)
-    return jnp.maximum(x, _zero(x))
+    return jnp.maximum(x, zero(x))
 
 
 @lower(aten.threshold.default)
@@ -41,7 +41,7 @@ def threshold(self, threshold, value):
 @lower(aten.threshold_backward.default)
 def threshold_backward(grad_output, self, threshold):
     g, x, t = _float(grad_output, self, threshold)
-    return jnp.where(x <= t, _zero(g), g)
+    return jnp.where(x <= t, zero(g), g)
 
 
 _GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
@@ -52,9 +52,9 @@ _GELU_KAPPA = 0.044715
 def gelu(self, *, approximate="none"):
     x = _float(self)
     if approximate == "tanh":
-        inner = _c(_GELU_BETA, x) * (x + _c(_GELU_KAPPA, x) * x * x * x)
+        inner = const(_GELU_BETA, x) * (x + const(_GELU_KAPPA, x) * x * x * x)
         return 0.5 * x * (1 + jnp.tanh(inner))
-    return x * 0.5 * (1 + lax.erf(x * _c(math.sqrt(0.5), x)))
+    return x * 0.5 * (1 + lax.erf(x * const(math.sqrt(0.5), x)))
 
 
 @lower(aten.gelu_backward.default)
@@ -62,16 +62,16 @@ def gelu_backward(grad_output, self, *, approximate="none"):
     g, x = _float(grad_output, self)
     if approximate == "tanh":
         x_sq = x * x
-        inner = _c(_GELU_BETA, x) * (x + _c(_GELU_KAPPA, x) * x_sq * x)
+        inner = const(_GELU_BETA, x) * (x + const(_GELU_KAPPA, x) * x_sq * x)
         t = jnp.tanh(inner)
         left = 0.5 * x
         right = 1 + t
         left_d = 0.5 * right
-        inner_d = _c(_GELU_BETA, x) * (1 + 3 * _c(_GELU_KAPPA, x) * x_sq)
+        inner_d = const(_GELU_BETA, x) * (1 + 3 * const(_GELU_KAPPA, x) * x_sq)
         right_d = left * (1 - t * t) * inner_d
         return g * (left_d + right_d)
-    cdf = 0.5 * (1 + lax.erf(x * _c(math.sqrt(0.5), x)))
-    pdf = _c((2.0 / math.sqrt(math.pi)) * math.sqrt(0.5) * 0.5, x) * jnp.exp(x * x * -0.5)
+    cdf = 0.5 * (1 + lax.erf(x * const(math.sqrt(0.5), x)))
+    pdf = const((2.0 / math.sqrt(math.pi)) * math.sqrt(0.5) * 0.5, x) * jnp.exp(x * x * -0.5)
     return g * (cdf + x * pdf)
 
 
@@ -98,14 +98,14 @@ def mish(self):
 def sigmoid_backward(grad_output, output):
     g, y = _float(grad_output, output)
     d = (1 - y) * y
-    return g * (jnp.conj(d) if _is_complex(d) else d)
+    return g * (jnp.conj(d) if is_complex(d) else d)
 
 
 @lower(aten.tanh_backward.default)
 def tanh_backward(grad_output, output):
     g, y = _float(grad_output, output)
     d = 1 - y * y
-    return g * (jnp.conj(d) if _is_complex(d) else d)
+    return g * (jnp.conj(d) if is_complex(d) else d)
 
 
 @lower(aten.logit_backward.default)
@@ -113,44 +113,44 @@ def logit_backward(grad_output, self, eps=None):
     g, x = _float(grad_output, self)
     d = g / (x * (1 - x))
     if eps is None:
-        return jnp.where((x < 0) | (x > 1), _c(jnp.nan, d), d)
-    return jnp.where((x < eps) | (x > 1 - eps), _zero(d), d)
+        return jnp.where((x < 0) | (x > 1), const(jnp.nan, d), d)
+    return jnp.where((x < eps) | (x > 1 - eps), zero(d), d)
 
 
 @lower(aten.hardtanh.default)
 def hardtanh(self, min_val=-1, max_val=1):
     x, lo, hi = _float(self, min_val, max_val)
-    return _min(_max(x, lo), hi)
+    return min_of(max_of(x, lo), hi)
 
 
 @lower(aten.hardtanh_backward.default)
 def hardtanh_backward(grad_output, self, min_val, max_val):
     g, x, lo, hi = _float(grad_output, self, min_val, max_val)
-    return jnp.where((x <= lo) | (x >= hi), _zero(g), g)
+    return jnp.where((x <= lo) | (x >= hi), zero(g), g)
 
 
 @lower(aten.hardswish.default)
 def hardswish(self):
     x = _float(self)
-    return x * jnp.minimum(jnp.maximum(x + 3, _zero(x)), _c(6, x)) / 6
+    return x * jnp.minimum(jnp.maximum(x + 3, zero(x)), const(6, x)) / 6
 
 
 @lower(aten.hardswish_backward.default)
 def hardswish_backward(grad_output, self):
     g, x = _float(grad_output, self)
-    return jnp.where(x < -3, _zero(g), jnp.where(x <= 3, g * (x / 3 + 0.5), g))
+    return jnp.where(x < -3, zero(g), jnp.where(x <= 3, g * (x / 3 + 0.5), g))
 
 
 @lower(aten.hardsigmoid.default)
 def hardsigmoid(self):
     x = _float(self)
-    return jnp.minimum(jnp.maximum(x + 3, _zero(x)), _c(6, x)) / 6
+    return jnp.minimum(jnp.maximum(x + 3, zero(x)), const(6, x)) / 6
 
 
 @lower(aten.hardsigmoid_backward.default)
 def hardsigmoid_backward(grad_output, self):
     g, x = _float(grad_output, self)
-    return jnp.where((x > -3) & (x < 3), g / 6, _zero(g))
+    return jnp.where((x > -3) & (x < 3), g / 6, zero(g))
 
 
 def _elu(x, alpha, scale, input_scale):
@@ -167,7 +167,7 @@ def elu(self, alpha=1, scale=1, input_scale=1):
 @lower(aten.celu.default)
 def celu(self, alpha=1.0):
     x, a = _float(self, alpha)
-    return _elu(x, a, _one(x), 1 / a)
+    return _elu(x, a, one(x), 1 / a)
 
 
 @lower(aten.elu_backward.default)
@@ -212,7 +212,7 @@ def softplus_backward(grad_output, self, beta, threshold):
 def log_sigmoid_forward(self):
     x = _float(self)
     z = jnp.exp(-jnp.abs(x))
-    out = jnp.minimum(x, _zero(x)) - jnp.log1p(z)
+    out = jnp.minimum(x, zero(x)) - jnp.log1p(z)
     buf_meta = out_meta()[1]
     if buf_meta.numel() != math.prod(x.shape) or tuple(buf_meta.shape) != x.shape:
         return out, jnp.zeros(tuple(buf_meta.shape), x.dtype)
@@ -223,8 +223,8 @@ def log_sigmoid_forward(self):
 def log_sigmoid_backward(grad_output, self, buffer):
     g, x, buf = _float(grad_output, self, buffer)
     neg = x < 0
-    max_deriv = jnp.where(neg, _one(x), _zero(x))
-    sgn_ = jnp.where(neg, _one(x), -_one(x))
+    max_deriv = jnp.where(neg, one(x), zero(x))
+    sgn_ = jnp.where(neg, one(x), -one(x))
     # PyTorch's CPU kernel reads exp(-|x|) from the forward's buffer; CUDA
     # passes an empty one and recomputes it.
     z = buf if buf.size == x.size and buf.size else jnp.exp(-jnp.abs(x))
@@ -257,20 +257,20 @@ def _prelu_kernel_backward(grad_output, self, weight):
     g, x, w = _float(grad_output, self, weight)
     shape = jnp.broadcast_shapes(g.shape, x.shape, w.shape)
     gi = jnp.where(x > 0, g, w * g)
-    gw = jnp.where(x > 0, _zero(g), x * g)
+    gw = jnp.where(x > 0, zero(g), x * g)
     return jnp.broadcast_to(gi, shape), jnp.broadcast_to(gw, shape)
 
 
 @lower(aten.hardshrink.default)
 def hardshrink(self, lambd=0.5):
     x, l_ = _float(self, lambd)
-    return jnp.where((x >= -l_) & (x <= l_), _zero(x), x)
+    return jnp.where((x >= -l_) & (x <= l_), zero(x), x)
 
 
 @lower(aten.hardshrink_backward.default)
 def hardshrink_backward(grad_out, self, lambd):
     g, x, l_ = _float(grad_out, self, lambd)
-    return jnp.where((x >= -l_) & (x <= l_), _zero(g), g)
+    return jnp.where((x >= -l_) & (x <= l_), zero(g), g)
 
 
 @lower(aten.softshrink.default)
@@ -282,4 +282,4 @@ def softshrink(self, lambd=0.5):
 @lower(aten.softshrink_backward.default)
 def softshrink_backward(grad_output, self, lambd):
     g, x, l_ = _float(grad_output, self, lambd)
-    return jnp.where((x >= -l_) & (x <= l_), _zero(g), g)
+    return jnp.where((x >= -l_) & (x <= l_), zero(g), g)

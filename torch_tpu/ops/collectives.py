@@ -33,16 +33,17 @@ TPU_GROUP_TYPES: list = []
 _lib = None
 
 
-def _group(group_name):
+def tpu_group(group_name):
+    """The tpu process group `group_name` names (a ProcessGroup or a registered
+    group name), or None for another backend's group; the functional
+    collectives here and distributed.spmd dispatch on it."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     if isinstance(group_name, dist.ProcessGroup):
-        return group_name
-    return c10d._resolve_process_group(group_name)
-
-
-def _tpu_group(group):
+        group = group_name
+    else:
+        group = c10d._resolve_process_group(group_name)
     return group if TPU_GROUP_TYPES and isinstance(group, tuple(TPU_GROUP_TYPES)) else None
 
 
@@ -93,14 +94,14 @@ def _op_name(reduce_op):
 
 
 def all_reduce(input, reduce_op, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         return _via_cpu(_fc.all_reduce, input, reduce_op, group_name)
     return _one(pg, "all_reduce", input, op=_op_name(reduce_op))
 
 
 def all_reduce_(input, reduce_op, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         res = _via_cpu(_fc.all_reduce, input, reduce_op, group_name)
     else:
@@ -121,7 +122,7 @@ def all_reduce_coalesced_(inputs, reduce_op, group_name):
 
 
 def all_gather_into_tensor(input, group_size, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         return _via_cpu(_fc.all_gather_into_tensor, input, group_size, group_name)
     _check_size(pg, group_size, "all_gather_into_tensor")
@@ -146,7 +147,7 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
 
 
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         return _via_cpu(_fc.reduce_scatter_tensor, input, reduce_op, group_size, group_name)
     _check_size(pg, group_size, "reduce_scatter_tensor")
@@ -173,7 +174,7 @@ def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
 
 
 def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         return _via_cpu(_fc.all_to_all_single, input, output_split_sizes, input_split_sizes,
                         group_name)
@@ -187,7 +188,7 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
 
 
 def broadcast(input, src, group_name):
-    pg = _tpu_group(_group(group_name))
+    pg = tpu_group(group_name)
     if pg is None:
         return _via_cpu(_fc.broadcast, input, src, group_name)
     return _one(pg, "broadcast", input, src=int(src))

@@ -119,7 +119,9 @@ def check_scalar_fits(op, value, dtype) -> None:
         raise RuntimeError(f"{op}: value cannot be converted to type {name} without overflow")
 
 
-def _device_index(device) -> int:
+def device_index(device) -> int:
+    """The tpu index a factory's `device` argument names (None: the current
+    device); the factories in ops.factories resolve theirs with it."""
     if device is None:
         return module.current_device()
     if isinstance(device, str):
@@ -239,14 +241,14 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None,
           memory_format=None):
     dtype = dtype or torch.get_default_dtype()
     st.jax_dtype(dtype)
-    return new_tensor(size, dtype, _device_index(device))
+    return new_tensor(size, dtype, device_index(device))
 
 
 @kernel(aten.empty_strided.default)
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = dtype or torch.get_default_dtype()
     st.jax_dtype(dtype)
-    return new_tensor(size, dtype, _device_index(device), stride)
+    return new_tensor(size, dtype, device_index(device), stride)
 
 
 # -- copies ------------------------------------------------------------------
@@ -300,7 +302,7 @@ def assign(dst: torch.Tensor, value) -> None:
 def copy_(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
-            value = _device_value(src)
+            value = device_value(src)
             if src.device.index != self.device.index:
                 value = jax.device_put(value, platform.jax_device(self.device.index))
                 counters.transfer("device_to_device", value.nbytes)
@@ -318,7 +320,7 @@ def copy_(self, src, non_blocking=False):
         assign(self, value)
         return self
     # tpu -> cpu (or another host device)
-    value = _device_value(src)
+    value = device_value(src)
     if value.ndim > st.NUMPY_MAX_DIMS:  # numpy's limit: carry the elements flat
         value = value.reshape(-1)
     host = st.host_array(value, "aten.copy_.default", src.device.index)
@@ -357,7 +359,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
     target = torch.device(device) if device is not None else self.device
     stride = _copy_strides(self, dtype, memory_format)
     if target.type == "tpu":
-        out = new_tensor_like_value(self, dtype, _device_index(target))
+        out = new_tensor_like_value(self, dtype, device_index(target))
         return out if stride is None else restrided(out, stride)
     if stride is None:
         out = torch.empty(tuple(self.shape), dtype=dtype, device=target)
@@ -381,8 +383,9 @@ def _copy_strides(self, dtype, memory_format):
     return None if stride == st.contiguous_strides(tuple(self.shape)) else stride
 
 
-def _device_value(src):
-    """The value of tpu tensor `src` with its lazy conjugate/negative bits applied."""
+def device_value(src):
+    """The value of tpu tensor `src` with its lazy conjugate/negative bits applied
+    (ops.linalg's Python kernels read their inputs with it)."""
     value = executor.value(src)
     if src.is_conj():
         value = jnp.conj(value)
@@ -395,7 +398,7 @@ def new_tensor_like_value(src, dtype, index):
     """A fresh tpu tensor on tpu:index holding src (tpu or cpu) as `dtype`."""
     want = st.jax_dtype(dtype)  # raises for a dtype the platform lacks
     if src.device.type == "tpu":
-        value = _device_value(src)
+        value = device_value(src)
         if src.device.index != index:
             value = jax.device_put(value, platform.jax_device(index))
             counters.transfer("device_to_device", value.nbytes)

@@ -48,16 +48,13 @@ __all__ = ["promote", "prep"]
 _SCALAR_OF_KIND = {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}
 
 
-def _torch_dtype(dtype):
-    return torch_dtype(dtype)
-
-
 def _jax_dtype(dtype):
     return TORCH_TO_JAX[dtype]
 
 
-def _standin(x):
-    """What PyTorch's promotion sees for `x`: a Python number or a meta tensor."""
+def standin(x):
+    """What PyTorch's promotion sees for `x`: a Python number or a meta tensor
+    (ops.foreach runs the meta kernels on these to check in-place results)."""
     if isinstance(x, (bool, int, float, complex)):
         return x
     aval = jax.typeof(x)
@@ -68,12 +65,12 @@ def _standin(x):
     # Promotion depends on rank and dtype only: a symbolic size (torch_tpu.export)
     # stands in as 2.
     shape = tuple(d if isinstance(d, int) else 2 for d in aval.shape)
-    return torch.empty(shape, dtype=_torch_dtype(dtype), device="meta")
+    return torch.empty(shape, dtype=torch_dtype(dtype), device="meta")
 
 
 def promote(*xs, kind=K.DEFAULT):
     """(computation dtype, result dtype) PyTorch uses for `xs`, as jax dtypes."""
-    args = [_standin(x) for x in xs if x is not None]
+    args = [standin(x) for x in xs if x is not None]
     comp, res = elementwise_dtypes(*args, type_promotion_kind=kind)
     return _jax_dtype(comp), _jax_dtype(res)
 
@@ -118,11 +115,13 @@ def _is_int(x):
     return jnp.issubdtype(x.dtype, jnp.integer)
 
 
-def _is_bool(x):
+def is_bool(x):
+    """Whether jax array `x` is boolean (the lowerings here and in ops.activations)."""
     return x.dtype == jnp.bool_
 
 
-def _is_complex(x):
+def is_complex(x):
+    """Whether jax array `x` is complex (the lowerings here and in ops.activations)."""
     return jnp.issubdtype(x.dtype, jnp.complexfloating)
 
 
@@ -130,16 +129,18 @@ def _is_float(x):
     return jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _zero(x):
+def zero(x):
+    """A 0-dim 0 of `x`'s dtype (the lowerings here and in ops.activations)."""
     return jnp.zeros((), x.dtype)
 
 
-def _one(x):
+def one(x):
+    """A 0-dim 1 of `x`'s dtype (the lowerings here and in ops.activations)."""
     return jnp.ones((), x.dtype)
 
 
-def _c(v, x):
-    """Python constant `v` as a 0-dim array of `x`'s dtype."""
+def const(v, x):
+    """Python constant `v` as a 0-dim array of `x`'s dtype (also for ops.activations)."""
     return jnp.asarray(v, x.dtype)
 
 
@@ -176,12 +177,12 @@ def _alpha_check(x, alpha):
         kind = {bool: "b", int: "i", float: "f", complex: "c"}[type(alpha)]
     else:
         kind = np.dtype(jnp.asarray(alpha).dtype).kind
-    if kind == "b" and not _is_bool(x):
+    if kind == "b" and not is_bool(x):
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
-    if kind in "fc" and not (_is_float(x) or _is_complex(x)):
+    if kind in "fc" and not (_is_float(x) or is_complex(x)):
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
                            "point number.")
-    if kind == "c" and not _is_complex(x):
+    if kind == "c" and not is_complex(x):
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a "
                            "complex number.")
 
@@ -190,7 +191,7 @@ def _alpha_check(x, alpha):
 def add(self, other, alpha=1):
     x, y = prep(self, other)
     _alpha_check(x, alpha)
-    if _is_bool(x):
+    if is_bool(x):
         return x | (y & _as(alpha, jnp.bool_))
     return _axpy(x, y, alpha, 1)
 
@@ -223,7 +224,7 @@ def rsub(self, other, alpha=1):
 @lower(aten.mul.Tensor, aten.mul.Scalar)
 def mul(self, other):
     x, y = prep(self, other)
-    if _is_bool(x):
+    if is_bool(x):
         return x & y
     return x * y
 
@@ -240,7 +241,7 @@ def _int_div_by_zero(q, y):
     XLA leaves x / 0 implementation-defined; selecting -1 makes every backend
     agree. (Remainders by zero are the dividend, which XLA defines.)
     """
-    return jnp.where(y == 0, -_one(q), q)
+    return jnp.where(y == 0, -one(q), q)
 
 
 def _int_floor_div(x, y):
@@ -259,12 +260,12 @@ def _float_floor_div(x, y, rnd=lambda v: v):
     fl = jnp.floor(d)
     fl = jnp.where(rnd(d - fl) > 0.5, rnd(fl + 1), fl)
     q = rnd(_true_div(x, y))
-    fl = jnp.where(d == 0, jnp.copysign(_zero(q), q), fl)
+    fl = jnp.where(d == 0, jnp.copysign(zero(q), q), fl)
     return jnp.where(y == 0, q, fl)
 
 
 def _floor_div(x, y):
-    if _is_bool(x):
+    if is_bool(x):
         x, y = x.astype(jnp.int8), y.astype(jnp.int8)
     if _is_int(x):
         return _int_floor_div(x, y)
@@ -286,7 +287,7 @@ def _true_div(x, y):
 
 
 def _trunc_div(x, y):
-    if _is_bool(x):
+    if is_bool(x):
         x, y = x.astype(jnp.int8), y.astype(jnp.int8)
     if _is_int(x):
         return _int_div_by_zero(_div(x, y), y)
@@ -324,7 +325,7 @@ def floor_divide(self, other):
 
 
 def _fmod(x, y):
-    if _is_bool(x):
+    if is_bool(x):
         x, y = x.astype(jnp.int8), y.astype(jnp.int8)
     r = _rem(x, y)
     if _is_int(x):  # by zero: the dividend (PyTorch CPU raises)
@@ -333,7 +334,7 @@ def _fmod(x, y):
 
 
 def _remainder(x, y):
-    if _is_bool(x):
+    if is_bool(x):
         x, y = x.astype(jnp.int8), y.astype(jnp.int8)
     r = _fmod(x, y)
     fix = (r != 0) & ((r < 0) != (y < 0))
@@ -366,13 +367,13 @@ def _int_pow(x, n):
         return acc, base * base, e >> 1
 
     acc, _, _ = lax.fori_loop(0, bits, body, (jnp.ones_like(x), x, jnp.maximum(n, 0)))
-    neg = jnp.where(x == 1, _one(x),
-                    jnp.where(x == -1, jnp.where((n % 2) != 0, -_one(x), _one(x)), _zero(x)))
+    neg = jnp.where(x == 1, one(x),
+                    jnp.where(x == -1, jnp.where((n % 2) != 0, -one(x), one(x)), zero(x)))
     return jnp.where(n < 0, neg, acc)
 
 
 def _pow(x, y):
-    if _is_bool(x):
+    if is_bool(x):
         return _int_pow(x.astype(jnp.int8), y.astype(jnp.int8)).astype(jnp.bool_)
     if _is_int(x):
         return _int_pow(x, y)
@@ -425,37 +426,39 @@ def hypot(self, other):
     return jnp.hypot(x, y)
 
 
-def _max(x, y):
-    if _is_bool(x):
+def max_of(x, y):
+    """Elementwise maximum, logical or for booleans (clamp here and in ops.activations)."""
+    if is_bool(x):
         return x | y
     return jnp.maximum(x, y)
 
 
-def _min(x, y):
-    if _is_bool(x):
+def min_of(x, y):
+    """Elementwise minimum, logical and for booleans (clamp here and in ops.activations)."""
+    if is_bool(x):
         return x & y
     return jnp.minimum(x, y)
 
 
 @lower(aten.maximum.default)
 def maximum(self, other):
-    if _is_complex(self) or _is_complex(other):
+    if is_complex(self) or is_complex(other):
         raise RuntimeError("maximum not implemented for complex tensors.")
-    return _max(*prep(self, other))
+    return max_of(*prep(self, other))
 
 
 @lower(aten.minimum.default)
 def minimum(self, other):
-    if _is_complex(self) or _is_complex(other):
+    if is_complex(self) or is_complex(other):
         raise RuntimeError("minimum not implemented for complex tensors.")
-    return _min(*prep(self, other))
+    return min_of(*prep(self, other))
 
 
 @lower(aten.fmax.default)
 def fmax(self, other):
     x, y = prep(self, other)
     if not _is_float(x):
-        return _max(x, y)
+        return max_of(x, y)
     return jnp.where(jnp.isnan(y) | (x > y), x, jnp.where(jnp.isnan(x), y, jnp.maximum(x, y)))
 
 
@@ -463,7 +466,7 @@ def fmax(self, other):
 def fmin(self, other):
     x, y = prep(self, other)
     if not _is_float(x):
-        return _min(x, y)
+        return min_of(x, y)
     return jnp.where(jnp.isnan(y) | (x < y), x, jnp.where(jnp.isnan(x), y, jnp.minimum(x, y)))
 
 
@@ -482,7 +485,7 @@ def nextafter(self, other):
 
 def _xlogy(x, y, log):
     out = x * log(y)
-    out = jnp.where(x == 0, _zero(out), out)
+    out = jnp.where(x == 0, zero(out), out)
     return jnp.where(jnp.isnan(y), y, out)
 
 
@@ -515,7 +518,7 @@ def _zeta_sum(x, q):
     """Cephes' Hurwitz zeta (as in PyTorch): direct sum while q + i <= 9, then
     Euler-Maclaurin. The direct sum also covers negative non-integer q."""
     x, q = jnp.broadcast_arrays(x, q)
-    eps = _c(jnp.finfo(x.dtype).eps / 2, x)
+    eps = const(jnp.finfo(x.dtype).eps / 2, x)
     s = q ** -x
     zero = jnp.zeros_like(s)
 
@@ -556,7 +559,7 @@ def _zeta_sum(x, q):
 def _zeta(x, q):
     """Hurwitz zeta with PyTorch's (Cephes') special cases."""
     out = _zeta_sum(x, q)
-    inf, nan = _c(jnp.inf, out), _c(jnp.nan, out)
+    inf, nan = const(jnp.inf, out), const(jnp.nan, out)
     nonpos = q <= 0
     out = jnp.where(nonpos & (x != jnp.floor(x)), nan, out)
     out = jnp.where(nonpos & (q == jnp.floor(q)), inf, out)
@@ -594,12 +597,12 @@ def logaddexp(self, other):
 def logaddexp2(self, other):
     a, b = prep(self, other, kind=K.INT_TO_FLOAT)
     m = jnp.maximum(a, b)
-    out = m + jnp.log1p(jnp.exp2(-jnp.abs(a - b))) * _c(1 / math.log(2.0), a)
+    out = m + jnp.log1p(jnp.exp2(-jnp.abs(a - b))) * const(1 / math.log(2.0), a)
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
 
 
 def _lerp(x, end, w):
-    small = jnp.abs(w) < _c(0.5, w)  # not a Python float: a weak f32 `w` would widen
+    small = jnp.abs(w) < const(0.5, w)  # not a Python float: a weak f32 `w` would widen
     return jnp.where(small, x + w * (end - x), end - (end - x) * (1 - w))
 
 
@@ -612,7 +615,7 @@ def lerp(self, end, weight):
 @lower(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, *, value=1):
     x, a, b = prep(self, tensor1, tensor2)
-    if _is_bool(x):
+    if is_bool(x):
         return x | (a & b & _as(value, jnp.bool_))
     return x + _as(value, x.dtype) * a * b
 
@@ -685,8 +688,8 @@ def gcd(self, other):
 def lcm(self, other):
     x, y = prep(self, other)
     g = jnp.gcd(x, y)
-    safe = jnp.where(g == 0, _one(g), g)
-    return jnp.where(g == 0, _zero(g), jnp.abs(_div(x, safe) * y))
+    safe = jnp.where(g == 0, one(g), g)
+    return jnp.where(g == 0, zero(g), jnp.abs(_div(x, safe) * y))
 
 
 # -- bitwise and logical ------------------------------------------------------------
@@ -698,7 +701,7 @@ def _reject(x, kernel, **kinds):
 
 def _integral_only(x, kernel):
     """PyTorch CPU's bitwise kernels exist for integer and bool types only."""
-    if not (_is_int(x) or _is_bool(x)):
+    if not (_is_int(x) or is_bool(x)):
         raise NotImplementedError(f'"{kernel}" not implemented for \'{type_name(x.dtype)}\'')
 
 
@@ -721,14 +724,14 @@ lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_
 @lower(aten.bitwise_not.default)
 def bitwise_not(self):
     _integral_only(self, "bitwise_not_cpu")
-    return jnp.logical_not(self) if _is_bool(self) else jnp.bitwise_not(self)
+    return jnp.logical_not(self) if is_bool(self) else jnp.bitwise_not(self)
 
 
 def _shift_left(x, y):
     # Shifts by a negative amount or >= the bit width give 0 (as on CPU).
     bits = jnp.iinfo(x.dtype).bits
     out = _bc(lax.shift_left)(x, jnp.clip(y, 0, bits - 1).astype(x.dtype))
-    return jnp.where((y < 0) | (y >= bits), _zero(x), out)
+    return jnp.where((y < 0) | (y >= bits), zero(x), out)
 
 
 def _shift_right(x, y):
@@ -737,7 +740,7 @@ def _shift_right(x, y):
     amount = jnp.where(big, bits - 1, y).astype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.signedinteger):
         return _bc(lax.shift_right_arithmetic)(x, amount)
-    return jnp.where(big, _zero(x), _bc(lax.shift_right_logical)(x, amount))
+    return jnp.where(big, zero(x), _bc(lax.shift_right_logical)(x, amount))
 
 
 @lower(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
@@ -758,7 +761,7 @@ def bitwise_right_shift(self, other):
 
 def _truth(x):
     x = jnp.asarray(x)
-    return x if _is_bool(x) else x != 0
+    return x if is_bool(x) else x != 0
 
 
 @lower(aten.logical_and.default)
@@ -787,7 +790,7 @@ def logical_not(self):
 def _compare(fn, ordered=None):
     def lowering(self, other):
         x, y = prep(self, other, kind=K.ALWAYS_BOOL)
-        if ordered and _is_complex(x):
+        if ordered and is_complex(x):
             # complex numbers have no order: CPU's kernels have no complex case
             raise NotImplementedError(
                 f'"{ordered}_tpu" not implemented for '
@@ -811,28 +814,28 @@ def isnan(self):
 
 @lower(aten.isinf.default)
 def isinf(self):
-    if _is_int(self) or _is_bool(self):
+    if _is_int(self) or is_bool(self):
         return jnp.zeros(self.shape, jnp.bool_)
     return jnp.isinf(self)
 
 
 @lower(aten.isposinf.default)
 def isposinf(self):
-    if _is_int(self) or _is_bool(self):
+    if _is_int(self) or is_bool(self):
         return jnp.zeros(self.shape, jnp.bool_)
     return self == jnp.inf
 
 
 @lower(aten.isneginf.default)
 def isneginf(self):
-    if _is_int(self) or _is_bool(self):
+    if _is_int(self) or is_bool(self):
         return jnp.zeros(self.shape, jnp.bool_)
     return self == -jnp.inf
 
 
 @lower(aten.signbit.default)
 def signbit(self):
-    if _is_bool(self) or jnp.issubdtype(self.dtype, jnp.unsignedinteger):
+    if is_bool(self) or jnp.issubdtype(self.dtype, jnp.unsignedinteger):
         return jnp.zeros(self.shape, jnp.bool_)
     if _is_int(self):
         return self < 0
@@ -852,7 +855,7 @@ def _unary(ops, fn, kind=K.INT_TO_FLOAT):
 
 def _complex_or(real_fn, complex_fn):
     def fn(x):
-        return complex_fn(x) if _is_complex(x) else real_fn(x)
+        return complex_fn(x) if is_complex(x) else real_fn(x)
     return fn
 
 
@@ -862,26 +865,26 @@ def _digamma(x):
 
 
 def _sigmoid(x):
-    if _is_complex(x):
+    if is_complex(x):
         return 1 / (1 + jnp.exp(-x))
     return lax.logistic(x)
 
 
 def _sinc(x):
-    px = x * _c(math.pi, x)
-    safe = jnp.where(x == 0, _one(px), px)
-    return jnp.where(x == 0, _one(x), jnp.sin(safe) / safe)
+    px = x * const(math.pi, x)
+    safe = jnp.where(x == 0, one(px), px)
+    return jnp.where(x == 0, one(x), jnp.sin(safe) / safe)
 
 
 def _angle(x):
-    if _is_complex(x):
+    if is_complex(x):
         return jnp.angle(x)
-    out = jnp.where(x < 0, _c(math.pi, x), _zero(x))
+    out = jnp.where(x < 0, const(math.pi, x), zero(x))
     return jnp.where(jnp.isnan(x), x, out)
 
 
 def _rsqrt(x):
-    return 1 / jnp.sqrt(x) if _is_complex(x) else lax.rsqrt(x)
+    return 1 / jnp.sqrt(x) if is_complex(x) else lax.rsqrt(x)
 
 
 def _i0(x):
@@ -897,15 +900,15 @@ def _spherical_j0(x):
     x2 = x * x
     series = 1 + x2 * (-1.0 / 6 + x2 * (1.0 / 120 + x2 * (-1.0 / 5040 + x2 * (
         1.0 / 362880 + x2 * (-1.0 / 39916800 + x2 * (1.0 / 6227020800))))))
-    safe = jnp.where(jnp.abs(x) < 0.5, _one(x), x)
+    safe = jnp.where(jnp.abs(x) < 0.5, one(x), x)
     out = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
-    return jnp.where(jnp.isinf(x), _zero(x), out)
+    return jnp.where(jnp.isinf(x), zero(x), out)
 
 
 def _entr(x):
-    out = -x * jnp.log(jnp.where(x > 0, x, _one(x)))
-    out = jnp.where(x == 0, _zero(x), out)
-    out = jnp.where(x < 0, _c(-jnp.inf, x), out)
+    out = -x * jnp.log(jnp.where(x > 0, x, one(x)))
+    out = jnp.where(x == 0, zero(x), out)
+    out = jnp.where(x < 0, const(-jnp.inf, x), out)
     return jnp.where(jnp.isnan(x), x, out)
 
 
@@ -921,7 +924,7 @@ def _erfinv(x):
 
 def _lgamma(x):
     # PyTorch: lgamma(-inf) = +inf.
-    return jnp.where(x == -jnp.inf, _c(jnp.inf, x), lax.lgamma(x))
+    return jnp.where(x == -jnp.inf, const(jnp.inf, x), lax.lgamma(x))
 
 
 _unary([aten.exp.default], jnp.exp)
@@ -964,8 +967,8 @@ _unary([aten.special_erfcx.default], jsp.erfcx)
 _unary([aten.special_entr.default], _entr)
 _unary([aten.sigmoid.default], _sigmoid)
 _unary([aten.sinc.default], _sinc)
-_unary([aten.deg2rad.default], lambda x: x * _c(math.pi / 180.0, x))
-_unary([aten.rad2deg.default], lambda x: x * _c(180.0 / math.pi, x))
+_unary([aten.deg2rad.default], lambda x: x * const(math.pi / 180.0, x))
+_unary([aten.rad2deg.default], lambda x: x * const(180.0 / math.pi, x))
 _unary([aten.angle.default], _angle)
 
 
@@ -994,12 +997,12 @@ def abs_(self):
 
 @lower(aten.sign.default)
 def sign(self):
-    if _is_complex(self):
+    if is_complex(self):
         raise NotImplementedError(
             "Unlike NumPy, torch.sign is not intended to support complex numbers. Please use "
             "torch.sgn instead.")
     x = prep(self)
-    if _is_bool(x):
+    if is_bool(x):
         return x
     # sign(nan) == 0 on PyTorch's CPU.
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
@@ -1008,29 +1011,29 @@ def sign(self):
 @lower(aten.sgn.default)
 def sgn(self):
     x = prep(self)
-    if not _is_complex(x):
+    if not is_complex(x):
         return sign(x)
     a = jnp.abs(x)
-    return jnp.where(a == 0, _zero(x), x / jnp.where(a == 0, _one(a), a).astype(x.dtype))
+    return jnp.where(a == 0, zero(x), x / jnp.where(a == 0, one(a), a).astype(x.dtype))
 
 
 @lower(aten.round.decimals)
 def round_decimals(self, *, decimals=0):
     x = prep(self)
-    if _is_int(x) or _is_bool(x):
+    if _is_int(x) or is_bool(x):
         return x
     if decimals == 0:
         return jnp.round(x)
     if decimals > 0:
-        p = _c(10.0 ** decimals, x)
+        p = const(10.0 ** decimals, x)
         return jnp.round(x * p) / p
-    p = _c(10.0 ** (-decimals), x)
+    p = const(10.0 ** (-decimals), x)
     return jnp.round(x / p) * p
 
 
 def _trigamma(x):
     """PyTorch's calc_trigamma: reflection below 0.5, six recurrence steps, series."""
-    pi = _c(math.pi, x)
+    pi = const(math.pi, x)
     neg = x < 0.5
     sin_pi_x = jnp.sin(pi * x)
     result = jnp.where(neg, -(pi * pi) / (sin_pi_x * sin_pi_x), jnp.zeros_like(x))
@@ -1051,16 +1054,16 @@ def polygamma(n, self):
     if n == 1:
         return _trigamma(x)
     sign_ = 1.0 if n % 2 else -1.0
-    return _c(sign_ * math.gamma(n + 1), x) * _zeta(_c(n + 1, x), x)
+    return const(sign_ * math.gamma(n + 1), x) * _zeta(const(n + 1, x), x)
 
 
 @lower(aten.mvlgamma.default)
 def mvlgamma(self, p):
     # PyTorch also checks all(self > (p - 1) / 2) on the host; not checked here.
     x = prep(self, kind=K.INT_TO_FLOAT)
-    js = jnp.arange(p, dtype=x.dtype) * _c(-0.5, x)
+    js = jnp.arange(p, dtype=x.dtype) * const(-0.5, x)
     terms = lax.lgamma(x[..., None] + js)
-    return jnp.sum(terms, axis=-1) + _c(p * (p - 1) / 4 * math.log(math.pi), x)
+    return jnp.sum(terms, axis=-1) + const(p * (p - 1) / 4 * math.log(math.pi), x)
 
 
 @lower(aten.logit.default)
@@ -1075,31 +1078,32 @@ def logit(self, eps=None):
 @lower(aten.nan_to_num.default)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
     x = self
-    if not (_is_float(x) or _is_complex(x)):
+    if not (_is_float(x) or is_complex(x)):
         return x
 
     def fix(v):
         info = jnp.finfo(v.dtype)
-        v = jnp.where(jnp.isnan(v), _c(0.0 if nan is None else nan, v), v)
-        v = jnp.where(v == jnp.inf, _c(info.max if posinf is None else posinf, v), v)
-        return jnp.where(v == -jnp.inf, _c(info.min if neginf is None else neginf, v), v)
+        v = jnp.where(jnp.isnan(v), const(0.0 if nan is None else nan, v), v)
+        v = jnp.where(v == jnp.inf, const(info.max if posinf is None else posinf, v), v)
+        return jnp.where(v == -jnp.inf, const(info.min if neginf is None else neginf, v), v)
 
-    if _is_complex(x):
+    if is_complex(x):
         return lax.complex(fix(jnp.real(x)), fix(jnp.imag(x)))
     return fix(x)
 
 
-def _no_complex_clamp(*xs):
-    if any(x is not None and _is_complex(x) for x in xs):
+def no_complex_clamp(*xs):
+    """Raise PyTorch's error for a complex clamp operand (clamp and relu-like activations)."""
+    if any(x is not None and is_complex(x) for x in xs):
         raise NotImplementedError("clamp is not supported for complex types")
 
 
 def _clamp(x, lo, hi):
-    _no_complex_clamp(x, lo, hi)
+    no_complex_clamp(x, lo, hi)
     if lo is not None:
-        x = _max(x, lo)
+        x = max_of(x, lo)
     if hi is not None:
-        x = _min(x, hi)
+        x = min_of(x, hi)
     return x
 
 
@@ -1112,15 +1116,15 @@ def clamp(self, min=None, max=None):  # noqa: A002 (ATen names)
 @lower(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(self, min):  # noqa: A002
     x, lo = prep(self, min)
-    _no_complex_clamp(x, lo)
-    return _max(x, lo)
+    no_complex_clamp(x, lo)
+    return max_of(x, lo)
 
 
 @lower(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(self, max):  # noqa: A002
     x, hi = prep(self, max)
-    _no_complex_clamp(x, hi)
-    return _min(x, hi)
+    no_complex_clamp(x, hi)
+    return min_of(x, hi)
 
 
 @lower(aten.where.self)

@@ -169,7 +169,7 @@ def _arange_array(n, start, step, torch_dtype, index):
 
 def _arange_kernel(start, end, step, dtype, device):
     meta = aten.arange.start_step(start, end, step, dtype=dtype, device="meta")
-    index = core._device_index(device)
+    index = core.device_index(device)
     arr = _arange_array(meta.shape[0], start, step, meta.dtype, index)
     return st.wrap(arr, index, meta.dtype)
 
@@ -206,8 +206,9 @@ core.KERNELS[aten.arange.start_out] = _k_arange_out
 # -- linspace / logspace ------------------------------------------------------------------------
 
 
-def _linspace_exponents(start, end, steps, dtype):
-    """PyTorch's CPU linspace: from start for the first half, from end for the rest."""
+def linspace_exponents(start, end, steps, dtype):
+    """PyTorch's CPU linspace: from start for the first half, from end for the rest
+    (ops.sorting's histogram bin edges use it too)."""
     integral = jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_
     if integral:
         start = jnp.trunc(jnp.asarray(start)).astype(jnp.int64)
@@ -232,7 +233,7 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     dt = out_dtype()
     if steps == 0:
         return jnp.zeros((0,), dt)
-    vals, _ = _linspace_exponents(start, end, steps, dt)
+    vals, _ = linspace_exponents(start, end, steps, dt)
     return vals.astype(dt)
 
 
@@ -243,7 +244,7 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
     dt = out_dtype()
     if steps == 0:
         return jnp.zeros((0,), dt)
-    exps, comp = _linspace_exponents(start, end, steps, dt)
+    exps, comp = linspace_exponents(start, end, steps, dt)
     if jnp.issubdtype(dt, jnp.integer):
         return jnp.power(jnp.asarray(base, comp), exps).astype(dt)
     return jnp.power(jnp.asarray(base).astype(dt), exps.astype(dt)).astype(dt)

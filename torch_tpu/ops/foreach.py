@@ -27,7 +27,7 @@ from . import registry
 from .opmath import opmath_dtype
 from .registry import LOWERINGS, out_meta
 from ..runtime import executor
-from ..runtime.storage import TORCH_TO_JAX
+from ..runtime.storage import TORCH_TO_JAX, torch_dtype
 
 aten = torch.ops.aten
 
@@ -496,7 +496,7 @@ def _meta_args(x):
         return type(x)(_meta_args(y) for y in x)
     if x is None or isinstance(x, (bool, int, float, complex, str, torch.dtype)):
         return x
-    return ew._standin(x)
+    return ew.standin(x)
 
 
 def _inplace_of(functional_op, functional):
@@ -506,7 +506,7 @@ def _inplace_of(functional_op, functional):
         # so check here, while tracing (nothing has been written yet).
         metas = functional_op(*_meta_args(args), **_meta_args(kwargs))
         for m, x in zip(metas, args[0]):
-            want = ew._torch_dtype(x.dtype)
+            want = torch_dtype(x.dtype)
             if not torch.can_cast(m.dtype, want):
                 raise RuntimeError(
                     f"{functional_op}: result type {m.dtype} can't be cast to the "

@@ -360,7 +360,7 @@ def _index_kernel(op):
 _INPLACE_PUT = (aten.index_put_.default, aten._index_put_impl_.default)
 
 
-_C10_TYPE_NAMES = {
+C10_TYPE_NAMES = {
     torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
     torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
     torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
@@ -400,8 +400,8 @@ def _check_put(self, indices, values):
     if values.dtype != self.dtype:
         raise RuntimeError(
             "Index put requires the source and destination dtypes match, got "
-            f"{_C10_TYPE_NAMES.get(self.dtype, self.dtype)} for the destination and "
-            f"{_C10_TYPE_NAMES.get(values.dtype, values.dtype)} for the source.")
+            f"{C10_TYPE_NAMES.get(self.dtype, self.dtype)} for the destination and "
+            f"{C10_TYPE_NAMES.get(values.dtype, values.dtype)} for the source.")
 
 
 def _index_put_kernel(op):

@@ -722,7 +722,7 @@ def _pdist_backward(grad, x, p, pdist):
 def _jit_run(name, fn, tensors, static=()):
     """Run jax function fn(*arrays) (static args bound) on the tpu tensors' values."""
 
-    vals = [core._device_value(t) for t in tensors]
+    vals = [core.device_value(t) for t in tensors]
     key = (programs.ProgramKind.LINALG, name, static, tuple((v.shape, v.dtype) for v in vals),
            tensors[0].device.index, executor.precision_token(), opt_level.LEVEL)
     compiled = programs.get_or_compile(key, lambda *a: fn(*a, *static), tuple(vals), name=name)

@@ -111,7 +111,7 @@ def reshape_copy(x, *args, **kwargs):
 
 @lower(aten.view_copy.dtype)
 def view_copy_dtype(x, dtype):
-    return st._reinterpret(x.reshape(-1), out_torch_dtype()).reshape(_shape())
+    return st.reinterpret(x.reshape(-1), out_torch_dtype()).reshape(_shape())
 
 
 @lower(aten.expand_copy.default)

@@ -29,9 +29,9 @@ from . import core
 from .opmath import opmath_dtype
 from .reductions import reject, type_name, wrap_dim
 from .registry import LOWERINGS, lower, out_dtype
-from .factories import _linspace_exponents
+from .factories import linspace_exponents
 from ..device import module
-from .indexing import _C10_TYPE_NAMES as names
+from .indexing import C10_TYPE_NAMES as names
 
 aten = torch.ops.aten
 
@@ -263,7 +263,7 @@ def _linspace_edges(x2, bins, range_):
     for d in range(n):
         lo_d = jnp.where(same[d], lo[d] - 0.5, lo[d]).astype(x2.dtype)
         hi_d = jnp.where(same[d], hi[d] + 0.5, hi[d]).astype(x2.dtype)
-        vals, _ = _linspace_exponents(lo_d, hi_d, bins[d] + 1, x2.dtype)
+        vals, _ = linspace_exponents(lo_d, hi_d, bins[d] + 1, x2.dtype)
         edges.append(vals.astype(x2.dtype))
     return edges
 

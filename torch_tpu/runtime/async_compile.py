@@ -159,7 +159,7 @@ class PendingExecutable:
 
     __slots__ = ("name", "future", "compiled", "error", "entry", "_torch_tpu_bytes",
                  "_torch_tpu_specs")
-    # _torch_tpu_specs: (result specs, new storage value specs, committed), see _specs_of
+    # _torch_tpu_specs: (result specs, new storage value specs, committed), see specs_of
 
     def __init__(self, name: str):
         self.name = name
@@ -229,14 +229,16 @@ def compile(name: str, key: Any, fn: Any, args: Any, index_key: str | None = Non
     programs.STATS.misses += 1
     programs.STATS.compiles_per_op[name] += 1
     p = PendingExecutable(name)
-    p._torch_tpu_specs = _specs_of(lowered.out_info, _committed(lowered))
+    p._torch_tpu_specs = specs_of(lowered.out_info, is_committed(lowered))
     pool, _ = _executors()
-    p.future = _submit(pool, _compile_task, p, name, key, lowered, level, trace_s, index_key)
+    p.future = _submit(pool, compile_pending, p, name, key, lowered, level, trace_s, index_key)
     return p
 
 
-def _compile_task(p: PendingExecutable, name: str, key: Any, lowered: Any, level: int,
-                  trace_s: float, index_key: str | None = None) -> None:
+def compile_pending(p: PendingExecutable, name: str, key: Any, lowered: Any, level: int,
+                    trace_s: float, index_key: str | None = None) -> None:
+    """Compile `lowered` into `p` (its executable, or the error it raises when
+    read): the compile pool runs it; fused mode calls it in the caller's thread."""
     try:
         compiled, seconds, source = programs.compile_lowered(
             name, lowered, _olevel.compiler_options(level), trace_s)
@@ -339,18 +341,20 @@ def deferred(entry: Any, sig: Any) -> bool:
     return False
 
 
-def _committed(lowered: Any) -> bool | None:
+def is_committed(lowered: Any) -> bool | None:
     """Whether the program's results are committed to their device (JAX's
-    rule: any input or output sharding given); None where JAX does not say."""
+    rule: any input or output sharding given); None where JAX does not say.
+    Also fused mode's, for the specs of the programs it lowers."""
     try:
         return bool(lowered._lowering.compile_args["committed"])
     except Exception:  # noqa: BLE001 - another JAX: values resolve before a compile
         return None
 
 
-def _specs_of(out_info: Any, committed: bool | None) -> tuple:
+def specs_of(out_info: Any, committed: bool | None) -> tuple:
     """((shape, dtype) of each result, of each new storage value, whether they
-    are committed) of a program."""
+    are committed) of a program; the executor and fused mode attach these to
+    the executables they make (`_torch_tpu_specs`)."""
     outs, bases = out_info
     return (tuple((tuple(o.shape), o.dtype) for o in outs),
             tuple((tuple(b.shape), b.dtype) for b in bases), committed)
@@ -359,7 +363,7 @@ def _specs_of(out_info: Any, committed: bool | None) -> tuple:
 def _specs(exe: Any) -> tuple:
     specs = getattr(exe, "_torch_tpu_specs", None)
     if specs is None:  # compiled before this module ran it: once per executable
-        specs = _specs_of(exe.out_info, None)
+        specs = specs_of(exe.out_info, None)
         try:
             exe._torch_tpu_specs = specs
         except AttributeError:

@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 # (`from ..precision import`: `from .. import precision` would ask the package,
 # whose __getattr__ loads the backend)
 from ..device import random as tpu_random
-from ..precision import _jax_precision_state
+from ..precision import JAX_PRECISION_STATE
 from ..precision import cache_token as precision_token
 from . import async_compile as _aco
 from . import device_index, fastpath, loading
@@ -313,7 +313,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
             and not low.eager and not runner.returns_nothing):
         if not _KERNEL_READY:
             native.setup_kernel(sys.modules[__name__], fused, _olevel,
-                                _jax_precision_state, precision_token,
+                                JAX_PRECISION_STATE, precision_token,
                                 _fast_spec, platform.array_class())
             # Its hits are counted in C++ and read back with the statistics.
             STATS.native_counts = getattr(native, "take_stats", None)
@@ -895,7 +895,7 @@ class Runner:
                 name, key, index_key, (arrays, list(sig.dyn)), jax_device,
                 relower=_relowerer(program, jit_kwargs, (arrays, list(sig.dyn))))
             if compiled is not None:  # results committed: out_shardings names their device
-                compiled._torch_tpu_specs = _aco._specs_of(compiled.out_info, True)
+                compiled._torch_tpu_specs = _aco.specs_of(compiled.out_info, True)
             try:
                 # XLA compiles in the background (runtime.async_compile); in
                 # fused mode at the first call only (fused.LazyExecutable).

@@ -456,7 +456,7 @@ class LazyExecutable:
             with programs.STATS.lock:
                 programs.STATS.misses += 1
                 programs.STATS.compiles_per_op[self.name] += 1
-            aco._compile_task(p, self.name, self.key, self.lowered, self.level, self.trace_s)
+            aco.compile_pending(p, self.name, self.key, self.lowered, self.level, self.trace_s)
             c = p.result()  # raises the compile's error, the op named
             self.compiled, self.lowered = c, None
             entry = self.entry
@@ -472,7 +472,7 @@ class LazyExecutable:
 def compile_later(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> LazyExecutable:
     """The executor's compile for an op built while ops are recorded (`LazyExecutable`)."""
     lowered, level, trace_s = aco.lower(name, key, fn, args, **jit_kwargs)
-    specs = aco._specs_of(lowered.out_info, aco._committed(lowered))
+    specs = aco.specs_of(lowered.out_info, aco.is_committed(lowered))
     return LazyExecutable(name, key, lowered, level, trace_s, specs)
 
 

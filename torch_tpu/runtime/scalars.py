@@ -8,7 +8,7 @@ a TPU has none, and PyTorch computes a float32/bfloat16/float16 op in at most
 float32 with its scalars cast to that type. So an entry whose op is not a
 64-bit float op takes its floats as weak float32 (complex: complex64) device
 scalars, made once per value (`weak32`), which a program traces as Python
-scalars still (PyTorch's promotion: ops.elementwise._standin). The executor,
+scalars still (PyTorch's promotion: ops.elementwise.standin). The executor,
 fused mode and the native kernel (csrc/kernel.cpp, FastSpec.narrow) call
 `narrow` on an entry's inputs when the entry says so (Entry.narrow).
 tests/ops/test_tpu_rules.py walks the OpInfo programs for 64-bit values.
@@ -62,7 +62,7 @@ def weak32(v: Any, device: int) -> Any:
     """Python float or complex `v` as a weakly typed float32/complex64 scalar
     on tpu:`device`: what JAX makes of a Python number when 64-bit types are
     off, so a program traced with it treats it as a Python scalar (PyTorch's
-    promotion, elementwise._standin) in 32 bits. Cached per value. Made by
+    promotion, elementwise.standin) in 32 bits. Cached per value. Made by
     `device_put` on the device itself (`lax.full_like` of a placed zero would
     leave it uncommitted on the default device, and a program reading only
     such scalars would run there)."""

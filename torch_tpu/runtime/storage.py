@@ -355,9 +355,10 @@ def dynamic_layout(layout: tuple) -> tuple[tuple, int]:
 # strided access inside programs
 
 
-def _reinterpret(flat: jax.Array, dtype: torch.dtype,
-                 src: torch.dtype | None = None) -> jax.Array:
-    """View a 1-D array's bytes as elements of `dtype` (1-D result).
+def reinterpret(flat: jax.Array, dtype: torch.dtype,
+                src: torch.dtype | None = None) -> jax.Array:
+    """View a 1-D array's bytes as elements of `dtype` (1-D result); ops.shape's
+    dtype views (`Tensor.view(dtype)`) use it too.
 
     `src` is flat's torch dtype where its jax dtype may be complex32's carrier.
     """
@@ -368,7 +369,7 @@ def _reinterpret(flat: jax.Array, dtype: torch.dtype,
         flat = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
         flat = flat.astype(jnp.float16)
     elif dtype is torch.complex32 and (src is not None or not jnp.iscomplexobj(flat)):
-        parts = _reinterpret(flat, torch.float16, src).reshape(-1, 2).astype(jnp.float32)
+        parts = reinterpret(flat, torch.float16, src).reshape(-1, 2).astype(jnp.float32)
         return lax.complex(parts[:, 0], parts[:, 1])
     target = TORCH_TO_JAX[dtype]
     have = flat.dtype
@@ -376,10 +377,10 @@ def _reinterpret(flat: jax.Array, dtype: torch.dtype,
         return flat
     if jnp.issubdtype(have, jnp.complexfloating):
         parts = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
-        return _reinterpret(parts, dtype)
+        return reinterpret(parts, dtype)
     if jnp.issubdtype(target, jnp.complexfloating):
         real_t = torch.float32 if dtype == torch.complex64 else torch.float64
-        parts = _reinterpret(flat, real_t).reshape(-1, 2)
+        parts = reinterpret(flat, real_t).reshape(-1, 2)
         return lax.complex(parts[:, 0], parts[:, 1])
     if have == jnp.bool_:
         flat = flat.astype(jnp.uint8)
@@ -394,7 +395,9 @@ def _reinterpret(flat: jax.Array, dtype: torch.dtype,
     return out != 0 if to_bool else out
 
 
-def _flat_index(sizes: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
+def flat_index(sizes: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
+    """The storage position of each element of a strided view (an array of `sizes`);
+    compile.graph_ops gathers a generic view's elements with it."""
     idx = np.full(sizes, offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(sizes, strides)):
         shape = [1] * len(sizes)
@@ -438,7 +441,7 @@ def strided_read(base, layout, offset=None):
     dtype, sizes, strides, own = layout[:4]
     if own is not None:
         offset = own
-    flat = _reinterpret(base.reshape(-1), dtype, layout[4] if len(layout) > 4 else None)
+    flat = reinterpret(base.reshape(-1), dtype, layout[4] if len(layout) > 4 else None)
     n = math.prod(sizes)
     if n == 0:
         return jnp.zeros(sizes, flat.dtype)
@@ -447,7 +450,7 @@ def strided_read(base, layout, offset=None):
     x = _slice(flat, offset, _extent(sizes, strides))
     order = _structured_plan(sizes, strides)
     if order is None:
-        return x[_flat_index(sizes, strides, 0)]
+        return x[flat_index(sizes, strides, 0)]
     if not order:  # every dim has size 1 or stride 0: one element, broadcast
         return jnp.broadcast_to(x.reshape(()), sizes)
     first = order[0]
@@ -483,15 +486,15 @@ def strided_write(base, layout, value, offset=None):
     value = jnp.broadcast_to(convert(value, dtype), sizes)
     flat = base.reshape(-1)
     same = storage_dtype is None and np.dtype(flat.dtype) == np.dtype(TORCH_TO_JAX[dtype])
-    work = flat if same else _reinterpret(flat, dtype, storage_dtype)
+    work = flat if same else reinterpret(flat, dtype, storage_dtype)
     if strides == contiguous_strides(sizes):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
         region = _slice(work, offset, _extent(sizes, strides))
-        region = region.at[_flat_index(sizes, strides, 0)].set(value)
+        region = region.at[flat_index(sizes, strides, 0)].set(value)
         work = lax.dynamic_update_slice(work, region, (offset,))
     if not same:
-        work = _reinterpret(work, storage_dtype or JAX_TO_TORCH[np.dtype(flat.dtype)], dtype)
+        work = reinterpret(work, storage_dtype or JAX_TO_TORCH[np.dtype(flat.dtype)], dtype)
     return work.reshape(base.shape)
 
 

@@ -112,14 +112,14 @@ class ArtifactStore:
             self._check(root, os.path.join(root, SUBDIR))
 
     def _check(self, root: str, path: str) -> None:
-        problem = _store._prepare_dir(path)
+        problem = _store.prepare_dir(path)
         if problem == "not writable":
             problem = None  # read-only: serves what it holds
         else:
             self.writable = problem is None
         # The same rule as the shared tier: this user or root, not writable
         # by group or others; the directory above too (it could be replaced).
-        problem = problem or _store._check_readable(root) or _store._check_readable(path)
+        problem = problem or _store.check_readable(root) or _store.check_readable(path)
         if problem is not None:
             self.problem = problem
             self.writable = False
@@ -148,7 +148,7 @@ class ArtifactStore:
             return None
         fname = self.file_for(key)
         # shared=True: the entry file must pass the owner/mode check too.
-        blob, problem = _store._read_entry(fname, shared=True)
+        blob, problem = _store.read_entry(fname, shared=True)
         if blob is None:
             if problem is not None:
                 self._reject(fname, problem)
@@ -170,15 +170,15 @@ class ArtifactStore:
                                          f"{os.path.basename(fname)} ({problem}); the function "
                                          "is traced and compiled again")
         if self.writable and not problem.startswith(("owned by", "writable by", "cannot read")):
-            _store._remove(fname)
+            _store.remove(fname)
 
     def put(self, key: str, payload: bytes) -> bool:
         if not (self.usable and self.writable):
             return False
         try:
-            _store._write_atomic(self.file_for(key),
-                                 _store.encode_entry(key, self.environment(), payload,
-                                                     magic=MAGIC))
+            _store.write_atomic(self.file_for(key),
+                                _store.encode_entry(key, self.environment(), payload,
+                                                    magic=MAGIC))
         except OSError as e:
             _store.warn_once("artifact-write", f"cannot write PyTorch compile artifacts in "
                                                f"{self.root!r} ({e.strerror or e})")

@@ -643,7 +643,14 @@ def reject(key: str, e: BaseException, undo_hit: bool = False) -> None:
                                   f"({type(e).__name__}: {e}); the step is traced again")
     s = artifact_store()
     if s.writable:
-        _store._remove(s.file_for(key))
+        _store.remove(s.file_for(key))
+
+
+def count_unkeyed() -> None:
+    """Count a step that could not be keyed (traced, never stored); compile_step
+    calls it when step_key fails."""
+    with _lock:
+        STATS.unkeyed += 1
 
 
 def remember(key: str, gm: Any, layout: dict, arg_pos: list, n_grads: int) -> None:

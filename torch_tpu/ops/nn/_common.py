@@ -16,24 +16,27 @@ aten = torch.ops.aten
 # helpers
 
 
-def _precision(*xs):
-    """HIGHEST for genuine float32 operands, DEFAULT when they came from halves."""
+def matmul_precision(*xs):
+    """The matmul precision of the nn lowerings' contractions: HIGHEST for genuine
+    float32 operands, DEFAULT when they came from halves."""
     if any(x is not None and x.dtype == jnp.float32 for x in xs):
         return lax.Precision.HIGHEST
     return lax.Precision.DEFAULT
 
 
-def _is_float(x):
+def is_float(x):
+    """Whether jax array `x` is a real floating type (pooling, upsampling)."""
     return jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _meta_list():
+def meta_list():
+    """The current lowering's output metas as a list (one or several outputs)."""
     m = out_meta()
     return list(m) if isinstance(m, (list, tuple)) else [m]
 
 
-def _reduce(loss, reduction):
-    """PyTorch's loss reduction enum: 0 none, 1 mean, 2 sum."""
+def reduce_loss(loss, reduction):
+    """A loss reduced by PyTorch's reduction enum: 0 none, 1 mean, 2 sum (the losses)."""
     if reduction == 0:
         return loss
     if reduction == 1:
@@ -41,13 +44,16 @@ def _reduce(loss, reduction):
     return jnp.sum(loss)
 
 
-def _expand_param(v, n):
+def expand_param(v, n):
+    """A per-dimension parameter (stride, padding, ...) given once or per dimension,
+    as a tuple of `n` (convolution, pooling)."""
     v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
     return v * n if len(v) == 1 else v
 
 
-def _sum_to(x, shape):
-    """Sum a broadcast result back to `shape` (the transpose of broadcasting)."""
+def sum_to(x, shape):
+    """Sum a broadcast result back to `shape` (the transpose of broadcasting;
+    attention's backward)."""
     shape = tuple(shape)
     if x.shape == shape:
         return x

@@ -14,8 +14,8 @@ from jax import lax
 
 from ..opmath import is_half, upcast
 from ..registry import lower
-from ._common import _precision, _sum_to
-from .dropout import _jax_key
+from ._common import matmul_precision, sum_to
+from ...device import random as tpu_random
 
 aten = torch.ops.aten
 
@@ -50,7 +50,7 @@ def _attn_scores(q, k, bias, is_causal, scale, grp):
     """Masked, scaled scores q k^T in float32, shape (..., Hq, L, S)."""
     L, S = q.shape[-2], k.shape[-2]
     s = jnp.einsum("...le,...se->...ls", _group(upcast(q), grp), _kv(upcast(k), grp),
-                   precision=_precision(q, k))
+                   precision=matmul_precision(q, k))
     s = _ungroup(s, grp) * scale
     masked = None
     if is_causal:
@@ -96,7 +96,7 @@ def _attention(q, k, v, bias, dropout_p, is_causal, scale, key):
     # P @ V runs in V's dtype (float32 accumulation) for half types.
     va = v if half_v else upcast(v)
     out = jnp.einsum("...ls,...sd->...ld", _group(p.astype(va.dtype), grp), _kv(va, grp),
-                     precision=_precision(v), preferred_element_type=jnp.float32
+                     precision=matmul_precision(v), preferred_element_type=jnp.float32
                      if half_v else None)
     return _ungroup(out, grp), lse
 
@@ -110,7 +110,7 @@ def _attention_backward(g, q, k, v, bias, lse, dropout_p, is_causal, scale, key,
     lse = lse.reshape(s.shape[:-1])[..., None]
     p = jnp.where(jnp.isfinite(lse), jnp.exp(s - lse), 0.0)
     ga = upcast(g)
-    prec = _precision(q, k, v)
+    prec = matmul_precision(q, k, v)
     pd = p
     if dropout_p > 0:
         z = jnp.where(_attn_keep(key, dropout_p, p.shape), 1.0 / (1.0 - dropout_p), 0.0)
@@ -146,14 +146,14 @@ def _unpack_key(seed, offset):
     s = lax.bitcast_convert_type(seed.astype(jnp.int64), jnp.uint64)
     o = lax.bitcast_convert_type(offset.astype(jnp.int64), jnp.uint64)
     raw = jnp.stack([s >> 32, s & 0xFFFFFFFF, o >> 32, o & 0xFFFFFFFF]).astype(jnp.uint32)
-    return _jax_key(raw)
+    return tpu_random.jax_key(raw)
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable.default, random=True)
 def _sdpa_fused(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
                 return_debug_mask=False, *, scale=None, rng_key):
     out, lse = _attention(query, key, value, attn_bias, dropout_p, is_causal, scale,
-                          _jax_key(rng_key))
+                          tpu_random.jax_key(rng_key))
     seed, offset = _pack_key(rng_key)
     if query.ndim == 3:
         lse = lse[None]
@@ -170,7 +170,7 @@ def _sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask
     gb = None
     if attn_bias is not None:
         if attn_bias.dtype != jnp.bool_ and grad_input_mask[3]:
-            gb = _sum_to(ds, attn_bias.shape)
+            gb = sum_to(ds, attn_bias.shape)
         else:
             # PyTorch's meta gives the bias gradient the bias' shape whenever a
             # bias is passed, even when it is not wanted (or is a bool mask).

@@ -12,7 +12,7 @@ from jax import lax
 
 from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _expand_param, _precision
+from ._common import expand_param, matmul_precision
 
 aten = torch.ops.aten
 
@@ -29,15 +29,15 @@ def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, g
     nsp = x.ndim - 2
     sp = _SPATIAL[nsp]
     dn = ("NC" + sp, "OI" + sp, "NC" + sp)
-    stride = _expand_param(stride, nsp)
-    padding = _expand_param(padding, nsp)
-    dilation = _expand_param(dilation, nsp)
+    stride = expand_param(stride, nsp)
+    padding = expand_param(padding, nsp)
+    dilation = expand_param(dilation, nsp)
     if not transposed:
         return lax.conv_general_dilated(
             x, w, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
             precision=prec)
-    output_padding = _expand_param(output_padding, nsp)
+    output_padding = expand_param(output_padding, nsp)
     # Transposed: the gradient of a convolution w.r.t. its input. The weight
     # (Cin, Cout/g, k...) becomes (Cout, Cin/g, k...), spatially flipped.
     cin, coutg = w.shape[0], w.shape[1]
@@ -58,7 +58,7 @@ def _check_conv_params(stride, padding, dilation, transposed, output_padding, gr
     that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
     op = "aten.convolution"
     stride, padding, dilation, output_padding = (
-        _expand_param(v, 1) for v in (stride, padding, dilation, output_padding))
+        expand_param(v, 1) for v in (stride, padding, dilation, output_padding))
     if any(s <= 0 for s in stride):
         raise RuntimeError(f"{op}: non-positive stride is not supported")
     if any(p < 0 for p in padding):
@@ -75,7 +75,7 @@ def _check_conv_params(stride, padding, dilation, transposed, output_padding, gr
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
-    prec = _precision(input, weight)
+    prec = matmul_precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
     x = upcast(input)[None] if unbatched else upcast(input)
     y = _conv_forward(x, upcast(weight), stride, padding, dilation, transposed, output_padding,
@@ -96,7 +96,7 @@ def _convolution(input, weight, bias, stride, padding, dilation, transposed, out
 @opmath("grad_output")
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
-    prec = _precision(input, weight)
+    prec = matmul_precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
     x = upcast(input)[None] if unbatched else upcast(input)
     g = grad_output[None] if unbatched else grad_output

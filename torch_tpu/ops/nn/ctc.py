@@ -13,7 +13,7 @@ import torch
 from jax import lax
 
 from ..registry import lower
-from ._common import _meta_list
+from ._common import meta_list
 from ..reductions import type_name
 from .. import core
 
@@ -117,7 +117,7 @@ def _ctc_alpha(emit, il, tl, valid, skip):
 
 def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank, L=None):
     if L is None:
-        L = tuple(_meta_list()[1].shape)[2]
+        L = tuple(meta_list()[1].shape)[2]
     T, N, _ = log_probs.shape
     lp = log_probs
     dt = lp.dtype

@@ -12,7 +12,7 @@ from ...runtime import executor
 from .. import core
 from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _meta_list
+from ._common import meta_list
 
 aten = torch.ops.aten
 
@@ -76,7 +76,7 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
     bag, valid, counts = _bags(indices, offsets, include_last_offset, padding_idx, nbags)
     w = upcast(weight)
     rows = jnp.take(w, indices, axis=0, mode="clip")
-    metas = _meta_list()
+    metas = meta_list()
     if mode == 2:
         neg = jnp.array(-jnp.inf, rows.dtype)
         vals = jnp.where(valid[:, None], rows, neg)

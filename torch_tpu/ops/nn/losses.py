@@ -12,7 +12,7 @@ import torch
 
 from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _reduce
+from ._common import reduce_loss
 
 aten = torch.ops.aten
 
@@ -87,7 +87,7 @@ def _grad_scale(grad_output, reduction, n):
 @opmath("self", "target")
 def mse_loss(self, target, reduction=1):
     d = self - target
-    return _reduce(d * d, reduction)
+    return reduce_loss(d * d, reduction)
 
 
 @lower(aten.mse_loss_backward.default)
@@ -102,8 +102,8 @@ def mse_loss_backward(grad_output, self, target, reduction):
 def smooth_l1_loss(self, target, reduction=1, beta=1.0):
     z = jnp.abs(self - target)
     if beta == 0:
-        return _reduce(z, reduction)
-    return _reduce(jnp.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta), reduction)
+        return reduce_loss(z, reduction)
+    return reduce_loss(jnp.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta), reduction)
 
 
 @lower(aten.smooth_l1_loss_backward.default)
@@ -120,7 +120,7 @@ def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
 @opmath("self", "target")
 def huber_loss(self, target, reduction=1, delta=1.0):
     z = jnp.abs(self - target)
-    return _reduce(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
+    return reduce_loss(jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)), reduction)
 
 
 @lower(aten.huber_loss_backward.default)
@@ -141,7 +141,7 @@ def binary_cross_entropy(self, target, weight=None, reduction=1):
     loss = (t - 1) * log_1mx - t * log_x
     if weight is not None:
         loss = loss * upcast(weight)
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 @lower(aten.binary_cross_entropy_backward.default)
@@ -172,7 +172,7 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
     loss = rnd(rnd(one_m_t * self, one_m_t) - lsi, one_m_t)
     if weight is not None:
         loss = rnd(loss * weight, loss)
-    return _reduce(upcast(loss), reduction)
+    return reduce_loss(upcast(loss), reduction)
 
 
 def _margin_rows(x, grad_output, reduction):

@@ -11,7 +11,7 @@ from jax import lax
 
 from ..opmath import opmath, upcast
 from ..registry import lower
-from ._common import _meta_list
+from ._common import meta_list
 from ...runtime import executor
 from .. import core
 
@@ -153,7 +153,7 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
                                          momentum, eps):
     y, mean, rstd = _bn_eval(input, weight, bias, running_mean, running_var, eps)
-    metas = _meta_list()
+    metas = meta_list()
     if len(metas) == 3 and tuple(metas[1].shape) == (0,):
         # CPU's (fake) kernel returns empty save_mean / save_rstd (nothing is
         # saved for a backward); the meta kernel the eager path sees does not.
@@ -310,8 +310,10 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
     return gi, gw
 
 
-def _native_batch_norm_route(input, weight, bias, running_mean, running_var, training, momentum,
-                             eps):
+def native_batch_norm_route(input, weight, bias, running_mean, running_var, training, momentum,
+                            eps):
+    """native_batch_norm by the `_native_batch_norm_legit` overloads (installed by
+    ops.nn.routes as the op's PrivateUse1 kernel)."""
     if running_mean is None and running_var is None:
         if not training:
             raise RuntimeError(

@@ -18,7 +18,7 @@ from .. import core
 from ..opmath import opmath, upcast
 from ..reductions import type_name
 from ..registry import lower
-from ._common import _expand_param, _is_float, _meta_list, _precision
+from ._common import expand_param, is_float, meta_list, matmul_precision
 
 aten = torch.ops.aten
 
@@ -102,14 +102,14 @@ def _max_pool_windows(x, nsp, out_sp, kernel, stride, padding, dilation):
     fill = _neg_inf(x.dtype)
     v = jnp.where(ok, vals, fill)
     taps = idx.shape[1]
-    if _is_float(x):
+    if is_float(x):
         # PyTorch's rule: the first maximum; a NaN wins, the last NaN.
         nan = ok & jnp.isnan(vals)
         last_nan = taps - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
         v = jnp.where(nan, fill, v)
     best = jnp.max(v, axis=-1, keepdims=True)
     tap = jnp.argmax(ok & (v == best), axis=-1)
-    if _is_float(x):
+    if is_float(x):
         tap = jnp.where(nan.any(axis=-1), last_nan, tap)
     out = jnp.take_along_axis(vals, tap[..., None], axis=-1)[..., 0]
     ind = jnp.asarray(idx)[jnp.arange(idx.shape[0]), tap]
@@ -118,11 +118,11 @@ def _max_pool_windows(x, nsp, out_sp, kernel, stride, padding, dilation):
 
 
 def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
-    kernel = _expand_param(kernel_size, nsp)
-    stride = _expand_param(stride, nsp) if stride else kernel
-    padding = _expand_param(padding, nsp)
-    dilation = _expand_param(dilation, nsp)
-    out_sp = tuple(_meta_list()[0].shape[-nsp:])
+    kernel = expand_param(kernel_size, nsp)
+    stride = expand_param(stride, nsp) if stride else kernel
+    padding = expand_param(padding, nsp)
+    dilation = expand_param(dilation, nsp)
+    out_sp = tuple(meta_list()[0].shape[-nsp:])
     out_shape = x.shape[:-nsp] + out_sp
     # Half types compare as float32 (exact: the maximum is one of the inputs,
     # rounded back by the executor); XLA:CPU compiles half-precision
@@ -135,12 +135,12 @@ def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
         return best, bidx
     if int(np.prod(kernel)) > MAX_UNROLLED_TAPS:
         return _max_pool_windows(x, nsp, out_sp, kernel, stride, padding, dilation)
-    is_float = _is_float(x)
+    floating = is_float(x)
     for v, valid, idx in _tap_slices(x, nsp, out_sp, kernel, stride, padding, dilation, fill):
         # PyTorch's rule: take the first in-bounds tap, then any tap that is
         # greater or NaN (so NaN propagates, the last NaN's index wins).
         upd = (v > best) | (bidx < 0)
-        if is_float:
+        if floating:
             upd = upd | jnp.isnan(v)
         if valid is not None:
             upd = upd & valid
@@ -150,10 +150,10 @@ def _max_pool(x, nsp, kernel_size, stride, padding, dilation):
 
 
 def _max_pool_backward(grad_output, x, nsp, kernel_size, stride, padding, dilation, indices):
-    kernel = _expand_param(kernel_size, nsp)
-    stride = _expand_param(stride, nsp) if stride else kernel
-    padding = _expand_param(padding, nsp)
-    dilation = _expand_param(dilation, nsp)
+    kernel = expand_param(kernel_size, nsp)
+    stride = expand_param(stride, nsp) if stride else kernel
+    padding = expand_param(padding, nsp)
+    dilation = expand_param(dilation, nsp)
     g = upcast(grad_output)
     out_sp = g.shape[-nsp:]
     in_sp = x.shape[-nsp:]
@@ -206,9 +206,9 @@ def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, pad
 
 def _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
               divisor_override):
-    kernel = _expand_param(kernel_size, nsp)
-    stride = _expand_param(stride, nsp) if stride else kernel
-    padding = _expand_param(padding, nsp)
+    kernel = expand_param(kernel_size, nsp)
+    stride = expand_param(stride, nsp) if stride else kernel
+    padding = expand_param(padding, nsp)
     in_sp = x.shape[-nsp:]
     lead = x.ndim - nsp
     out_shape = x.shape[:lead] + tuple(out_sp)
@@ -241,7 +241,7 @@ def _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
 
 def _avg_pool_fwd(self, nsp, kernel_size, stride, padding, count_include_pad,
                   divisor_override):
-    out_sp = tuple(_meta_list()[0].shape[-nsp:])
+    out_sp = tuple(meta_list()[0].shape[-nsp:])
     x = upcast(self)
     return _avg_pool(x, nsp, out_sp, kernel_size, stride, padding, count_include_pad,
                      divisor_override)
@@ -303,8 +303,9 @@ def _indicator(L, O):
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _separable(x, mats, transpose=False, prec=None):
-    """Apply a (O, L) matrix to each of the last len(mats) dims of `x`."""
+def separable(x, mats, transpose=False, prec=None):
+    """Apply a (O, L) matrix to each of the last len(mats) dims of `x` (adaptive
+    pooling here, interpolation in ops.nn.upsampling)."""
     nsp = len(mats)
     lead = x.ndim - nsp
     xs = _LETTERS[:lead] + _LETTERS[lead:lead + nsp]
@@ -321,7 +322,7 @@ def _adaptive_avg(x, out_sp):
     nsp = len(out_sp)
     in_sp = x.shape[-nsp:]
     mats, counts = zip(*[_indicator(L, O) for L, O in zip(in_sp, out_sp)])
-    y = _separable(upcast(x), mats, prec=_precision(x))
+    y = separable(upcast(x), mats, prec=matmul_precision(x))
     div = np.ones(tuple(out_sp), np.float32)
     for j, c in enumerate(counts):
         shape = [1] * nsp
@@ -341,7 +342,7 @@ def _adaptive_avg_backward(g, x, nsp):
         div = div * c.reshape(shape)
     ga = upcast(g)
     ga = ga / jnp.asarray(div, ga.dtype)
-    return _separable(ga, mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return separable(ga, mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 @lower(aten._adaptive_avg_pool2d.default)
@@ -375,7 +376,7 @@ def _adaptive_max(x, out_sp):
     kmax = [int(np.max(e - s)) for s, e in wins]
     flat_stride = [int(np.prod(in_sp[j + 1:])) for j in range(nsp)]
     best = bidx = None
-    is_float = _is_float(x)
+    floating = is_float(x)
     for tap in itertools.product(*[range(k) for k in kmax]):
         # Taps past a window's end repeat its last element: no mask needed.
         pos = [np.minimum(s + t, e - 1) for (s, e), t in zip(wins, tap)]
@@ -388,7 +389,7 @@ def _adaptive_max(x, out_sp):
             best, bidx = v, jnp.broadcast_to(idx, out_shape)
             continue
         upd = v > best
-        if is_float:
+        if floating:
             upd = upd | jnp.isnan(v)
         best = jnp.where(upd, v, best)
         bidx = jnp.where(upd, idx, bidx)
@@ -451,7 +452,7 @@ def _fractional_starts(sample, L, O, k):
 
 def _fractional_max_pool(x, kernel_size, output_size, samples):
     nsp = len(kernel_size)
-    out_meta = _meta_list()[0]
+    out_meta = meta_list()[0]
     if out_meta.numel() == 0:  # an output size or a batch of 0: nothing to pool
         shape = tuple(out_meta.shape)
         return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)

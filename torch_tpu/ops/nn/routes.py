@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .normalization import _native_batch_norm_route
+from .normalization import native_batch_norm_route
 
 aten = torch.ops.aten
 
@@ -82,7 +82,7 @@ def _install_routes():
     _route_libs.append(lib)
     lib.impl("scaled_dot_product_attention", _sdpa_route, "AutogradPrivateUse1")
     lib.impl("scaled_dot_product_attention", _sdpa_route, "PrivateUse1")
-    lib.impl("native_batch_norm", _native_batch_norm_route, "PrivateUse1")
+    lib.impl("native_batch_norm", native_batch_norm_route, "PrivateUse1")
 
 
 _install_routes()

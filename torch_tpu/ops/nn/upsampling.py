@@ -13,8 +13,8 @@ from jax import lax
 
 from ..opmath import is_half, opmath, upcast
 from ..registry import lower
-from ._common import _is_float
-from .pooling import _separable
+from ._common import is_float
+from .pooling import separable
 
 aten = torch.ops.aten
 
@@ -62,7 +62,7 @@ def _onehot_mat(idx, L):
 def _upsample_nearest_backward(g, out_sp, in_sp, scales, exact):
     mats = [_onehot_mat(_nearest_index(L, O, sc, exact), L)
             for L, O, sc in zip(in_sp, out_sp, scales)]
-    return _separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 def _linear_weights(L, O, align_corners, scale):
@@ -114,7 +114,7 @@ def _linear_mat(L, O, align_corners, scale):
 
 def _upsample_linear_backward(g, out_sp, in_sp, align_corners, scales):
     mats = [_linear_mat(L, O, align_corners, sc) for L, O, sc in zip(in_sp, out_sp, scales)]
-    return _separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return separable(upcast(g), mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 def _cubic_mat(L, O, align_corners, scale, A=-0.75):
@@ -148,7 +148,7 @@ def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w
     in_sp = self.shape[-2:]
     mats = [_cubic_mat(L, O, align_corners, sc)
             for L, O, sc in zip(in_sp, tuple(output_size), (scales_h, scales_w))]
-    return _separable(upcast(self), mats, prec=lax.Precision.HIGHEST)
+    return separable(upcast(self), mats, prec=lax.Precision.HIGHEST)
 
 
 @lower(aten.upsample_bicubic2d_backward.default)
@@ -157,7 +157,7 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
                                 scales_h=None, scales_w=None):
     mats = [_cubic_mat(L, O, align_corners, sc)
             for L, O, sc in zip(tuple(input_size[-2:]), tuple(output_size), (scales_h, scales_w))]
-    return _separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)
 
 
 @lower(aten.upsample_nearest1d.default)
@@ -308,7 +308,7 @@ def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, sca
         raise NotImplementedError(
             f'"compute_index_ranges_weights" not implemented for \'{name}\'')
     mats = _aa_mats(self.shape[-2:], tuple(output_size), align_corners, (scales_h, scales_w))
-    x = self if _is_float(self) else self.astype(jnp.float32)
+    x = self if is_float(self) else self.astype(jnp.float32)
     # CPU resamples the last dim first, then the one before (skipping equal sizes).
     for j in (1, 0):
         if mats[j].shape[0] != mats[j].shape[1] or not np.array_equal(
@@ -316,7 +316,7 @@ def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, sca
             ax = x.ndim - 2 + j
             x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(mats[j]), axes=([ax], [1]),
                                            precision=lax.Precision.HIGHEST), -1, ax)
-    if not _is_float(self):  # uint8: rounded and saturated
+    if not is_float(self):  # uint8: rounded and saturated
         x = jnp.clip(jnp.round(x), 0, 255)
     return x
 
@@ -327,4 +327,4 @@ def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align
                                      scales_h=None, scales_w=None):
     mats = _aa_mats(tuple(input_size[-2:]), tuple(output_size), align_corners,
                     (scales_h, scales_w))
-    return _separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)
+    return separable(grad_output, mats, transpose=True, prec=lax.Precision.HIGHEST)

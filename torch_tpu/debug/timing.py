@@ -1,4 +1,6 @@
-"""Per-op host timing and profiler annotations through a TorchDispatchMode.
+"""Per-op host timing and profiler annotations through a TorchDispatchMode
+(debug.capture(timing=...), torch_tpu.profiler), and `block`, the wait on a
+tensor tree's values that debug.roofline and torch_tpu.benchmark time with.
 
 The executor has no per-op timing hook, so while timing (or profiling) is
 on, a dispatch mode wraps every ATen op that reaches the backend. It sits
