@@ -95,8 +95,9 @@ def install() -> None:
             register()
             return original(*args, **kwargs)
 
-        compile._torch_tpu = True
-        compile._torch_tpu_original = original
+        # markers on our wrapper (install() runs once per wrapper)
+        compile._torch_tpu = True  # type: ignore[attr-defined]
+        compile._torch_tpu_original = original  # type: ignore[attr-defined]
         torch.compile = compile
     # register() (at the first torch.compile call) also points inductor at
     # "tpu" for tpu inputs: torch.compile is the only caller of inductor's

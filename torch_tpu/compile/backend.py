@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -42,13 +44,16 @@ from .graph import CompiledGraph, prebuild_enabled
 try:
     from .persist import artifacts as _artifacts
 except Exception:  # pragma: no cover - the cache package failed to import
-    _artifacts = None
+    # Typed as the module: every use checks for None first (or runs only
+    # where `packaged`, which needs the module).
+    _artifacts = None  # type: ignore[assignment]
 
 # --------------------------------------------------------------------------
 # the dynamo backend
 
 
-_DECOMP_TABLE = {"key": None, "table": None}
+# "key": the lowering table's size when "table" (a decomposition dict) was built.
+_DECOMP_TABLE: dict[str, Any] = {"key": None, "table": None}
 
 
 def _core_table():
@@ -121,7 +126,8 @@ def _compiler(kind, options, packaged=False, made=None):
     return compile_graph
 
 
-def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                options: dict | None = None) -> Callable[..., Any]:
     """`torch.compile(model, backend="tpu")`: see the module docstring.
 
     options (``torch.compile(..., options={...})``):
@@ -148,7 +154,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
     # once (not at the first backward call), so that its program compiles
     # in the background from the forward's first call (_prebuild_backward).
     prebuild = not packaged and prebuild_enabled()
-    made = [] if prebuild else None
+    made: list[CompiledGraph] | None = [] if prebuild else None
     aot = aot_autograd(
         fw_compiler=_compiler("forward", options, packaged, made),
         bw_compiler=_compiler("backward", options, packaged, made),
@@ -167,6 +173,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
 
         with functorch_config.patch(force_non_lazy_backward_lowering=True):
             compiled = aot(gm, example_inputs)
+        assert made is not None  # prebuild
         kinds = [g.kind for g in made]
         if kinds == ["forward", "backward"] and not made[0].symbolic:
             made[0].backward_graph = made[1]
@@ -235,7 +242,7 @@ def _lighter_dynamo_bookkeeping():
         def profile_guard_manager(*args, **kwargs):
             return 0.0
 
-        profile_guard_manager._torch_tpu = True
+        profile_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # our marker
         dyn_guards.profile_guard_manager = profile_guard_manager
     original_funcname = getattr(symbolic_convert, "get_funcname", None)
     if original_funcname is not None and not getattr(original_funcname, "_torch_tpu", False):
@@ -248,7 +255,7 @@ def _lighter_dynamo_bookkeeping():
                 return original_funcname(filename, lineno)
             return None
 
-        get_funcname._torch_tpu = True
+        get_funcname._torch_tpu = True  # type: ignore[attr-defined]  # our marker
         symbolic_convert.get_funcname = get_funcname
 
 
@@ -285,7 +292,7 @@ def _skip_cudagraph_import():
             return True
         return original(x)
 
-    _is_static_for_cudagraphs._torch_tpu = True
+    _is_static_for_cudagraphs._torch_tpu = True  # type: ignore[attr-defined]  # our marker
     opt_vars._is_static_for_cudagraphs = _is_static_for_cudagraphs
 
 
@@ -309,5 +316,5 @@ def _redirect_inductor():
             return tpu_backend(model_, inputs_)
         return original(self, model_, inputs_)
 
-    __call__._torch_tpu = True
+    __call__._torch_tpu = True  # type: ignore[attr-defined]  # our marker
     wrapper.__call__ = __call__

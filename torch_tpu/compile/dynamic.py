@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import os
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,7 +124,8 @@ class Policy:
             return plan
         symbols = []
         int_syms = []      # (position, symbol) of SymInt placeholders that are one symbol
-        tensor_dims = []   # (position, dim, symbol) of tensor dims that are one symbol
+        # (position, dim, symbol) of tensor dims that are one symbol
+        tensor_dims: list[tuple[int, int, Any]] = []
         for pos, n in enumerate(graph.program.placeholders):
             val = n.meta.get("val")
             if isinstance(val, torch.SymInt):
@@ -153,7 +155,7 @@ class Policy:
         true = {}
         for pos, sym in int_syms:
             true[sym] = int(args[pos])
-        seen = {}
+        seen: dict[Any, int] = {}  # symbol -> the smallest size given for it
         for pos, d, sym in tensor_dims:
             t = args[pos]
             if not isinstance(t, torch.Tensor) or registered_spec(t) is not None:
@@ -165,10 +167,10 @@ class Policy:
             raise PadUnsafe("a dynamic size is not given by any input")
         # Only sizes seen to change are padded; the others (a hidden size
         # under dynamic=True, say) stay exact and part of the key.
-        seen = graph.seen_sizes
+        history = graph.seen_sizes
         for s in symbols:
-            seen.setdefault(s, set()).add(true[s])
-        varying = [s for s in symbols if len(seen[s]) > 1]
+            history.setdefault(s, set()).add(true[s])
+        varying = [s for s in symbols if len(history[s]) > 1]
         if not varying:
             raise _CallUnsafe()
         buckets = {s: padding.next_bucket(true[s], self.buckets) for s in varying}
@@ -292,7 +294,7 @@ class Policy:
         return compiled, holder["specs"]
 
 
-def _simple(spec) -> bool:
+def _simple(spec: tuple[padding.DimSpec, ...]) -> bool:
     """Every padded dim is one padded factor: the real part is a prefix view."""
     return all(d is None or len(d) == 1 for d in spec)
 

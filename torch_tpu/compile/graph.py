@@ -22,6 +22,8 @@ import collections
 import hashlib
 import os
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -64,8 +66,8 @@ def _device_of(example_inputs):
 class CompiledGraph:
     """One AOT graph (forward, backward or inference) as XLA executables."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str, options=None,
-                 n_user_outputs=None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                 options: dict | None = None, n_user_outputs: int | None = None):
         # Boxed calling convention (one list of inputs, cleared after use). An
         # instance attribute, so that wrappers made with functools.wraps keep it.
         self._boxed_call = True
@@ -103,11 +105,14 @@ class CompiledGraph:
         code = gm.code
         self.fingerprint = hashlib.sha256(code.encode()).hexdigest()
         graph_key.note_dynamo_reason(self.fingerprint)  # for the debug tools' recompile reasons
-        self.executables = collections.OrderedDict()  # specialization key -> entry
+        # specialization key -> entry
+        self.executables: collections.OrderedDict[Any, graph_cache.Entry] = \
+            collections.OrderedDict()
         self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
         self.pad_ok = None       # False once padding to buckets proved unsafe
         self.pad_plan = None
-        self.seen_sizes = {}     # symbol -> values seen (only changing ones are padded)
+        # symbol -> values seen (only changing ones are padded)
+        self.seen_sizes: dict[Any, set[int]] = {}
         self.warned_cap = False
         # Outputs [0, n_user_outputs) are what the user (or AOTAutograd's
         # wrapper) sees; the rest of a forward graph's outputs are saved for
@@ -115,8 +120,10 @@ class CompiledGraph:
         self.n_user_outputs = len(self.out_specs)
         if kind == "forward":
             try:
-                md = torch._guards.TracingContext.try_get().fw_metadata
-                self.n_user_outputs = int(md.num_forward)
+                ctx = torch._guards.TracingContext.try_get()
+                md = ctx.fw_metadata if ctx is not None else None
+                if md is not None:
+                    self.n_user_outputs = int(md.num_forward)
             except Exception:
                 pass
             if n_user_outputs is not None:  # rebuilt from a compile package
@@ -126,13 +133,13 @@ class CompiledGraph:
         mutated = set(self.program.mutated_inputs)
         self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
         self.eager = False
-        self.consts = None
+        self.consts: list[Any] | None = None
         # A forward graph's backward graph (linked by tpu_backend), whose
         # program is compiled in the background from the forward's first call
         # on (`_prebuild_backward`); the futures wait in the backward's
         # `prebuilt`, by specialization token.
-        self.backward_graph = None
-        self.prebuilt = {}
+        self.backward_graph: CompiledGraph | None = None
+        self.prebuilt: dict[Any, Any] = {}  # specialization token -> future of an Entry
         graph_cache.record(graphs=1)
 
     def _analyze_outputs(self):
@@ -142,7 +149,9 @@ class CompiledGraph:
             outs = (outs,)
         index = {n: i for i, n in enumerate(self.program.placeholders)}
         self.output_nodes = list(outs)
-        self.out_specs = []
+        # Per output: (kind, its fields...), kind "none", "input", "array",
+        # "value", "const" or "input_view".
+        self.out_specs: list[tuple[Any, ...]] = []
         n_prog = 0
         for o in outs:
             if o is None:
@@ -257,17 +266,19 @@ class CompiledGraph:
             arr_outs = [v for spec, v in zip(self.out_specs, outs) if spec[0] == "array"]
             # The same value returned twice (`relu` and its `alias`, both saved
             # for the backward) is returned once: XLA would copy it.
-            unique, index, seen = [], [], {}
+            unique: list[Any] = []
+            index: list[int] = []
+            seen: dict[int, int] = {}  # id of a value -> its position in unique
             for v in arr_outs:
-                j = seen.get(id(v))
-                if j is None:
-                    j = seen[id(v)] = len(unique)
+                k = seen.get(id(v))
+                if k is None:
+                    k = seen[id(v)] = len(unique)
                     unique.append(v)
-                index.append(j)
+                index.append(k)
             value_results["__out_index__"] = index
             return unique, muts
 
-        value_results = {}
+        value_results: dict[Any, Any] = {}  # output position (or "__out_index__") -> value
 
         rng = np.zeros((4,), np.uint32) if uses_rng else None
         lower_args = ([arrays[i] for i in donate_idx], [arrays[i] for i in keep_idx],
@@ -282,13 +293,13 @@ class CompiledGraph:
 
     # -- running -----------------------------------------------------------
 
-    def __call__(self, *args):
+    def __call__(self, *call_args: Any) -> Any:
         # Boxed (one list, which we may clear) or unboxed (the values) calls:
         # AOTAutograd uses both; a graph input is never a list.
-        if len(args) == 1 and type(args[0]) is list:
-            args = args[0]
+        if len(call_args) == 1 and type(call_args[0]) is list:
+            args = call_args[0]
         else:
-            args = list(args)
+            args = list(call_args)
         if self.eager:
             results = self._run_eager(args)
         else:
@@ -307,13 +318,15 @@ class CompiledGraph:
         ints = [int(args[p]) for p in self.int_pos]
         if self.symbolic:
             # The policy reads the inputs itself (padded inputs are not re-read).
+            assert self.policy is not None  # made for every symbolic graph
             return self.policy.run(self, args, None, ints)
         arrays, layouts = self.read_storages(args)
         return self._run_static(args, arrays, ints, layouts)
 
     def read_storages(self, args):
         """Storage arrays of the tensor inputs and their view layouts (None: plain)."""
-        arrays, layouts = [], []
+        arrays: list[Any] = []
+        layouts: list[Any] = []
         for p in self.tensor_pos:
             t = args[p]
             data = getattr(t.untyped_storage(), "_tpu", None) if t.device.type == "tpu" else None
@@ -391,7 +404,8 @@ class CompiledGraph:
         precision = graph_key.precision_token()
         token = graph_key.call_token(bw, b_arrays, b_layouts)
         key = bw.signature(b_arrays, []) + (b_layouts,)
-        matmul = jax.config.jax_default_matmul_precision
+        # JAX's options are dynamic attributes of jax.config (not in its stubs).
+        matmul = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
 
         def build():
             if graph_key.precision_token() != precision:  # a thread-local precision context
@@ -414,19 +428,20 @@ class CompiledGraph:
                 break
         if sharding is None:
             return None
-        saved = {}
+        saved: dict[str, int] = {}  # node name -> its position among fw's outputs
         for i, n in enumerate(fw.output_nodes):
             if i >= fw.n_user_outputs and isinstance(n, torch.fx.Node):
                 saved.setdefault(n.name, i)
         fw_index = {p: k for k, p in enumerate(fw.tensor_pos)}
-        arrays, layouts = [], []
+        arrays: list[Any] = []
+        layouts: list[Any] = []
         for p in self.tensor_pos:
             node = self.program.placeholders[p]
             val = node.meta.get("val")
             if not isinstance(val, torch.Tensor) or val.dtype is torch.complex32:
                 return None
-            i = saved.get(node.name)
-            if i is None:
+            pos = saved.get(node.name)
+            if pos is None:
                 # A tangent: a new, plain tensor (AOTAutograd makes it so).
                 if not node.name.startswith("tangents") or not _plain_fake(val):
                     return None
@@ -434,9 +449,9 @@ class CompiledGraph:
                                                    st.jax_dtype(val.dtype), sharding=sharding))
                 layouts.append(None)
                 continue
-            spec = fw.out_specs[i]
+            spec = fw.out_specs[pos]
             if spec[0] == "array":
-                out = fw.output_nodes[i].meta.get("val")
+                out = fw.output_nodes[pos].meta.get("val")
                 if (not isinstance(out, torch.Tensor) or not _plain_fake(out)
                         or out.dtype is not spec[2] or not _plain_fake(val)):
                     return None

@@ -21,6 +21,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -35,7 +37,12 @@ try:
     from .. import cache as _tiers
     from ..cache import graphs as _graph_tier
 except Exception:  # pragma: no cover - the cache package failed to import
-    _tiers = _graph_tier = None
+    # Typed as the modules: used only where graph_key.persistent_key gave a
+    # key, which it does not without them.
+    _tiers = _graph_tier = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .graph import CompiledGraph
 
 # --------------------------------------------------------------------------
 # graphs in the program cache: program key -> Entry
@@ -67,7 +74,7 @@ def cached_keys() -> list:
     return programs.keys(programs.ProgramKind.GRAPH)
 
 
-def record(**amounts) -> None:
+def record(**amounts: float) -> None:
     """Add `amounts` to the counters of GRAPH_STATS (``record(graphs=1)``)."""
     with _lock:
         for name, amount in amounts.items():
@@ -123,7 +130,7 @@ class Entry:
         return self.plain(donated, kept, consts, rng)
 
 
-def entry_for(graph, entry: Entry, consts) -> Entry:
+def entry_for(graph: CompiledGraph, entry: Entry, consts: Sequence[Any]) -> Entry:
     """The cached entry of `entry.key`, else `entry` with its executable
     loaded from the graph tier or compiled (and then cached)."""
     gkey = entry.key
@@ -170,7 +177,8 @@ def _donation_enabled() -> bool:
 _OWN_REFS = 6
 
 
-def _can_donate(graph, donate_idx, args, donated) -> bool:
+def _can_donate(graph: CompiledGraph, donate_idx: Sequence[int], args: Sequence[Any],
+                donated: Sequence[Any]) -> bool:
     """Are the donated arrays only held by their own (plain) input tensors?"""
     seen = set()
     for i, arr in zip(donate_idx, donated):
@@ -189,7 +197,7 @@ def _can_donate(graph, donate_idx, args, donated) -> bool:
     return True
 
 
-def whole_reshape(layout, array) -> bool:
+def whole_reshape(layout: tuple, array: jax.Array | jax.ShapeDtypeStruct) -> bool:
     """Is a view with `layout` its whole storage (`array`) in another shape?"""
     if len(layout) != 4 or layout[3] != 0:
         return False
@@ -204,7 +212,7 @@ def whole_reshape(layout, array) -> bool:
     return contiguous(sizes, strides)
 
 
-def contiguous(size, stride) -> bool:
+def contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
     expected = 1
     for n, s in zip(reversed(size), reversed(stride)):
         if n != 1 and s != expected:
@@ -217,7 +225,7 @@ def contiguous(size, stride) -> bool:
 # the graph tier (torch_tpu.cache.graphs)
 
 
-def _load_persistent(graph, pkey, entry, donating) -> bool:
+def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bool) -> bool:
     """Fill `entry` from the graph tier without lowering; False on a miss."""
     lower_args = entry.lower_args
     t0 = time.perf_counter()
@@ -343,7 +351,7 @@ def _relowerer(fn, lower_args, donating):
     """A thunk lowering `fn` as `programs.compile` did for the graph tier (no
     arrays held: only their abstract values)."""
     abstract = _abstract(lower_args)
-    kwargs = {"keep_unused": True}
+    kwargs: dict[str, Any] = {"keep_unused": True}
     if donating:
         kwargs["donate_argnums"] = (0,)
     return lambda: jax.jit(fn, **kwargs).lower(*abstract)

@@ -26,6 +26,9 @@ keys that each extend the one before:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import jax
 import torch
 
@@ -33,25 +36,30 @@ import torch
 from ..precision import cache_token as precision_token
 from ..runtime.programs import ProgramKind
 
+if TYPE_CHECKING:
+    from .graph import CompiledGraph
+
 try:
     from ..cache import graphs as _graph_tier
 except Exception:  # pragma: no cover - the cache package failed to import
-    _graph_tier = None
+    # Typed as the module: persistent_key checks for None before any use.
+    _graph_tier = None  # type: ignore[assignment]
 
 
-def call_token(graph, arrays, layouts) -> tuple:
+def call_token(graph: CompiledGraph, arrays: Sequence[Any], layouts: tuple) -> tuple:
     """A static graph's key of one call's inputs (storage arrays, layouts)."""
     return (precision_token(), graph.level(), layouts, tuple(a.shape for a in arrays))
 
 
-def specialization(graph, arrays, ints) -> tuple:
+def specialization(graph: CompiledGraph, arrays: Sequence[Any], ints: Sequence[int]) -> tuple:
     """The specialization key of these input values."""
     return (tuple((a.shape, str(a.dtype)) for a in arrays), tuple(ints),
             tuple(repr(s.static) for s in graph.specs if s.kind == "x"), precision_token(),
             graph.level())
 
 
-def program_key(graph, key, donate_idx, consts, level) -> tuple:
+def program_key(graph: CompiledGraph, key: tuple, donate_idx: Sequence[int],
+                consts: Sequence[Any], level: int) -> tuple:
     """The key of one program of `graph`: specialization `key`, compiled with
     inputs `donate_idx` donated, constants `consts`, at optimization `level`."""
     return (ProgramKind.GRAPH, graph.fingerprint, graph.kind, key, graph.device, tuple(donate_idx),
@@ -59,7 +67,8 @@ def program_key(graph, key, donate_idx, consts, level) -> tuple:
                   for c in consts), ("opt_level", level))
 
 
-def persistent_key(graph, gkey, donating, consts):
+def persistent_key(graph: CompiledGraph, gkey: tuple, donating: bool,
+                   consts: Sequence[Any]) -> str | None:
     """The graph tier's key of program `gkey`, or None (not stored)."""
     if graph.symbolic or _graph_tier is None:
         return None
@@ -129,7 +138,7 @@ def key_fields(key: tuple) -> dict[str, str] | None:
     return fields
 
 
-def _input_fields(fields: dict, shapes) -> None:
+def _input_fields(fields: dict, shapes: Iterable[tuple[Any, Any]]) -> None:
     for i, (shape, dtype) in enumerate(shapes):
         fields[f"input {i} shape"] = str(tuple(shape))
         fields[f"input {i} dtype"] = str(dtype)

@@ -345,7 +345,7 @@ def generic_view(g, a):
     return results if isinstance(g.out, (list, tuple)) else results[0]
 
 
-def _gather_static(flat, idx: np.ndarray):
+def _gather_static(flat: jax.Array, idx: np.ndarray) -> jax.Array:
     """flat[idx] for a constant index array, as a slice when it is a plain range."""
     r = idx.reshape(-1)
     if r.size and (r.size == 1 or (np.diff(r) == 1).all()):

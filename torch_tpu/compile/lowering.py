@@ -30,6 +30,8 @@ from __future__ import annotations
 import operator
 import threading
 import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -215,7 +217,7 @@ def _shape_error(name, got, want):
     return LoweringError(f"the lowering of {name} produced shape {got}, PyTorch expects {want}")
 
 
-def _conform(x, m: Meta, name):
+def _conform(x: Any, m: Meta, name: str) -> Any:
     return calling.conform(x, m.shape, m.dtype, name, _shape_error)
 
 
@@ -279,6 +281,16 @@ def _mutating_base(op):
     return getattr(packet, op._overloadname, None)
 
 
+class TraceHook(Protocol):
+    """What GraphProgram.trace's `hook` provides (padding.PadHook, exporting's
+    naming hook): it sees each input mutation and computes each node's value."""
+
+    def mutation(self, n: torch.fx.Node) -> None: ...
+
+    def node(self, n: torch.fx.Node, args: Any, kwargs: Any,
+             call: Callable[..., Any]) -> Any: ...
+
+
 class GraphProgram:
     """A functional ATen graph, lowered to one jax function."""
 
@@ -295,8 +307,8 @@ class GraphProgram:
                 self.constants.append((n, _fetch_attr(gm, n.target)))
         # copy_ into placeholders: input mutations kept in the graph.
         index = {n: i for i, n in enumerate(self.placeholders)}
-        self.mutated_inputs = []   # placeholder positions written by the graph
-        self._mutation_nodes = {}  # copy_ node -> placeholder position
+        self.mutated_inputs: list[int] = []   # placeholder positions written by the graph
+        self._mutation_nodes: dict[torch.fx.Node, int] = {}  # copy_ node -> placeholder position
         for n in self.nodes:
             if (n.op == "call_function" and n.target in (aten.copy_.default,)
                     and isinstance(n.args[0], torch.fx.Node) and n.args[0] in index):
@@ -318,7 +330,8 @@ class GraphProgram:
 
     # -- tracing -------------------------------------------------------------
 
-    def trace(self, inputs, consts, rng_raw, syms: SymEnv, hook=None):
+    def trace(self, inputs: Sequence[Any], consts: Sequence[Any], rng_raw: Any, syms: SymEnv,
+              hook: TraceHook | None = None) -> tuple[list[Any], list[Any]]:
         """Outputs and mutated-input values for placeholder values `inputs`.
 
         `hook` (see padding.py) may watch and rewrite every call: it gets
@@ -475,7 +488,7 @@ class GraphProgram:
         return fn
 
 
-def _scope(target) -> str:
+def _scope(target: object) -> str:
     """A node's name in the program's HLO metadata: `aten.mm.default` for an op."""
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
@@ -519,15 +532,15 @@ def _decompose(op, n, args, kwargs, tr):
 def _decompose_with(decomp, op, n, args, kwargs, tr):
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
     metas = []
-    key = [op, spec]
+    parts = [op, spec]
     for x in flat:
         if _is_array(x):
             m = Meta(tuple(x.shape), st.JAX_TO_TORCH[np.dtype(x.dtype)], None, 0)
             metas.append(m)
-            key.append((m.shape, m.dtype))
+            parts.append((m.shape, m.dtype))
         else:
-            key.append(("v", repr(x)))
-    key = tuple(key)
+            parts.append(("v", repr(x)))
+    key = tuple(parts)
     prog = _DECOMP_GRAPHS.get(key)
     if prog is None:
         from torch.fx.experimental.proxy_tensor import make_fx

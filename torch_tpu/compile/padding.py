@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import torch
 import torch.fx
@@ -53,13 +56,16 @@ class PadUnsafe(Exception):
 # A spec is None (no padded dim) or a tuple with one entry per dimension:
 # None (not padded) or a tuple of factors (size, symbol-or-None), outermost
 # first, whose product is the dimension's (padded) size.
+Factor = tuple[int, Any]          # (size, sympy symbol or None)
+DimSpec = tuple[Factor, ...] | None
+Spec = tuple[DimSpec, ...] | None
 
 
-def _masked(dim) -> bool:
+def _masked(dim: DimSpec) -> bool:
     return dim is not None and any(sym is not None for _, sym in dim)
 
 
-def spec_masked(spec) -> bool:
+def spec_masked(spec: Spec) -> bool:
     """Whether a padding spec has a masked (padded) dimension; compile.dynamic
     asks it of the specs of a graph's inputs and outputs."""
     return spec is not None and any(_masked(d) for d in spec)
@@ -97,7 +103,7 @@ def dim_spec(size, buckets, exact=None):
     expr = size.node.expr
     if exact:
         expr = expr.xreplace(exact)
-    free = getattr(expr, "free_symbols", set())
+    free: set[Any] = getattr(expr, "free_symbols", set())
     if not free & set(buckets):
         return None
     if getattr(expr, "is_Symbol", False):
@@ -130,15 +136,16 @@ _SIZE_ARG_OPS = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 class PadHook:
     """Watches a trace of `program` at bucket sizes and keeps padding out of results."""
 
-    def __init__(self, program, buckets: dict, true_sizes, sym_index: dict, exact=None):
+    def __init__(self, program: Any, buckets: dict, true_sizes: Any, sym_index: dict,
+                 exact: dict | None = None):
         self.program = program
         self.buckets = buckets          # symbol -> bucket size
         self.exact = exact or {}        # symbol -> value, for the symbols not padded
         self.true_sizes = true_sizes    # traced int32[n]: the real sizes
         self.sym_index = sym_index      # symbol -> position in true_sizes
-        self.specs = {}                 # node -> spec (or tuple of specs)
-        self.values = {}                # node -> traced value
-        self.tainted = set()            # nodes holding python ints derived from padded sizes
+        self.specs: dict[Any, Any] = {}   # node -> spec (or tuple of specs)
+        self.values: dict[Any, Any] = {}  # node -> traced value
+        self.tainted: set[Any] = set()    # nodes holding python ints derived from padded sizes
 
     # -- masks ------------------------------------------------------------
 
@@ -166,6 +173,7 @@ class PadHook:
                     valid = ok if valid is None else valid & ok
             shape_d = [1] * rank
             shape_d[d] = size
+            assert valid is not None  # a masked dim has a factor with a symbol
             valid = valid.reshape(shape_d)
             result = valid if result is None else result & valid
         return result
@@ -377,8 +385,8 @@ def _squeeze_rule(hook, n, op, args, kwargs, call):
     if op in (aten.squeeze.default,):
         dims = [i for i in range(x.ndim) if x.shape[i] == 1]
     else:
-        dims = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
-        dims = [d % max(x.ndim, 1) for d in dims]
+        given = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        dims = [d % max(x.ndim, 1) for d in given]
         dims = [d for d in dims if x.shape[d] == 1]
     if any(_masked(spec[d]) for d in dims):
         raise PadUnsafe("squeezing a padded dimension")
@@ -406,12 +414,12 @@ def _reshape_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
     spec = _full(hook.specs.get(n.args[0]), x.ndim)
-    factors = []
+    factors: list[Factor] = []
     for size, dim in zip(x.shape, spec):
         if size == 1:
             continue
         factors.extend(dim if dim is not None else [(size, None)])
-    out = []
+    out: list[DimSpec] = []
     k = 0
     for size in value.shape:
         if size == 1:
@@ -624,6 +632,7 @@ def _mm_rule(hook, n, op, args, kwargs, call):
         an, bn = n.args[0], n.args[1]
     sa = _full(hook.specs.get(an), a.ndim)
     sb = _full(hook.specs.get(bn), b.ndim)
+    spec: tuple[DimSpec, ...]
     if a.ndim == 2:
         contract = _masked(sa[1]) or _masked(sb[0])
         spec = (sa[0], sb[1])
@@ -819,7 +828,7 @@ RULES = {
 # bucket sizes and the small programs that pad inputs
 
 
-def next_bucket(v: int, buckets=None) -> int:
+def next_bucket(v: int, buckets: Sequence[int] | None = None) -> int:
     """The bucket for size `v`: the first listed bucket >= v, else the next power of two."""
     if buckets:
         for b in buckets:
@@ -847,7 +856,7 @@ def pad_to(arr, shape):
     return programs.get_or_compile(key, lambda a: jnp.pad(a, widths, mode=mode), (arr,))(arr)
 
 
-def unpad(arr, spec, true_sizes: dict):
+def unpad(arr: jax.Array, spec: Spec, true_sizes: dict) -> jax.Array:
     """The real part of padded array `arr` (spec: its padded dims' factors)."""
     key = (programs.ProgramKind.UNPAD, tuple(arr.shape), str(arr.dtype), _spec_str(spec),
            tuple(sorted((str(k), v) for k, v in true_sizes.items())), _olevel.LEVEL)
@@ -881,14 +890,14 @@ def _spec_str(spec):
     return tuple(None if d is None else tuple((f, str(s)) for f, s in d) for d in spec)
 
 
-def true_view(t: torch.Tensor, shape):
+def true_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """A view of padded tensor `t` with the leading `shape` of each dim (no copy)."""
     if tuple(t.shape) == tuple(shape):
         return t
     return torch.ops.aten.as_strided.default(t, list(shape), list(t.stride()), 0)
 
 
-def is_padded_prefix(t: torch.Tensor, padded_shape) -> bool:
+def is_padded_prefix(t: torch.Tensor, padded_shape: Sequence[int]) -> bool:
     """Is `t` the real part of a padded storage (what `true_view` returned)?"""
     if not st.has_data(t):
         return False

@@ -35,7 +35,8 @@ import functools
 import inspect
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -67,7 +68,8 @@ def _discover(fn):
         cv = inspect.getclosurevars(fn)
     except TypeError:
         return [], []
-    mods, opts = [], []
+    mods: list[torch.nn.Module] = []
+    opts: list[torch.optim.Optimizer] = []
     for v in (*cv.nonlocals.values(), *cv.globals.values()):
         if isinstance(v, torch.nn.Module) and all(v is not m for m in mods):
             mods.append(v)
@@ -185,7 +187,7 @@ class _Step:
         grads = [p for p in params if p.grad is not None]
         arg_pos = [i for i, a in enumerate(flat_args) if isinstance(a, torch.Tensor)]
         n_p, n_g, n_b, n_s = len(params), len(grads), len(buffers), len(states)
-        layout = {}
+        layout: dict[str, Any] = {}  # "out": (count, treespec); "new_states": their keys
 
         def step(*flat):
             tp = list(flat[:n_p])
@@ -398,7 +400,7 @@ def _swap_optimizer(opt, traced, states):
              for i, g in enumerate(opt.param_groups)}
     old_state = opt.state
     new_state: defaultdict = defaultdict(dict)
-    by_param = {}
+    by_param: dict[int, dict[Any, Any]] = {}  # id of a parameter -> its traced state
     for p, k, t in states:
         by_param.setdefault(id(p), {})[k] = t
     for g in opt.param_groups:
@@ -424,7 +426,9 @@ def _swap_optimizer(opt, traced, states):
         opt.state = old_state
 
 
-def compile_step(fn: Callable | None = None, *, modules=None, optimizers=None,
+def compile_step(fn: Callable | None = None, *,
+                 modules: torch.nn.Module | Iterable[torch.nn.Module] | None = None,
+                 optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
                  options: dict | None = None) -> Any:
     """Compile a training step (forward, ``backward()``, ``optimizer.step()``)
     into one XLA program whose parameters and optimizer state are donated.

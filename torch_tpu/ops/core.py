@@ -10,6 +10,7 @@ shares the storage (and with it the device value) of its base.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -76,15 +77,15 @@ _C10_NAMES = {
 _NO_INFINITY = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
 
-def _real_overflows(v, dtype) -> bool:
+def _real_overflows(v: int | float, dtype: torch.dtype) -> bool:
     """c10::overflows<dtype's real type>(v) for a Python int or float `v`."""
     if dtype.is_floating_point:
-        info = torch.finfo(dtype)
+        finfo = torch.finfo(dtype)
         if isinstance(v, int):
-            return v < info.min or v > info.max
+            return v < finfo.min or v > finfo.max
         if math.isinf(v):
             return dtype in _NO_INFINITY
-        return v < info.min or v > info.max  # NaN compares false: it has NaN too
+        return v < finfo.min or v > finfo.max  # NaN compares false: it has NaN too
     info = torch.iinfo(dtype)
     if isinstance(v, float):
         # c10 compares in double: the limits are rounded to double first.
@@ -95,7 +96,7 @@ def _real_overflows(v, dtype) -> bool:
     return v < info.min or v > info.max
 
 
-def check_scalar_fits(op, value, dtype) -> None:
+def check_scalar_fits(op: object, value: object, dtype: torch.dtype) -> None:
     """CPU's `Scalar::to<T>()` check for a fill value (full, fill_): RuntimeError
     "value cannot be converted to type T without overflow" where the value does
     not fit `dtype` (NaN or inf into an integer type, 256 into uint8, 1e300 into
@@ -119,7 +120,7 @@ def check_scalar_fits(op, value, dtype) -> None:
         raise RuntimeError(f"{op}: value cannot be converted to type {name} without overflow")
 
 
-def device_index(device) -> int:
+def device_index(device: torch.device | str | int | None) -> int:
     """The tpu index a factory's `device` argument names (None: the current
     device); the factories in ops.factories resolve theirs with it."""
     if device is None:
@@ -172,7 +173,7 @@ def _zeros_settle() -> None:
             programs.insert(key, pending.result())
 
 
-def _zeros(shape, dtype: torch.dtype, index: int):
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
     key = (programs.ProgramKind.ZEROS, shape, dtype, index, _olevel.LEVEL)
     fn = programs.peek(key)
     if fn is not None:
@@ -254,13 +255,14 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
 # -- copies ------------------------------------------------------------------
 
 
-def assign(dst: torch.Tensor, value) -> None:
+def assign(dst: torch.Tensor, value: jax.Array) -> None:
     """Write jax array `value` (broadcastable to dst) into tpu tensor `dst`."""
     data = st.data_of(dst)
     layout = st.layout_of(dst, data)
     base = data.array
     shape = tuple(dst.shape)
     want = dst.dtype
+    key: tuple  # the program's key: one layout of three
     if layout is None:
         key = (programs.ProgramKind.COPY, base.shape, base.dtype, None, value.shape,
                value.dtype, shape, want, _olevel.LEVEL)
@@ -331,7 +333,7 @@ def copy_(self, src, non_blocking=False):
     return self
 
 
-def _broadcastable(src, dst) -> bool:
+def _broadcastable(src: Sequence[int], dst: Sequence[int]) -> bool:
     if len(src) > len(dst):
         return False
     for a, b in zip(reversed(src), reversed(dst)):
@@ -448,7 +450,7 @@ def _dense_order(shape: tuple, stride: tuple) -> tuple | None:
     return order
 
 
-def _whole_permutation(t: torch.Tensor, data) -> tuple | None:
+def _whole_permutation(t: torch.Tensor, data: st.DeviceData) -> tuple | None:
     """The dim order if `t` is a dense permutation covering all of its
     storage's array (same dtype, offset 0), else None."""
     if (t.storage_offset() != 0 or t.dtype is not data.dtype or t.numel() <= 1
@@ -457,7 +459,7 @@ def _whole_permutation(t: torch.Tensor, data) -> tuple | None:
     return _dense_order(tuple(t.shape), tuple(t.stride()))
 
 
-def restrided(t: torch.Tensor, stride) -> torch.Tensor:
+def restrided(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
     """Plain tpu tensor `t`'s value as a new tensor with strides `stride`."""
     shape, stride = tuple(t.shape), tuple(int(s) for s in stride)
     if t.numel() <= 1 or stride == tuple(t.stride()):
