@@ -58,12 +58,10 @@ def test_benchmark_result_statistics_and_flops(no_programs):
 def test_benchmark_first_call_includes_its_compiles(no_programs):
     res, _ = _statistics_run()
     assert res.compile_seconds > 0
-    # The first call includes its compiles; they may run in parallel on the
-    # background pool (runtime.async_compile), so their summed time can exceed
-    # the call's wall time by at most the pool's width.
-    from torch_tpu.runtime import async_compile
-
-    assert res.first_call_seconds * max(1, async_compile.THREADS) >= res.compile_seconds
+    # The first call includes its compiles (the second compiles nothing);
+    # they may run in parallel on the background pool (runtime.async_compile),
+    # and compile_seconds is their wall-clock union, so it fits in the call.
+    assert res.first_call_seconds >= res.compile_seconds
 
 
 def test_benchmark_explicit_flops_sync_modes_and_progress():

@@ -118,11 +118,15 @@ def maybe_compile(model, args):
 
 
 def compile_seconds() -> float | None:
-    """Seconds the tpu backend has spent producing executables so far (None if unknown)."""
+    """Wall seconds so far during which the tpu backend was producing an
+    executable (None if unknown). Compiles overlap on the background compile
+    threads, so this is their wall-clock union, not the sum of each compile's
+    seconds (`torch_tpu.cache.stats()["compile_seconds"]`), which can exceed
+    the elapsed time."""
     try:
         import torch_tpu.cache as cache
 
-        return float(cache.stats()["compile_seconds"])
+        return float(cache.stats()["compile_wall_seconds"])
     except Exception:  # noqa: BLE001
         return None
 

@@ -286,19 +286,19 @@ def generate_main(family: LMFamily, argv=None):
     for row in out_cpu.tolist():
         text = tok.decode(row) if tok is not None else ",".join(map(str, row))
         print(repr(text))
-    comp = (f" (compile {cs1 - cs0:.2f} s)"
+    # Wall seconds during the generation with a compile in flight.
+    comp = (f" (compiling {cs1 - cs0:.2f} s of it)"
             if device.type == "tpu" and cs0 is not None and cs1 is not None else "")
     graphs = gp1 - gp0 if args.compile and gp0 is not None and gp1 is not None else None
-    if graphs is not None:
-        comp += f" | graph programs {graphs}"
+    gps = f" | graph programs {graphs}" if graphs is not None else ""
     fbs = (f" | cpu fallbacks: {sum(fb.values())} calls of {len(fb)} ops ({', '.join(sorted(fb))})"
            if fb else "")
     mode = "compiled" if args.compile else "eager"
     decode = (f"{timings['decode_tokens'] / timings['decode_s']:,.1f} tokens/s decode"
               if timings.get("decode_s") else "decode n/a")
     print(f"summary: {family.name} {args.config} generate on {device} ({mode}) | "
-          f"{n_new} new tokens in {elapsed:.2f} s | {decode} | prefill "
+          f"{n_new} new tokens in {elapsed:.2f} s{comp} | {decode} | prefill "
           f"{timings.get('prefill_s', 0):.2f} s, first step {timings.get('first_step_s', 0):.2f} s"
-          f"{comp}{fbs}", flush=True)
+          f"{gps}{fbs}", flush=True)
     return {"tokens": out_cpu, "model": model, "elapsed": elapsed, "timings": timings,
             "graph_programs": graphs}

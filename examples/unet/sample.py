@@ -63,7 +63,7 @@ def main(argv=None):
     n_steps = len(diffusion.schedule(args.steps)[0])
     comp = ""
     if device.type == "tpu" and cs0 is not None:
-        comp = f" (compile {cli.compile_seconds() - cs0:.2f} s)"
+        comp = f" (compiling {cli.compile_seconds() - cs0:.2f} s of it)"
     fb = {k: v - fb0.get(k, 0) for k, v in cli.fallback_counts().items() if v - fb0.get(k, 0)}
     fbs = f" | cpu fallbacks: {sum(fb.values())} calls of {len(fb)} ops ({', '.join(sorted(fb))})" if fb else ""
     mode = "compiled" if args.compile else "eager"

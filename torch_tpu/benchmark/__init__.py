@@ -3,7 +3,7 @@
     res = torch_tpu.benchmark.benchmark(model, x, warmup=3, iters=20)
     print(res)               # median / min / p90, first call, compile time, FLOP/s, MFU
     res.median               # seconds per call in steady state
-    res.compile_seconds      # XLA compile time spent during warm-up
+    res.compile_seconds      # wall time spent compiling during warm-up
     res.plot()               # per-iteration times (matplotlib, from the `guide` extra)
 
 Why "sync-aware": ops dispatch asynchronously, so timing a call without
@@ -16,8 +16,10 @@ delays the next call, so the median over iterations still measures the
 steady-state step time.
 
 The first call is timed on its own (it includes tracing and compiling every
-program that is not cached yet); compile seconds are those the executor
-reports for the warm-up calls. Timed iterations that compile again are
+program that is not cached yet); compile seconds are the wall time of the
+warm-up calls during which the executor had a compile in flight (compiles
+run in parallel on background threads: their own seconds summed can exceed
+the warm-up's time). Timed iterations that compile again are
 counted in `recompiles` (a shape or dtype that changes between calls).
 
 FLOPs: flops="auto" lowers the callable once into a single XLA program
@@ -78,7 +80,9 @@ class BenchmarkResult:
     times: list                  # steady-state seconds of each timed call
     warmup: int
     first_call_seconds: float    # the first call: tracing + compiling + running
-    compile_seconds: float       # XLA compile (or disk-cache load) time in warm-up
+    # Wall seconds of the warm-up during which an XLA compile (or a load from
+    # the disk cache) was in flight: parallel compiles count once.
+    compile_seconds: float
     compiles: int                # programs compiled during warm-up
     recompiles: int              # programs compiled during the timed calls
     flops: float | None = None   # floating point operations per call
@@ -221,7 +225,7 @@ def _wait(out, sync):
 
 
 def _compile_stats():
-    return executor.STATS.misses, executor.STATS.compile_seconds
+    return executor.STATS.misses, executor.STATS.compile_wall_seconds
 
 
 def _auto_flops(fn, args, kwargs):

@@ -223,7 +223,10 @@ def stats() -> dict:
       TORCH_TPU_CACHE_BYTES).
     - ``disk``: enabled, dir, hits, misses, writes, write errors, corrupt
       entries discarded, evictions, entries and bytes on disk, max_bytes.
-    - ``compile_seconds``: total seconds spent producing executables;
+    - ``compile_seconds``: total seconds spent producing executables, each
+      compile's own seconds summed (compiles overlapping on the background
+      compile threads each count); ``compile_wall_seconds``: the wall time
+      during which at least one was in flight (at most the elapsed time);
       ``compile_seconds_by_source``: split into XLA compiles ("compiled"),
       loads from disk ("disk") and programs the disk tier cannot hold.
     - ``per_entry``: the most recent compiles (up to 4096): name, seconds,
@@ -265,6 +268,7 @@ def stats() -> dict:
         },
         "disk": disk_store().info(),
         "compile_seconds": mem["compile_seconds"],
+        "compile_wall_seconds": mem["compile_wall_seconds"],
         "compile_seconds_by_source": by_source,
         "compiles": mem_misses,
         "per_entry": per_entry,

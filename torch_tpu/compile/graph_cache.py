@@ -234,6 +234,7 @@ def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bo
     token = tier.begin() if tier is not None else None
     source = "compiled"
     prog = None
+    programs.STATS.compile_clock.begin()  # the wall time of `seconds` below
     try:
         got = _graph_tier.load(pkey, device)
         if got is not None:
@@ -252,6 +253,7 @@ def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bo
         prog = None
     finally:
         seconds = time.perf_counter() - t0
+        programs.STATS.compile_clock.end()
         if tier is not None and prog is not None:
             source = tier.end(token, graph.name, seconds, 0.0)
         elif tier is not None:

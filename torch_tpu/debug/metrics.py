@@ -51,6 +51,7 @@ def snapshot() -> dict:
         flat["cache:misses"] = stats.misses
         flat["cache:evictions"] = stats.evictions
         flat["cache:compile_seconds"] = stats.compile_seconds
+        flat["cache:compile_wall_seconds"] = stats.compile_wall_seconds
         for k, v in stats.per_op.items():
             flat["op:" + k] = v
         for k, v in stats.compiles_per_op.items():
@@ -127,6 +128,9 @@ def structure(flat: dict, timing_mode: str | None = None) -> dict:
         "ops_total": sum(ops.values()),
         "compiles": {
             "count": misses,
+            # wall seconds with a compile in flight (overlapping compiles once)
+            "wall_seconds": flat.get("cache:compile_wall_seconds", 0.0),
+            # each compile's own seconds, summed (overlapping compiles each count)
             "seconds": flat.get("cache:compile_seconds", 0.0),
             "per_op": section("co:"),
             "by_tier": section("tier:"),

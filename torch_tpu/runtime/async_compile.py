@@ -208,12 +208,15 @@ def lower(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> tuple[A
     import jax
 
     level = _olevel.LEVEL
+    clock = programs.STATS.compile_clock  # trace_s is part of the compile's seconds
     t0 = time.perf_counter()
     gc_pause.begin()
+    clock.begin()
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
     finally:
         gc_pause.end()
+        clock.end()
     trace_s = time.perf_counter() - t0
     for listener in programs.LOWERED_LISTENERS:
         listener(name, key, lowered)
@@ -240,8 +243,9 @@ def compile_pending(p: PendingExecutable, name: str, key: Any, lowered: Any, lev
     """Compile `lowered` into `p` (its executable, or the error it raises when
     read): the compile pool runs it; fused mode calls it in the caller's thread."""
     try:
-        compiled, seconds, source = programs.compile_lowered(
-            name, lowered, _olevel.compiler_options(level), trace_s)
+        with programs.STATS.compile_clock:  # overlapping compiles: their wall-clock union
+            compiled, seconds, source = programs.compile_lowered(
+                name, lowered, _olevel.compiler_options(level), trace_s)
     except BaseException as e:  # noqa: BLE001 - kept, raised where the op's values are read
         import jax
 

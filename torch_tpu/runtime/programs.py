@@ -157,6 +157,54 @@ class KindStats:
         return out
 
 
+class WallClock:
+    """Wall seconds during which at least one interval was open: the wall-clock
+    union of intervals that may overlap (compiles on several threads).
+
+    `begin` / `end` (or `with clock:`) open and close one interval; a count of
+    open intervals, under a lock, accumulates elapsed time while it is above
+    zero. Summing each interval's own seconds instead counts overlapping time
+    once per interval: two 1 s compiles on two threads sum to 2 s, in 1 s.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open = 0           # intervals open now
+        self.since = 0.0        # when `open` last went from 0 to 1
+        self.total = 0.0        # closed busy time
+
+    def begin(self) -> None:
+        with self.lock:
+            if self.open == 0:
+                self.since = time.perf_counter()
+            self.open += 1
+
+    def end(self) -> None:
+        with self.lock:
+            self.open -= 1
+            if self.open == 0:
+                self.total += time.perf_counter() - self.since
+
+    def __enter__(self) -> WallClock:
+        self.begin()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    @property
+    def seconds(self) -> float:
+        """Busy wall seconds so far (an interval still open counts up to now)."""
+        with self.lock:
+            return self.total + (time.perf_counter() - self.since if self.open else 0.0)
+
+    def reset(self) -> None:
+        """Zero the busy time (intervals still open count from now on)."""
+        with self.lock:
+            self.total = 0.0
+            self.since = time.perf_counter()
+
+
 class CacheStats:
     """In-memory executable cache statistics (see torch_tpu.cache.stats).
 
@@ -174,6 +222,11 @@ class CacheStats:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # The wall time during which a compile (tracing and lowering included,
+        # or a load from the disk tier) was in flight, on any thread:
+        # `compile_seconds` sums each compile's own seconds, which exceeds
+        # the wall time when compiles overlap (runtime.async_compile's pool).
+        self.compile_clock = WallClock()
         self.native_counts: Any = None  # () -> None | (hits, {op name: hits})
         self.rows: dict = {}  # kind -> KindStats
         self.reset()
@@ -233,7 +286,8 @@ class CacheStats:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
-        self.compile_seconds = 0.0
+        self.compile_seconds = 0.0   # summed over compiles (overlapping ones each count)
+        self.compile_clock.reset()   # ... and their wall-clock union
         self.disk_loads = 0                       # misses served by the disk tier
         self.per_op = collections.Counter()  # executions per op
         self.compiles_per_op: collections.Counter = collections.Counter()
@@ -252,8 +306,14 @@ class CacheStats:
             "bytes": BYTES[0],
             "byte_capacity": byte_capacity(),
             "compile_seconds": self.compile_seconds,
+            "compile_wall_seconds": self.compile_wall_seconds,
             "disk_loads": self.disk_loads,
         }
+
+    @property
+    def compile_wall_seconds(self) -> float:
+        """Wall seconds during which at least one compile was in flight."""
+        return self.compile_clock.seconds
 
 
 STATS = CacheStats()
@@ -539,7 +599,7 @@ def memory_stats() -> dict:
             "entries": len(CACHE), "capacity": capacity(),
             "evictions": s.evictions + sum(r.evictions for r in rows), "bytes": BYTES[0],
             "byte_capacity": byte_capacity(), "compile_seconds": s.compile_seconds,
-            "disk_loads": s.disk_loads}
+            "compile_wall_seconds": s.compile_wall_seconds, "disk_loads": s.disk_loads}
 
 
 def entries(kind: Any = None) -> int:
@@ -618,6 +678,7 @@ def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
     tier = disk_tier()
     token = tier.begin() if tier is not None else None
     rss0 = _rss()
+    STATS.compile_clock.begin()
     t0 = time.perf_counter()
     compiled = None
     source = "disk"
@@ -625,6 +686,7 @@ def load_indexed(name: str, key: Any, index_key: str, args: Any, device: Any,
         compiled = index.load(index_key, args, device)
     finally:
         seconds = time.perf_counter() - t0
+        STATS.compile_clock.end()
         if tier is not None:
             if compiled is None:
                 tier.abort(token)
@@ -739,6 +801,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     rss0 = _rss()
     t0 = time.perf_counter()
     gc_pause.begin()
+    STATS.compile_clock.begin()  # the wall time of `seconds` below
     try:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
         trace_s = time.perf_counter() - t0
@@ -748,6 +811,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
             name, lowered, _olevel.compiler_options(
                 _olevel.LEVEL if opt_level is None else opt_level), trace_s)
     finally:
+        STATS.compile_clock.end()
         gc_pause.end()
     store_indexed(index_key, compiled)
     try:

@@ -1,0 +1,174 @@
+"""Compile wall time: the wall-clock union of compiles that overlap on threads.
+
+`compile_seconds` sums each compile's own seconds; with the background
+compile pool (runtime.async_compile) compiles overlap, and that sum exceeded
+the elapsed time (an example's summary said "first step 5.18 s (compile
+11.61 s)"). `compile_wall_seconds` (programs.STATS, torch_tpu.cache.stats(),
+metrics()["compiles"]["wall_seconds"]) counts the time during which at least
+one compile was in flight: two compiles held overlapping on two threads give
+wall < sum, and wall <= the block's elapsed time.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+import torch_tpu.cache
+from torch_tpu import debug
+from torch_tpu.runtime import async_compile as aco
+from torch_tpu.runtime import programs
+
+HOLD = 0.3  # seconds each held compile takes
+
+
+def test_wall_clock_counts_overlapping_intervals_once():
+    clock = programs.WallClock()
+    both = threading.Barrier(2)
+
+    def interval():
+        both.wait()
+        with clock:
+            time.sleep(HOLD)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=interval) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    assert clock.open == 0
+    assert HOLD <= clock.seconds <= elapsed
+    assert clock.seconds < 2 * HOLD * 0.9  # the overlap counted once
+    # Nested and sequential intervals: busy while any is open.
+    clock.reset()
+    assert clock.seconds == 0.0
+    with clock:
+        with clock:
+            time.sleep(0.05)
+        time.sleep(0.05)
+    time.sleep(0.1)  # idle: not counted
+    assert 0.1 <= clock.seconds < 0.18
+
+
+def _two_overlapping(compile_one):
+    """Run compile_one(i) for i = 0, 1 on two threads; the block's elapsed seconds."""
+    errors = []
+
+    def run(i):
+        try:
+            compile_one(i)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return time.perf_counter() - t0
+
+
+def test_pool_compiles_overlapping_wall_below_sum(monkeypatch):
+    """The compile pool's path (`compile_pending`): two XLA compiles held
+    overlapping (a stand-in for `lowered.compile`) on two threads."""
+    monkeypatch.setattr(programs, "disk_tier", lambda: None)
+    both = threading.Barrier(2)
+
+    class Executable:
+        pass
+
+    class Lowered:
+        def compile(self, *options):
+            both.wait()
+            time.sleep(HOLD)
+            return Executable()
+
+    programs.settle()
+    s0, w0 = programs.STATS.compile_seconds, programs.STATS.compile_wall_seconds
+    pending = [aco.PendingExecutable(f"wall_test_{i}") for i in range(2)]
+    elapsed = _two_overlapping(lambda i: aco.compile_pending(
+        pending[i], f"wall_test_{i}", ("wall_test", i), Lowered(), 0, 0.0))
+    assert all(isinstance(p.compiled, Executable) for p in pending)
+    summed = programs.STATS.compile_seconds - s0
+    wall = programs.STATS.compile_wall_seconds - w0
+    assert summed >= 2 * HOLD
+    assert HOLD <= wall <= elapsed
+    assert wall < summed * 0.9
+
+
+def test_compiles_overlapping_in_metrics_and_cache_stats():
+    """`programs.compile` (trace, lower, XLA compile) on two threads whose
+    traces overlap: metrics()['compiles'] and cache.stats() say wall < sum."""
+    both = threading.Barrier(2)
+
+    def make_fn(i):
+        def fn(x):
+            both.wait()  # tracing: both threads are inside their compiles
+            time.sleep(HOLD)
+            return x * (i + 2) + 1
+        return fn
+
+    x = torch.zeros(3).numpy()
+    stats0 = torch_tpu.cache.stats()
+    with debug.capture() as cap:
+        elapsed = _two_overlapping(lambda i: programs.compile(
+            f"wall_test_{i}", ("wall_test_compile", i, time.time()), make_fn(i), (x,)))
+    c = cap.metrics["compiles"]
+    assert c["count"] == 2
+    assert c["seconds"] >= 2 * HOLD
+    assert HOLD <= c["wall_seconds"] <= elapsed
+    assert c["wall_seconds"] < c["seconds"] * 0.9
+    stats1 = torch_tpu.cache.stats()
+    assert (stats1["compile_wall_seconds"] - stats0["compile_wall_seconds"]
+            == pytest.approx(c["wall_seconds"], abs=0.05))
+    report = debug.metrics_report(cap.metrics)
+    assert "ms wall; " in report and "summed over parallel compiles" in report
+
+
+def test_eager_ops_wall_within_elapsed():
+    """Real eager misses through the executor: the wall time never exceeds
+    the block's elapsed time, nor the summed seconds."""
+    a = torch.randn(7, 13, device="tpu")
+    t0 = time.perf_counter()
+    with debug.capture() as cap:
+        y = (a.sin() * 3 + a.cos()).exp().sum(0)
+        y.cpu()
+    elapsed = time.perf_counter() - t0
+    c = cap.metrics["compiles"]
+    if c["count"] == 0:
+        pytest.skip("every program was cached already")
+    assert 0 < c["wall_seconds"] <= elapsed
+    assert c["wall_seconds"] <= c["seconds"] + 1e-6
+
+
+def test_example_summary_compile_fits_in_first_step():
+    """The examples' summary line: the first step's compile time is a part
+    of the first step, not a sum over the compile threads."""
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from examples.common import loop
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.Tanh(),
+                                torch.nn.Linear(9, 3)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(4, 5, device="tpu"), torch.randn(4, 3, device="tpu")
+    stats = loop.train(name="wall", model=model, optimizer=opt, batch_fn=lambda s: ((x,), y),
+                       loss_fn=torch.nn.functional.mse_loss, steps=2, device="tpu",
+                       items_per_step=4, unit="samples", show_progress=False, verbose=False)
+    assert stats.first_compile_s is not None and stats.compile_s is not None
+    assert 0 <= stats.first_compile_s <= stats.first_step_s
+    assert stats.first_compile_s <= stats.compile_s <= stats.total_s
+    assert f"first step {stats.first_step_s:.2f} s (compiling {stats.first_compile_s:.2f} s of it)" \
+        in stats.summary()
