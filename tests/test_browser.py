@@ -144,9 +144,10 @@ def marimo_edit(notebook: Path, log_path: Path):
             try:
                 urllib.request.urlopen(url, timeout=2).close()
                 break
-            except OSError:
+            except OSError as e:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"marimo edit did not start:\n{log_path.read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"marimo edit did not start:\n{log_path.read_text()[-2000:]}") from e
                 time.sleep(0.3)
         yield url
     finally:

@@ -679,7 +679,7 @@ def test_program_without_lowered_form_says_which_stages_are_missing():
     assert not prog.has_stage("stablehlo") and prog.has_stage("optimized")
     assert repr(prog) == "Program('loaded', stages=['optimized'])"
     with pytest.raises(RuntimeError, match="'loaded'.*only the 'optimized' stage"):
-        prog.hlo
+        _ = prog.hlo
     assert prog.lowered is None
     assert prog.optimized == compiled.as_text() and str(prog) == prog.optimized
     want = compiled.cost_analysis()
@@ -694,7 +694,7 @@ def test_program_without_lowered_form_says_which_stages_are_missing():
     prog = Program("relowered", compiled=loaded, relower=broken)
     assert prog.has_stage("hlo")
     with pytest.raises(RuntimeError, match="lowering it again failed.*graph gone"):
-        prog.stablehlo
+        _ = prog.stablehlo
     assert str(prog) == compiled.as_text()
 
 
@@ -824,14 +824,14 @@ def _tree(root):
 
 
 def _read_only(root):
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o444)
         os.chmod(dirpath, 0o555)
 
 
 def _writable(root):
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, _filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
 
 
@@ -844,7 +844,7 @@ def test_shared_read_only_directory_serves_a_new_process(tmp_path):
     local = tmp_path / "local"
     env = {"TORCH_TPU_SHARED_CACHE_DIR": str(shared)}
     try:
-        code = "import os; os.environ.update(%r)\n" % env + _CHILD
+        code = f"import os; os.environ.update({env!r})\n" + _CHILD
         warm = _run_child(local, code)
         assert _tree(shared) == before  # nothing written, touched or removed
     finally:

@@ -106,7 +106,7 @@ def _three_way(model, x, train=True, loss=lambda y: (y * y).mean()):
             assert p_comp.grad is not None, name
             close(p_comp.grad, p_cpu.grad)
             close(p_comp.grad, p_eager.grad)
-    for (name, b_cpu), b_comp in zip(cpu.named_buffers(), comp_model.buffers()):
+    for (_name, b_cpu), b_comp in zip(cpu.named_buffers(), comp_model.buffers()):
         close(b_comp.float(), b_cpu.float())
     return compiled
 

@@ -386,5 +386,5 @@ def test_report_tells_calls_from_programs_run():
     assert "programs run" in report and "ops executed" not in report
     assert rows["aten.view.default"][:2] == ["1", "0"], report  # 1 call, no program
     assert rows["aten.sin.default"][:2] == ["1", "1"], report
-    for name, cols in rows.items():  # no op timed with zero calls
+    for _name, cols in rows.items():  # no op timed with zero calls
         assert cols[0] != "0", report

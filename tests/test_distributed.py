@@ -128,7 +128,7 @@ def run_ranks(tmp_path, body, n=2, timeout=150, launcher="env", env=None):
 
 
 def _assert_ok(runs):
-    for rc, res, log in runs:
+    for rc, _res, log in runs:
         assert rc == 0, log[-4000:]
 
 

@@ -279,7 +279,7 @@ def test_safetensors_round_trip(tmp_path):
     # Corrupt header: a clear error, not garbage tensors.
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(path.read_bytes()[:40])
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # read_header: json (or utf-8) decoding fails
         safetensors_io.load_file(bad)
 
 

@@ -439,8 +439,8 @@ def test_forced_pure_python_path_is_pure():
         return
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TORCH_TPU_NATIVE="0")
-    code = ("import sys; sys.path.insert(0, %r); import test_fastpath; "
-            "test_fastpath._check_forced_pure_path(); print('pure: ok')" % here)
+    code = (f"import sys; sys.path.insert(0, {here!r}); import test_fastpath; "
+            "test_fastpath._check_forced_pure_path(); print('pure: ok')")
     r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0 and "pure: ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

@@ -28,12 +28,12 @@ def _run(code, env=None, args=(), timeout=240):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_PRELUDE = """
+_PRELUDE = f"""
 import json, sys
-HEAVY = %r
+HEAVY = {HEAVY!r}
 def loaded():
     return sorted(m for m in HEAVY if m in sys.modules)
-""" % (HEAVY,)
+"""
 
 
 def test_import_torch_registers_the_device_and_nothing_heavy():

@@ -306,7 +306,7 @@ def test_two_cold_processes_at_once_then_warm(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert "CacheWarning" not in err, err[-2000:]
     runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import operator
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -321,7 +322,7 @@ class _Plan:
             return jax.ShapeDtypeStruct(shape, st.TORCH_TO_JAX[val.dtype])
 
         leaves = []
-        for i, x in enumerate(self.flat_user):
+        for i, _x in enumerate(self.flat_user):
             if self.tensor_leaf[i]:
                 leaves.append(sds(self.user_placeholders[i].meta["val"]))
             else:
@@ -371,7 +372,7 @@ class _Plan:
                 state = None
             leaves = plan._user_leaves(call_args, call_kwargs)
             inputs = []
-            for n, (kind, v) in zip(placeholders, plan.sources):
+            for _n, (kind, v) in zip(placeholders, plan.sources):
                 if kind == "state":
                     inputs.append(state[v])
                 elif kind == "const":

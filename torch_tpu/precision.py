@@ -310,7 +310,9 @@ _EXPORTS = ("set_matmul_precision", "get_matmul_precision", "matmul_precision",
 
 def install() -> None:
     """Add the precision and autocast functions to torch.tpu; register autocast."""
-    module = getattr(torch, "tpu")  # the device module (device/module.py), registered at import
+    # the device module (device/module.py), registered at import; getattr: an
+    # attribute torch's stubs do not know
+    module = getattr(torch, "tpu")  # noqa: B009
     g = globals()
     for name in _EXPORTS:
         setattr(module, name, g[name])

@@ -128,7 +128,7 @@ class GPT(nn.Module):
     def configure_optimizer(self, lr=5e-4, weight_decay=0.1, betas=(0.9, 0.95)):
         """AdamW with weight decay on the matmul weights only (not biases, norms, embeddings)."""
         decay, no_decay = [], []
-        for mn, m in self.named_modules():
+        for _mn, m in self.named_modules():
             for pn, p in m.named_parameters(recurse=False):
                 (decay if pn == "weight" and isinstance(m, nn.Linear) else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": weight_decay},

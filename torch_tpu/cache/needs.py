@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 

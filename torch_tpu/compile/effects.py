@@ -75,7 +75,7 @@ def hoist(gm: torch.fx.GraphModule) -> tuple[list[Hoisted], set, int]:
         if returns is None or len(returns) != 0 or not all(
                 u.target is operator.getitem and u.args[1] == 0 for u in users):
             continue  # returns a value: left in place (the graph runs op by op)
-        def slot(a):
+        def slot(a, outs=outs):  # this iteration's list (`outs` is rebound below)
             if isinstance(a, torch.fx.Node):
                 outs.append(a)
                 return ("out", len(outs) - 1)

@@ -84,7 +84,7 @@ def _full(spec, rank):
 
 # Pad-spec of storages produced padded (saved activations with merged dims):
 # DeviceData -> (spec, padded shape). Weak: it dies with the storage.
-SPECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _is_sym(x):

@@ -196,7 +196,7 @@ class _Step:
             ts = flat[n_p + n_g + n_b:n_p + n_g + n_b + n_s]
             tu = flat[n_p + n_g + n_b + n_s:]
             traced = {}
-            for i, (p, t) in enumerate(zip(params, tp)):
+            for p, t in zip(params, tp):
                 if t.requires_grad != p.requires_grad:
                     t.requires_grad_(p.requires_grad)
                 traced[id(p)] = t

@@ -414,7 +414,7 @@ def _fmt_bytes(n: int) -> str:
     if n < 1024:
         return f"{n} B"
     x = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
+    for unit in ("KiB", "MiB", "GiB"):  # noqa: B007 - used after the loop: the unit it stopped at
         x /= 1024
         if x < 1024:
             break

@@ -61,13 +61,13 @@ def shard_map(fn, mesh, in_specs, out_specs):
         return _shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mesh_of(ranks: tuple) -> Mesh:
     """The 1-D mesh of the devices of global ranks `ranks` (in group order)."""
     return Mesh(np.array([runtime.device_of(r) for r in ranks]), (AXIS,))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sharding_of(ranks: tuple) -> NamedSharding:
     return NamedSharding(mesh_of(ranks), P(AXIS))
 

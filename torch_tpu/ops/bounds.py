@@ -27,7 +27,8 @@ of range reads the fill value or drops the write, as before the checks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np

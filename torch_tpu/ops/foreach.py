@@ -255,7 +255,7 @@ def _foreach_norm(self, ord=2, dtype=None):
     (clip_grad_norm_) against 0.44 s for the order it uses."""
     metas = out_meta()
     absd = []
-    for x, m in zip(self, metas):
+    for x, _m in zip(self, metas):
         if dtype is not None:
             x = x.astype(TORCH_TO_JAX[dtype]) if not jnp.issubdtype(
                 x.dtype, jnp.complexfloating) else x

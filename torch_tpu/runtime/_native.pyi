@@ -1,6 +1,7 @@
 """Types of the C++ fast path (csrc/, see csrc/README.md); see runtime/fastpath.py."""
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

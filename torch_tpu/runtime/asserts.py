@@ -22,7 +22,8 @@ ops ran after the failure, as CUDA's do after an assert).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -8,7 +8,7 @@ part of the start-up set.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _LOAD: list[Callable[[], None]] = []
 _IS_LOADED: list[Callable[[], bool]] = []

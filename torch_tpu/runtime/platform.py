@@ -20,7 +20,7 @@ from . import device_index, fastpath  # noqa: E402 (after JAX's configuration)
 _ORDER = ("tpu", "gpu", "cpu")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def platform() -> str:
     """The JAX platform name used for `tpu` devices ('tpu', 'gpu' or 'cpu')."""
     wanted = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
@@ -45,7 +45,7 @@ def platform() -> str:
     return "cpu"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def devices() -> tuple:
     """The PJRT devices of the chosen platform; `tpu:i` is devices()[i]."""
     devs = tuple(jax.local_devices(backend=platform()))
@@ -68,7 +68,7 @@ def jax_device(index: int) -> jax.Device:
     return devs[index]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def array_class() -> type[jax.Array]:
     """The concrete class of the platform's jax.Arrays (for exact type checks
     on hot paths), from one transferred scalar: `type(jnp.zeros(()))`

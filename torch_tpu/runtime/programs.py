@@ -42,7 +42,8 @@ import enum
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import gc_pause, xla_lock
 
