@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..device import random as tpu_random
+from ..runtime import rng as tpu_random
 from ..runtime import executor, programs
 from ..runtime import storage as st
 from . import padding

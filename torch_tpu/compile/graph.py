@@ -31,7 +31,7 @@ import torch
 import torch.fx
 
 from ..device import module as _device_module
-from ..device import random as tpu_random
+from ..runtime import rng as tpu_random
 from ..runtime import async_compile, executor
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st

@@ -31,7 +31,7 @@ from ..ops import registry
 from ..ops.opmath import opmath_dtype
 from ..runtime import storage as st
 from ..ops.linalg import geqrf_values
-from ..device import random as tpu_random
+from ..runtime import rng as tpu_random
 
 aten = torch.ops.aten
 

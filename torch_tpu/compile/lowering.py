@@ -18,7 +18,7 @@ backend) once per trace and builds the jax computation of the whole graph:
 
 Random ops get one raw key per node, derived inside the program from the
 single raw key the graph takes as input, so a graph call consumes exactly one
-`torch_tpu.device.random.next_key` and is reproducible under a seed.
+`torch_tpu.runtime.rng.next_key` and is reproducible under a seed.
 
 Input mutations that stay in the graph (`copy_` into a placeholder, what
 AOTAutograd emits for inference graphs with keep_inference_input_mutations)
@@ -43,7 +43,7 @@ from ..ops import registry
 from ..runtime import calling
 from ..runtime import storage as st
 from . import graph_ops
-from ..device import random as tpu_random
+from ..runtime import rng as tpu_random
 from ..runtime import executor
 from ..ops import fallback
 

@@ -47,7 +47,7 @@ class _Lazy:
 jax = _Lazy("jax")
 platform = _Lazy("torch_tpu.runtime.platform")
 _memory = _Lazy("torch_tpu.device.memory")
-_random = _Lazy("torch_tpu.device.random")
+_random = _Lazy("torch_tpu.runtime.rng")
 
 
 def index_of(device=None) -> int:

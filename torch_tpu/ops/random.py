@@ -24,8 +24,8 @@ from jax import lax
 from . import core
 from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta
-from ..device import random as tpu_random
-from ..device.random import jax_key
+from ..runtime import rng as tpu_random
+from ..runtime.rng import jax_key
 from ..runtime import opt_level as _olevel
 from ..runtime import executor, programs
 from ..runtime import storage as st

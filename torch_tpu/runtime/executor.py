@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 # (`from ..precision import`: `from .. import precision` would ask the package,
 # whose __getattr__ loads the backend)
-from ..device import random as tpu_random
+from . import rng as tpu_random
 from ..precision import JAX_PRECISION_STATE
 from ..precision import cache_token as precision_token
 from . import async_compile as _aco

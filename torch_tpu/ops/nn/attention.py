@@ -15,7 +15,7 @@ from jax import lax
 from ..opmath import is_half, upcast
 from ..registry import lower
 from ._common import matmul_precision, sum_to
-from ...device import random as tpu_random
+from ...runtime import rng as tpu_random
 
 aten = torch.ops.aten
 

@@ -9,7 +9,7 @@ import torch
 
 from ..opmath import opmath, upcast
 from ..registry import lower
-from ...device import random as tpu_random
+from ...runtime import rng as tpu_random
 from .. import core
 
 aten = torch.ops.aten

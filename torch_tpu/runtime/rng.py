@@ -6,6 +6,10 @@ advances the offset, so a seeded program is reproducible and no random op
 recompiles when the state changes. The state is 16 bytes (seed, offset),
 which is what get_rng_state/set_rng_state exchange, as a uint8 CPU tensor
 like torch.cuda's.
+
+Runtime state: the executor, the random lowerings (ops/random.py, dropout,
+attention) and compiled graphs draw keys here; `torch.tpu.manual_seed`,
+`get_rng_state` and the rest (device/module.py) are PyTorch's face of it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import torch
 
 _DEFAULT_SEED = 67280421310721  # torch's default_rng_seed_val
 _lock = threading.Lock()
-_state: dict = {}  # device index -> [seed, offset, initial_seed]
+_state: dict[int, list[int]] = {}  # device index -> [seed, offset, initial_seed]
 
 
-def _get(index: int):
+def _get(index: int) -> list[int]:
     s = _state.get(index)
     if s is None:
         s = _state[index] = [_DEFAULT_SEED, 0, _DEFAULT_SEED]
