@@ -181,7 +181,8 @@ class _PrivateUses(ast.NodeVisitor):
     def __init__(self, module: str, is_pkg: bool, modules: set[str]):
         self.module = module
         self.package = module if is_pkg else module.rpartition(".")[0]
-        # Modules and the packages holding them (runtime/ has no __init__.py).
+        # Modules and the packages holding them (a package without an
+        # __init__.py has no module of its own).
         self.modules = modules | {m.rsplit(".", i)[0] for m in modules
                                   for i in range(1, m.count(".") + 1)}
         self.aliases: dict[str, str] = {}  # local name -> torch_tpu module it is bound to

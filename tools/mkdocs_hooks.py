@@ -70,8 +70,8 @@ def _run_notebooks():
 
 
 def _tpu_module_page() -> str:
-    """The torch.tpu reference, from the live module (a namespace package that
-    mkdocstrings' static collector cannot find)."""
+    """The torch.tpu reference, from the live module: the names `torch.tpu`
+    exposes, as PyTorch registered them."""
     import inspect
 
     import torch_tpu  # noqa: F401  (registers torch.tpu)
