@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -151,13 +152,20 @@ def marimo_edit(notebook: Path, log_path: Path):
                 time.sleep(0.3)
         yield url
     finally:
-        # the server and the kernel process it started: one process group, ours
-        try:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, 9)
-            proc.wait()
+        # the server and the kernel process it started: one process group, ours.
+        # SIGINT (Ctrl-C) first: marimo exits cleanly. Killed by SIGTERM, it dies
+        # by the signal before Python's exit handlers run, and multiprocessing's
+        # resource tracker reports its kernel queues' 12 semaphores as leaked
+        # (docs/troubleshooting.md).
+        for sig, wait_s in ((signal.SIGINT, 30), (signal.SIGTERM, 20), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait_s)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
 
 
 # --------------------------------------------------------------------------
