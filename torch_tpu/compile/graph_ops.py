@@ -35,16 +35,9 @@ from ..runtime import rng as tpu_random
 
 aten = torch.ops.aten
 
-GRAPH_OPS: dict = {}
-
-
-def graph_op(*ops):
-    def deco(fn):
-        for op in ops:
-            GRAPH_OPS[op] = fn
-        return fn
-
-    return deco
+# The `graph` field of the op table (runtime/registry.py), filled by @graph_op.
+GRAPH_OPS = registry.GRAPH_OPS
+graph_op = registry.graph_op
 
 
 def _dim(d, n):

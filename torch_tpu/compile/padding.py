@@ -45,8 +45,15 @@ from ..ops.opmath import opmath_dtype
 from ..runtime import opt_level as _olevel
 from ..runtime import programs
 from ..runtime import storage as st
+from ..runtime.registry import PADDING_RULES, padding_rule
 
 aten = torch.ops.aten
+
+# The padding rules: the `padding` field of the op table (runtime/registry.py),
+# filled by @padding_rule(op, ...) below. A rule is
+# `rule(hook, n, op, args, kwargs, call) -> (value, spec)`; an op with none runs
+# padded only if it is pointwise (_pointwise), else raises PadUnsafe.
+RULES = PADDING_RULES
 
 
 class PadUnsafe(Exception):
@@ -350,10 +357,13 @@ def _get(op, args, kwargs, name, default=None):
 # -- views --------------------------------------------------------------------
 
 
+@padding_rule(aten.alias.default, aten.detach.default, aten.clone.default,
+              aten.contiguous.default, aten.lift_fresh_copy.default)
 def _same(hook, n, op, args, kwargs, call):
     return call(args, kwargs), hook.specs.get(n.args[0])
 
 
+@padding_rule(aten.permute.default, aten.t.default, aten.transpose.int)
 def _permute_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -369,6 +379,7 @@ def _permute_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(spec[d] for d in dims))
 
 
+@padding_rule(aten.unsqueeze.default)
 def _unsqueeze_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -378,6 +389,7 @@ def _unsqueeze_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(spec))
 
 
+@padding_rule(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def _squeeze_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -393,6 +405,7 @@ def _squeeze_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(s for i, s in enumerate(spec) if i not in dims))
 
 
+@padding_rule(aten.expand.default)
 def _expand_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -410,6 +423,8 @@ def _expand_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(result))
 
 
+@padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+              aten._reshape_alias.default)
 def _reshape_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -450,6 +465,7 @@ def _reshape_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(out))
 
 
+@padding_rule(aten.slice.Tensor)
 def _slice_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -467,6 +483,7 @@ def _slice_rule(hook, n, op, args, kwargs, call):
     return value, _norm(spec)
 
 
+@padding_rule(aten.select.int)
 def _select_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -477,6 +494,7 @@ def _select_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(s for i, s in enumerate(spec) if i != d))
 
 
+@padding_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
 def _split_rule(hook, n, op, args, kwargs, call):
     value = call(args, kwargs)
     x = args[0]
@@ -539,6 +557,7 @@ def _make_reduce(kind, dim_arg="dim", keep_arg="keepdim", default_all=False):
     return rule
 
 
+@padding_rule(aten.mean.dim, aten.mean.default)
 def _mean_rule(hook, n, op, args, kwargs, call):
     x = args[0]
     spec = hook.specs.get(n.args[0])
@@ -556,6 +575,7 @@ def _mean_rule(hook, n, op, args, kwargs, call):
     return (total / count.astype(acc)).astype(out_dtype), out_spec
 
 
+@padding_rule(aten.var.correction, aten.std.correction, aten.var_mean.correction)
 def _var_rule(hook, n, op, args, kwargs, call):
     x = args[0]
     spec = hook.specs.get(n.args[0])
@@ -589,6 +609,7 @@ def _var_rule(hook, n, op, args, kwargs, call):
     return var.astype(out_dtype), out_spec
 
 
+@padding_rule(aten._softmax.default, aten._log_softmax.default)
 def _softmax_rule(hook, n, op, args, kwargs, call):
     x = args[0]
     spec = hook.specs.get(n.args[0])
@@ -599,6 +620,8 @@ def _softmax_rule(hook, n, op, args, kwargs, call):
     return call(args, kwargs), spec
 
 
+@padding_rule(aten._softmax_backward_data.default,
+              aten._log_softmax_backward_data.default)
 def _softmax_backward_rule(hook, n, op, args, kwargs, call):
     g, y = args[0], args[1]
     d = args[2] % g.ndim
@@ -615,6 +638,7 @@ def _softmax_backward_rule(hook, n, op, args, kwargs, call):
     return call(args, kwargs), spec
 
 
+@padding_rule(aten.cumsum.default, aten.cumprod.default)
 def _cumulative_rule(hook, n, op, args, kwargs, call):
     # A prefix scan: real positions only see earlier (real) positions.
     return call(args, kwargs), hook.specs.get(n.args[0])
@@ -623,6 +647,7 @@ def _cumulative_rule(hook, n, op, args, kwargs, call):
 # -- matmuls -----------------------------------------------------------------------
 
 
+@padding_rule(aten.mm.default, aten.bmm.default, aten.addmm.default)
 def _mm_rule(hook, n, op, args, kwargs, call):
     if op is aten.addmm.default:
         bias, a, b = args[0], args[1], args[2]
@@ -666,6 +691,7 @@ def _mm_rule(hook, n, op, args, kwargs, call):
 # -- normalization, embedding, losses ---------------------------------------------
 
 
+@padding_rule(aten.native_layer_norm.default)
 def _layer_norm_rule(hook, n, op, args, kwargs, call):
     x = args[0]
     k = len(args[1])
@@ -676,6 +702,7 @@ def _layer_norm_rule(hook, n, op, args, kwargs, call):
     return call(args, kwargs), (_norm(spec), stats, stats)
 
 
+@padding_rule(aten.native_layer_norm_backward.default)
 def _layer_norm_backward_rule(hook, n, op, args, kwargs, call):
     g, x = args[0], args[1]
     k = len(args[2])
@@ -692,6 +719,7 @@ def _layer_norm_backward_rule(hook, n, op, args, kwargs, call):
     return value, (_norm(spec), None, None)
 
 
+@padding_rule(aten.embedding.default)
 def _embedding_rule(hook, n, op, args, kwargs, call):
     weight, idx = args[0], args[1]
     if spec_masked(hook.specs.get(n.args[0])):
@@ -701,6 +729,7 @@ def _embedding_rule(hook, n, op, args, kwargs, call):
     return call(args, kwargs), _norm(_full(ispec, idx.ndim) + (None,))
 
 
+@padding_rule(aten.embedding_dense_backward.default)
 def _embedding_backward_rule(hook, n, op, args, kwargs, call):
     g, idx = args[0], args[1]
     if _get(op, args, kwargs, "scale_grad_by_freq", False):
@@ -714,6 +743,7 @@ def _embedding_backward_rule(hook, n, op, args, kwargs, call):
     return call(args, kwargs), None
 
 
+@padding_rule(aten.nll_loss_forward.default, aten.nll_loss_backward.default)
 def _nll_rule(hook, n, op, args, kwargs, call):
     forward = op is aten.nll_loss_forward.default
     xi, ti = (0, 1) if forward else (1, 2)
@@ -736,6 +766,7 @@ def _nll_rule(hook, n, op, args, kwargs, call):
     return value, _norm(xspec)
 
 
+@padding_rule(aten.cat.default)
 def _cat_rule(hook, n, op, args, kwargs, call):
     tensors = args[0]
     nodes = n.args[0]
@@ -757,6 +788,7 @@ def _cat_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(merged))
 
 
+@padding_rule(aten.stack.default)
 def _stack_rule(hook, n, op, args, kwargs, call):
     tensors = args[0]
     value = call(args, kwargs)
@@ -776,52 +808,16 @@ def _stack_rule(hook, n, op, args, kwargs, call):
     return value, _norm(tuple(merged))
 
 
-RULES = {
-    aten.stack.default: _stack_rule,
-    aten.cat.default: _cat_rule,
-    aten.alias.default: _same, aten.detach.default: _same, aten.clone.default: _same,
-    aten.contiguous.default: _same, aten.lift_fresh_copy.default: _same,
-    aten.permute.default: _permute_rule, aten.t.default: _permute_rule,
-    aten.transpose.int: _permute_rule,
-    aten.unsqueeze.default: _unsqueeze_rule,
-    aten.squeeze.default: _squeeze_rule, aten.squeeze.dim: _squeeze_rule,
-    aten.squeeze.dims: _squeeze_rule,
-    aten.expand.default: _expand_rule,
-    aten.view.default: _reshape_rule, aten._unsafe_view.default: _reshape_rule,
-    aten.reshape.default: _reshape_rule, aten._reshape_alias.default: _reshape_rule,
-    aten.slice.Tensor: _slice_rule,
-    aten.select.int: _select_rule,
-    aten.split.Tensor: _split_rule, aten.split_with_sizes.default: _split_rule,
-    aten.unbind.int: _split_rule,
-    aten.sum.dim_IntList: _make_reduce("zero"),
-    aten.sum.default: _make_reduce("zero", keep_arg=None, default_all=True),
-    aten.nansum.default: _make_reduce("zero"),
-    aten.prod.dim_int: _make_reduce("one"),
-    aten.prod.default: _make_reduce("one", keep_arg=None, default_all=True),
-    aten.amax.default: _make_reduce("max"),
-    aten.amin.default: _make_reduce("min"),
-    aten.max.dim: _make_reduce("max"),
-    aten.min.dim: _make_reduce("min"),
-    aten.argmax.default: _make_reduce("max"),
-    aten.argmin.default: _make_reduce("min"),
-    aten.logsumexp.default: _make_reduce("max"),
-    aten.any.dim: _make_reduce("min"), aten.any.dims: _make_reduce("min"),
-    aten.all.dim: _make_reduce("max"), aten.all.dims: _make_reduce("max"),
-    aten.mean.dim: _mean_rule, aten.mean.default: _mean_rule,
-    aten.var.correction: _var_rule, aten.std.correction: _var_rule,
-    aten.var_mean.correction: _var_rule,
-    aten._softmax.default: _softmax_rule, aten._log_softmax.default: _softmax_rule,
-    aten._softmax_backward_data.default: _softmax_backward_rule,
-    aten._log_softmax_backward_data.default: _softmax_backward_rule,
-    aten.cumsum.default: _cumulative_rule, aten.cumprod.default: _cumulative_rule,
-    aten.mm.default: _mm_rule, aten.bmm.default: _mm_rule, aten.addmm.default: _mm_rule,
-    aten.native_layer_norm.default: _layer_norm_rule,
-    aten.native_layer_norm_backward.default: _layer_norm_backward_rule,
-    aten.embedding.default: _embedding_rule,
-    aten.embedding_dense_backward.default: _embedding_backward_rule,
-    aten.nll_loss_forward.default: _nll_rule,
-    aten.nll_loss_backward.default: _nll_rule,
-}
+# The reductions' rules, one per identity: made by _make_reduce.
+padding_rule(aten.sum.dim_IntList, aten.nansum.default)(_make_reduce("zero"))
+padding_rule(aten.sum.default)(_make_reduce("zero", keep_arg=None, default_all=True))
+padding_rule(aten.prod.dim_int)(_make_reduce("one"))
+padding_rule(aten.prod.default)(_make_reduce("one", keep_arg=None, default_all=True))
+padding_rule(aten.amax.default, aten.max.dim, aten.argmax.default,
+             aten.logsumexp.default)(_make_reduce("max"))
+padding_rule(aten.amin.default, aten.min.dim, aten.argmin.default)(_make_reduce("min"))
+padding_rule(aten.any.dim, aten.any.dims)(_make_reduce("min"))
+padding_rule(aten.all.dim, aten.all.dims)(_make_reduce("max"))
 
 
 # --------------------------------------------------------------------------

@@ -44,6 +44,11 @@ CompileEvent's `reason`).
 Fusions: `fusions(fn_or_program, *args)` (a FusionGraph: each XLA kernel
 with the ATen ops it came from and the bytes between kernels; `to_mermaid()`).
 
+Op table: `describe_op("aten.cat.default")` (the op's record: its lowering,
+storage kernel, graph-mode rule and padding rule, each with the module:line
+that registered it; `print()` it through `op_table.format_entry`, or run
+`python -m torch_tpu.debug op aten.cat.default`).
+
 Roofline: `roofline(fn_or_program, *args, device="v6e")` (a RooflineReport:
 per program FLOPs, bytes, measured time, FLOP/s, intensity and the bounding
 roof here and on a published device; its first line is the summary).
@@ -61,6 +66,7 @@ from .parity import LayerDiff, ParityReport, parity  # noqa: F401
 from . import recompiles
 from .recompiles import RecompileReport  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
+from .op_table import describe_op  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 from ..device import module
 from .timing import OpTimer
@@ -74,6 +80,7 @@ __all__ = [
     "explain_recompiles", "RecompileReport",
     "fusions", "FusionGraph",
     "roofline", "RooflineReport",
+    "describe_op",
 ]
 
 

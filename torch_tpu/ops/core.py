@@ -24,22 +24,16 @@ from ..runtime import storage as st
 from ..device import module
 from ..runtime import async_compile
 from ..runtime import oom
+from ..runtime import registry
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
-KERNELS: dict = {}
-
-
-def kernel(*ops):
-    """Register `fn` as the PrivateUse1 kernel of each op (no lowering)."""
-
-    def deco(fn):
-        for op in ops:
-            KERNELS[op] = fn
-        return fn
-
-    return deco
+# The storage-level kernels: the `kernel` field of the op table
+# (runtime/registry.py), filled with `@kernel(op)` or `KERNELS[op] = fn`;
+# `KERNELS.replace(op, fn)` for a kernel that wraps the op's previous one.
+KERNELS = registry.KERNELS
+kernel = registry.kernel
 
 
 def checked_kernel(op, check):

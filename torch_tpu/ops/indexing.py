@@ -861,7 +861,7 @@ for _op, _pos, _complex in (
         (aten.index_fill.int_Tensor, 3, _INDEX_FILL_COMPLEX),
         (aten.index_fill_.int_Tensor, 3, _INDEX_FILL_COMPLEX),
         (aten.masked_fill.Tensor, 2, None), (aten.masked_fill_.Tensor, 2, None)):
-    core.KERNELS[_op] = _value_check_kernel(_op, core.KERNELS[_op], _pos, _complex)
+    core.KERNELS.replace(_op, _value_check_kernel(_op, core.KERNELS[_op], _pos, _complex))
 
 
 @lower(aten.masked_scatter.default)
@@ -1009,7 +1009,7 @@ def _install_write_checks():
                 if not args or not any(a.name == written and a.alias_info is not None
                                        and a.alias_info.is_write for a in args):
                     continue  # the functional overload writes nothing
-                core.KERNELS[op] = _write_checked_kernel(op, base, written, rule)
+                core.KERNELS.replace(op, _write_checked_kernel(op, base, written, rule))
 
 
 _install_write_checks()

@@ -506,8 +506,8 @@ def _lazy_runner(op):
 for _op in (aten.normal.Tensor_float, aten.normal.Tensor_float_out, aten.normal.float_Tensor,
             aten.normal.float_Tensor_out, aten.normal.Tensor_Tensor,
             aten.normal.Tensor_Tensor_out, aten.normal.float_float, aten.normal_.default):
-    core.KERNELS[_op] = _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
-                                    lambda op, a: _check_std(op, a["std"]))
+    core.KERNELS.replace(_op, _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
+                                          lambda op, a: _check_std(op, a["std"])))
 for _op in (aten.bernoulli.p, aten.bernoulli.float_out, aten.bernoulli_.float):
-    core.KERNELS[_op] = _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
-                                    lambda op, a: _check_p(op, a["p"]))
+    core.KERNELS.replace(_op, _with_check(_op, core.KERNELS.get(_op) or _lazy_runner(_op),
+                                          lambda op, a: _check_p(op, a["p"])))
