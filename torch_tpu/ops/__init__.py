@@ -2,8 +2,9 @@
 
 `registry.LOWERINGS` (the lowerings) and `core.KERNELS` (the storage-level
 kernels) are two fields of the op table (`runtime/registry.py`), filled by the
-family modules imported below. `install()` registers both with the dispatcher for PrivateUse1 and puts the fallback
-(decompositions, then the CPU) behind every other op (through the device's
+family modules imported below. `install()` registers both with the
+dispatcher for PrivateUse1 and puts the fallback (decompositions, then the
+CPU) behind every other op (through the device's
 PrivateUse1 fallback, `torch_tpu.device.registration.set_fallback`); `sparse.install()`
 adds the sparse COO kernels (SparsePrivateUse1); `quantized.install()` refuses
 quantized tensors with a NotImplementedError naming quantization.
