@@ -19,9 +19,8 @@
 namespace torch_tpu::native {
 
 PyObject *s_key, *s_dyn, *s_slot_data, *s_device, *s_tpu, *s_shape, *s_call;
-PyObject *s_cache, *s_launch_blocking, *s_active, *s_level, *s_fast, *s_move_to_end, *s_value,
-    *s_record_native;
-PyObject *s_scalars, *s_narrow;
+PyObject *s_fast, *s_move_to_end, *s_value;
+PyObject *s_fused, *s_launch_blocking, *s_opt_level, *s_precision_state, *s_precision_token;
 PyObject* g_empty_list = nullptr;
 uint64_t n_classify = 0, n_classify_fallback = 0, n_wrap = 0, n_new_tensor = 0, n_call = 0;
 uint64_t n_kernel = 0, n_kernel_fallback = 0, n_unboxed = 0, n_memo = 0, n_fused = 0;
@@ -58,8 +57,8 @@ PyMethodDef methods[] = {
      "register_kernel(schema_name, overload, op, name, kinds, unboxed): the C++ kernel in front of the "
      "op's Python kernel (which must be registered for PrivateUse2); False: not handled"},
     {"setup_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_kernel)),
-     METH_FASTCALL, "setup_kernel(executor, fused, opt_level, precision_state, "
-     "precision_fn, spec_fn, array_type): what the C++ kernel reads"},
+     METH_FASTCALL, "setup_kernel(context, cache, record_native, narrow, spec_fn, "
+     "array_type): what the C++ kernel reads"},
     {"take_stats", take_stats, METH_NOARGS,
      "take_stats() -> None or (hits, {op name: hits}) of the C++ kernel since the last call"},
     {"forget", forget, METH_NOARGS, "Empty the C++ kernels' memos of recent hits."},
@@ -93,20 +92,24 @@ PyMODINIT_FUNC PyInit__native() {
     const char* names[6] = {"raw", "index", "shape", "dtype", "sig", "origin"};
     for (int i = 0; i < 6; ++i) g_dd_names[i] = PyUnicode_InternFromString(names[i]);
   }
-  s_cache = PyUnicode_InternFromString("_CACHE");
-  s_launch_blocking = PyUnicode_InternFromString("LAUNCH_BLOCKING");
-  s_active = PyUnicode_InternFromString("ACTIVE");
-  s_record_native = PyUnicode_InternFromString("record_native");
-  s_level = PyUnicode_InternFromString("LEVEL");
   s_fast = PyUnicode_InternFromString("fast");
   s_move_to_end = PyUnicode_InternFromString("move_to_end");
   s_value = PyUnicode_InternFromString("value");
-  s_scalars = PyUnicode_InternFromString("scalars");
-  s_narrow = PyUnicode_InternFromString("narrow");
+  s_fused = PyUnicode_InternFromString("fused");
+  s_launch_blocking = PyUnicode_InternFromString("launch_blocking");
+  s_opt_level = PyUnicode_InternFromString("opt_level");
+  s_precision_state = PyUnicode_InternFromString("precision_state");
+  s_precision_token = PyUnicode_InternFromString("precision_token");
   g_empty_list = PyList_New(0);
   PyObject* m = PyModule_Create(&module_def);
   // The torch it was compiled against: runtime/fastpath.py uses it with no other.
   if (m && PyModule_AddStringConstant(m, "TORCH_VERSION", TORCH_TPU_TORCH_VERSION) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  // setup_kernel's signature: runtime/fastpath.py uses the kernel only with
+  // the one it calls (2: the eager context object, not module dicts).
+  if (m && PyModule_AddIntConstant(m, "KERNEL_API", 2) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

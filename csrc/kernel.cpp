@@ -15,9 +15,11 @@
 #pragma GCC visibility push(hidden)
 namespace torch_tpu::native {
 
-PyObject* g_executor_dict = nullptr;
-PyObject* g_fused_dict = nullptr;
-PyObject* g_olevel_dict = nullptr;
+PyObject* g_context = nullptr;
+Py_ssize_t g_ctx_fused = 0, g_ctx_launch_blocking = 0, g_ctx_opt_level = 0;
+PyObject* g_cache = nullptr;
+PyObject* g_record_native = nullptr;
+PyObject* g_narrow = nullptr;
 PyObject* g_precision_state = nullptr;
 PyObject* g_precision_fn = nullptr;
 PyObject* g_array_type = nullptr;
@@ -28,13 +30,21 @@ uint64_t g_pending_hits = 0;
 
 namespace {
 
-bool truthy_global(PyObject* dict, PyObject* name, int* out) {
-  PyObject* v = PyDict_GetItemWithError(dict, name);  // borrowed
+// The truth of a context slot (its owners write bools), or false with a
+// Python error set.
+bool truthy_slot(Py_ssize_t offset, PyObject* name, int* out) {
+  PyObject* v = ctx_slot(offset);  // borrowed
+  if (v == Py_True || v == Py_False) {
+    *out = v == Py_True;
+    return true;
+  }
   if (!v) {
-    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, name);
+    PyErr_SetObject(PyExc_AttributeError, name);
     return false;
   }
+  Py_INCREF(v);  // __bool__ may run Python code that rebinds the slot
   int t = PyObject_IsTrue(v);
+  Py_DECREF(v);
   if (t < 0) return false;
   *out = t;
   return true;
@@ -82,8 +92,8 @@ int FastKernel::run(const c10::IValue* iv, const at::Tensor* const* tens,
   // kernel hand it to Python anyway (no fast spec yet; execute() takes
   // only inputs that are arrays), and any other call runs now there too.
   int fused_on, flag;
-  if (!truthy_global(g_fused_dict, s_active, &fused_on)) return -1;
-  if (!truthy_global(g_executor_dict, s_launch_blocking, &flag)) return -1;
+  if (!truthy_slot(g_ctx_fused, s_fused, &fused_on)) return -1;
+  if (!truthy_slot(g_ctx_launch_blocking, s_launch_blocking, &flag)) return -1;
   if (flag) return 0;
 
   MemoCall mc;
@@ -124,8 +134,8 @@ int FastKernel::run(const c10::IValue* iv, const at::Tensor* const* tens,
   PyObject* entry = nullptr;  // owned from here, whatever the call's Python code does
   FastSpec* spec = nullptr;
   if (rc > 0) {
-    cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
-    entry = cache ? PyDict_GetItemWithError(cache, tkey) : nullptr;
+    cache = g_cache;  // borrowed (setup_kernel holds it)
+    entry = PyDict_GetItemWithError(cache, tkey);
     if (!entry) {
       rc = PyErr_Occurred() ? -1 : 0;  // a miss: Python compiles
     } else {
@@ -159,10 +169,7 @@ inline int FastKernel::run_memo(Memo& m, MemoCall& mc, std::vector<at::Tensor>& 
   if (move) m.since_move = 0;
   int rc = 1;
   PyObject* cache = nullptr;  // (null: the LRU order is left as it is)
-  if (move) {
-    cache = PyDict_GetItemWithError(g_executor_dict, s_cache);  // borrowed
-    if (!cache) rc = PyErr_Occurred() ? -1 : 0;
-  }
+  if (move) cache = g_cache;  // borrowed (setup_kernel holds it)
   if (rc > 0)
     rc = hit(fused_on, entry, spec, mc.datas, mc.ns, mc.dyn, mc.device, cache, key, made);
   if (rc > 0) ++n_memo;
@@ -193,8 +200,8 @@ inline int FastKernel::describe(const c10::IValue* iv, const at::Tensor* const* 
   m.prec = g_precision_state != Py_None ? PyObject_GetAttr(g_precision_state, s_value)
                                         : PyObject_CallNoArgs(g_precision_fn);
   if (!m.prec) return -1;
-  m.level = PyDict_GetItemWithError(g_olevel_dict, s_level);  // borrowed
-  if (!m.level) return PyErr_Occurred() ? -1 : 0;
+  m.level = ctx_slot(g_ctx_opt_level);  // borrowed (a small int: never freed)
+  if (!m.level) return 0;
   auto dt = c10::typeMetaToScalarType(c10::get_default_dtype());
   return m.key.push(m.device) && m.key.push(static_cast<int64_t>(dt)) &&
                  m.key.push(reinterpret_cast<intptr_t>(m.prec)) &&
@@ -368,8 +375,8 @@ inline int FastKernel::finish_key(long device, PyObject* key) {
   r = PyList_Append(key, tok);
   Py_DECREF(tok);
   if (r < 0) return -1;
-  PyObject* level = PyDict_GetItemWithError(g_olevel_dict, s_level);
-  if (!level) return PyErr_Occurred() ? -1 : 0;
+  PyObject* level = ctx_slot(g_ctx_opt_level);  // borrowed
+  if (!level) return 0;
   return PyList_Append(key, level) < 0 ? -1 : 1;
 }
 
@@ -400,8 +407,7 @@ inline int FastKernel::hit(bool fused_on, PyObject* entry, FastSpec* spec,
 // recorded ops' errors, which reach the user from there).
 inline int FastKernel::record(PyObject* entry, PyObject* const* datas, Py_ssize_t ns, PyObject* dyn,
                               long device, PyObject** result) {
-  PyObject* fn = PyDict_GetItemWithError(g_fused_dict, s_record_native);  // borrowed
-  if (!fn) return PyErr_Occurred() ? -1 : 0;
+  PyObject* fn = g_record_native;  // borrowed (setup_kernel holds it)
   PyObject* slots = PyTuple_New(ns);
   if (!slots) return -1;
   for (Py_ssize_t i = 0; i < ns; ++i) PyTuple_SET_ITEM(slots, i, Py_NewRef(datas[i]));
@@ -425,16 +431,11 @@ inline int FastKernel::record(PyObject* entry, PyObject* const* datas, Py_ssize_
 }
 
 // `dyn` for an entry whose scalars go in as 32 bits (FastSpec.narrow): a
-// copy, narrowed by executor.scalars.narrow(copy, device).
+// copy, narrowed by scalars.narrow(copy, device).
 static PyObject* narrow_dyn(PyObject* dyn, PyObject* dev) {
-  PyObject* mod = PyDict_GetItemWithError(g_executor_dict, s_scalars);  // borrowed
-  if (!mod) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "executor.scalars is missing");
-    return nullptr;
-  }
   PyObject* copy = PyList_GetSlice(dyn, 0, PyList_GET_SIZE(dyn));
   if (!copy) return nullptr;
-  PyObject* r = PyObject_CallMethodObjArgs(mod, s_narrow, copy, dev, nullptr);
+  PyObject* r = PyObject_CallFunctionObjArgs(g_narrow, copy, dev, nullptr);
   if (!r) {
     Py_DECREF(copy);
     return nullptr;

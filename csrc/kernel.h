@@ -15,7 +15,7 @@
 // Python path) and wraps the result nodes. Anything else (a miss, complex32
 // and lazy conj/neg views, CPU tensors, a recording that would run the trace,
 // an entry still compiling or an input still being computed in the
-// background, LAUNCH_BLOCKING, any Python error) redispatches to the Python
+// background, CONTEXT.launch_blocking, any Python error) redispatches to the Python
 // kernel, which stays the definition of behaviour.
 #pragma once
 
@@ -46,13 +46,22 @@ struct ArgSpec {
 };
 
 // What setup_kernel() (register.cpp) gives the kernel; g_spec_fn is in entry.h.
-extern PyObject* g_executor_dict;    // executor module's __dict__
-extern PyObject* g_fused_dict;
-extern PyObject* g_olevel_dict;
-extern PyObject* g_precision_state;  // jax config state (its .value) or None
-extern PyObject* g_precision_fn;     // precision.cache_token
+extern PyObject* g_context;          // runtime.context.CONTEXT, the eager context
+// Offsets of its `fused`, `launch_blocking` and `opt_level` slots: read there
+// on every call, with no attribute or dict lookup.
+extern Py_ssize_t g_ctx_fused, g_ctx_launch_blocking, g_ctx_opt_level;
+extern PyObject* g_cache;            // programs.CACHE: the program LRU (an OrderedDict)
+extern PyObject* g_record_native;    // fused.record_native
+extern PyObject* g_narrow;           // scalars.narrow
+extern PyObject* g_precision_state;  // CONTEXT.precision_state: jax config state (.value) or None
+extern PyObject* g_precision_fn;     // CONTEXT.precision_token: precision.cache_token
 extern PyObject* g_array_type;       // jax's ArrayImpl
 extern bool g_memo_on;               // fastpath.MEMO (TORCH_TPU_NATIVE_MEMO=0: off)
+
+// A slot of the eager context (borrowed; null, with no error set, if unset).
+inline PyObject* ctx_slot(Py_ssize_t offset) {
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(g_context) + offset);
+}
 
 struct FastKernel;
 // Every registered kernel (they live as long as the library).

@@ -25,9 +25,10 @@ extern PyObject *s_key, *s_dyn, *s_slot_data, *s_device;  // executor.Signature
 extern PyObject* s_tpu;    // storage._tpu: a storage's DeviceData
 extern PyObject* s_shape;  // DeviceData.shape
 extern PyObject* s_call;   // jax Compiled._call
-extern PyObject *s_cache, *s_launch_blocking, *s_active, *s_level, *s_fast, *s_move_to_end,
-    *s_value, *s_record_native;
-extern PyObject *s_scalars, *s_narrow;  // executor.scalars, scalars.narrow
+extern PyObject *s_fast, *s_move_to_end, *s_value;
+// runtime.context.EagerContext's slots (setup_kernel finds their offsets)
+extern PyObject *s_fused, *s_launch_blocking, *s_opt_level, *s_precision_state,
+    *s_precision_token;
 
 // The dyn list of a memo hit without Scalar inputs (shared, never changed).
 extern PyObject* g_empty_list;

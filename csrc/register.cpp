@@ -2,6 +2,7 @@
 // or unboxed by the op's signature; setup_kernel, take_stats, forget and
 // set_memo: the kernels' state as the executor and programs.py see it.
 #include <Python.h>
+#include <structmember.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -112,7 +113,7 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
                     "register_kernel(schema_name, overload, op, name, kinds, unboxed)");
     return nullptr;
   }
-  if (!g_executor_dict) {
+  if (!g_context) {
     PyErr_SetString(PyExc_RuntimeError, "torch_tpu.runtime._native.setup_kernel() was not called");
     return nullptr;
   }
@@ -186,29 +187,55 @@ PyObject* register_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// setup_kernel(executor, fused, opt_level, precision_state, precision_fn,
-//              spec_fn, array_type): what the kernel reads.
+// setup_kernel(context, cache, record_native, narrow, spec_fn, array_type):
+// what the kernel reads. `context` is runtime.context.CONTEXT: the offsets of
+// its `fused`, `launch_blocking` and `opt_level` slots are found here (the
+// kernel reads them on every call) and its precision reader kept.
 PyObject* setup_kernel(PyObject*, PyObject* const* a, Py_ssize_t nargs) {
-  if (nargs != 7) {
-    PyErr_SetString(PyExc_TypeError, "setup_kernel(executor, fused, opt_level, "
-                                     "precision_state, precision_fn, spec_fn, array_type)");
+  if (nargs != 6 || !PyDict_Check(a[1]) || !PyCallable_Check(a[2]) || !PyCallable_Check(a[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "setup_kernel(context, cache, record_native, narrow, spec_fn, array_type)");
     return nullptr;
   }
-  PyObject* dicts[3];
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(a[0]));
+  PyObject* names[3] = {s_fused, s_launch_blocking, s_opt_level};
+  Py_ssize_t offsets[3];
   for (int i = 0; i < 3; ++i) {
-    dicts[i] = PyModule_Check(a[i]) ? PyModule_GetDict(a[i]) : nullptr;
-    if (!dicts[i]) {
-      PyErr_SetString(PyExc_TypeError, "setup_kernel: expected modules");
+    PyObject* d = PyObject_GetAttr(type, names[i]);
+    if (!d) return nullptr;
+    bool ok = Py_TYPE(d) == &PyMemberDescr_Type &&
+              reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type == T_OBJECT_EX;
+    if (ok) offsets[i] = reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok) {
+      PyErr_Format(PyExc_TypeError, "setup_kernel: the context's %U is not a slot", names[i]);
       return nullptr;
     }
   }
-  Py_XSETREF(g_executor_dict, Py_NewRef(dicts[0]));
-  Py_XSETREF(g_fused_dict, Py_NewRef(dicts[1]));
-  Py_XSETREF(g_olevel_dict, Py_NewRef(dicts[2]));
-  Py_XSETREF(g_precision_state, Py_NewRef(a[3]));
-  Py_XSETREF(g_precision_fn, Py_NewRef(a[4]));
-  Py_XSETREF(g_spec_fn, Py_NewRef(a[5]));
-  Py_XSETREF(g_array_type, Py_NewRef(a[6]));
+  PyObject* state = PyObject_GetAttr(a[0], s_precision_state);
+  if (!state) return nullptr;
+  PyObject* token = PyObject_GetAttr(a[0], s_precision_token);
+  if (!token) {
+    Py_DECREF(state);
+    return nullptr;
+  }
+  if (state == Py_None && !PyCallable_Check(token)) {
+    Py_DECREF(state);
+    Py_DECREF(token);
+    PyErr_SetString(PyExc_TypeError, "setup_kernel: the context has no precision reader");
+    return nullptr;
+  }
+  Py_XSETREF(g_context, Py_NewRef(a[0]));
+  g_ctx_fused = offsets[0];
+  g_ctx_launch_blocking = offsets[1];
+  g_ctx_opt_level = offsets[2];
+  Py_XSETREF(g_cache, Py_NewRef(a[1]));
+  Py_XSETREF(g_record_native, Py_NewRef(a[2]));
+  Py_XSETREF(g_narrow, Py_NewRef(a[3]));
+  Py_XSETREF(g_precision_state, state);
+  Py_XSETREF(g_precision_fn, token);
+  Py_XSETREF(g_spec_fn, Py_NewRef(a[4]));
+  Py_XSETREF(g_array_type, Py_NewRef(a[5]));
   Py_RETURN_NONE;
 }
 

@@ -22,10 +22,11 @@ import torch
 
 import torch_tpu  # noqa: F401
 from torch_tpu.runtime import async_compile as aco
-from torch_tpu.runtime import executor, oom, programs
+from torch_tpu.runtime.context import CONTEXT
+from torch_tpu.runtime import oom, programs
 from torch_tpu.runtime import storage as st
 
-pytestmark = pytest.mark.skipif(executor.LAUNCH_BLOCKING,
+pytestmark = pytest.mark.skipif(CONTEXT.launch_blocking,
                                 reason="TORCH_TPU_LAUNCH_BLOCKING=1: every op is synchronous")
 
 

@@ -439,7 +439,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
 
     shape = (3, 7919 + _EMPTY_DTYPES.index(dtype))
     for index in {0, last}:
-        key = (programs.ProgramKind.ZEROS, shape, dtype, index, opt_level.LEVEL)
+        key = (programs.ProgramKind.ZEROS, shape, dtype, index, opt_level.level())
         make(shape, index)
         assert not cached(key)
         compiling = core._zeros_compiling[key]
@@ -452,7 +452,7 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
     monkeypatch.setattr(async_compile, "ENABLED", False)
     shape = (5, 7919 + _EMPTY_DTYPES.index(dtype))
     make(shape, 0)
-    assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0, opt_level.LEVEL))
+    assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0, opt_level.level()))
 
 
 def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
@@ -466,12 +466,12 @@ def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
     for shape in shapes:
         torch.empty(shape, device="tpu")  # a copy; the program compiles in the background
     for shape in shapes:
-        key = (programs.ProgramKind.ZEROS, shape, torch.float32, 0, opt_level.LEVEL)
+        key = (programs.ProgramKind.ZEROS, shape, torch.float32, 0, opt_level.level())
         pending = core._zeros_compiling.get(key)
         if pending is not None:
             pending.result(timeout=120)
     torch.empty((2, 6100), device="tpu")  # a miss: the finished compiles move to the cache
-    keys = [(programs.ProgramKind.ZEROS, s, torch.float32, 0, opt_level.LEVEL) for s in shapes]
+    keys = [(programs.ProgramKind.ZEROS, s, torch.float32, 0, opt_level.level()) for s in shapes]
     assert not any(k in core._zeros_compiling for k in keys)
     assert all(programs.peek(k) is not None for k in keys)
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from torch_tpu.runtime import executor, fastpath, programs, storage
+from torch_tpu.runtime.context import CONTEXT
 
 aten = torch.ops.aten
 FORCED_PURE = os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
@@ -208,7 +209,7 @@ def test_native_kernel_hands_other_calls_to_python(case, monkeypatch):
     elif case == "cpu_scalar":
         out, expected = x + torch.tensor(2.0), xc + 2.0
     elif case == "launch_blocking":
-        monkeypatch.setattr(executor, "LAUNCH_BLOCKING", True)
+        monkeypatch.setattr(CONTEXT, "launch_blocking", True)
         out, expected = x + x, xc + xc
     elif case == "autograd":
         w = x.clone().requires_grad_()

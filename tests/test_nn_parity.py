@@ -20,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_tpu.runtime import asserts, executor
+from torch_tpu.runtime import asserts
+from torch_tpu.runtime.context import CONTEXT
 
 CL = torch.channels_last
 CL3 = torch.channels_last_3d
@@ -175,7 +176,7 @@ def test_embedding_bag_out_of_range_raises_at_synchronize(mode, bad):
 
 
 def test_embedding_bag_out_of_range_raises_at_the_op_when_blocking(monkeypatch):
-    monkeypatch.setattr(executor, "LAUNCH_BLOCKING", True)
+    monkeypatch.setattr(CONTEXT, "launch_blocking", True)
     w = torch.randn(10, 2, device="tpu")
     psw = torch.ones(2, device="tpu")
     with pytest.raises(RuntimeError, match=f"{_BAG_TEXT} 11"):

@@ -23,7 +23,7 @@ from torch_tpu.runtime import executor, opt_level, programs
 
 
 def _key(tag):
-    return (programs.ProgramKind.CAST, "test_programs", tag, opt_level.LEVEL)
+    return (programs.ProgramKind.CAST, "test_programs", tag, opt_level.level())
 
 
 def test_get_or_compile_caches_in_the_lru():
@@ -63,8 +63,8 @@ def test_helper_programs_share_the_lru_and_its_bound(monkeypatch):
 
 
 def test_executor_names_are_the_program_cache():
-    # The executor's names for the cache are the same objects; `_CACHE` is the
-    # name the native kernel reads from the executor's module dict (csrc).
+    # The executor's names for the cache are the same objects (the native
+    # kernel is handed programs.CACHE itself at setup_kernel).
     assert executor.STATS is programs.STATS and executor.__dict__["_CACHE"] is programs.CACHE
     assert executor.COMPILE_LISTENERS is programs.COMPILE_LISTENERS
 
@@ -96,7 +96,7 @@ def test_eager_key_parts_are_named():
     keys = {str(k[0]): k for k in programs.CACHE if not isinstance(k[0], programs.ProgramKind)}
     add = programs.eager_key(keys["aten.add.Tensor"])
     assert add.device == 0 and add.default_dtype == torch.get_default_dtype()
-    assert add.opt_level == opt_level.LEVEL and add.rng is False
+    assert add.opt_level == opt_level.level() and add.rng is False
     assert add.args[0] == ((3,), torch.float32)  # the storage's signature
     rand = programs.eager_key(next(k for n, k in keys.items() if n.startswith("aten.rand")))
     assert rand.rng is True and programs.KeyTag.RNG not in rand.args

@@ -33,13 +33,13 @@ import torch.fx
 from ..device import module as _device_module
 from ..runtime import rng as tpu_random
 from ..runtime import async_compile, executor
-from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from . import dynamic as dyn
 from . import effects, graph_cache, graph_key, padding
 from .graph_cache import GRAPH_STATS, contiguous
 from .lowering import GraphProgram, LoweringError, SymEnv, const_value
 from .outputs import wrap_outputs
+from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -491,7 +491,7 @@ class CompiledGraph:
 
     def level(self) -> int:
         """The XLA optimization level this graph compiles at now."""
-        return _olevel.LEVEL if self.opt_level is None else self.opt_level
+        return CONTEXT.opt_level if self.opt_level is None else self.opt_level
 
     def _execute(self, entry, args, arrays, out_slices=None):
         value_results = entry.values

@@ -25,6 +25,7 @@ from ..device import module
 from ..runtime import async_compile
 from ..runtime import oom
 from ..runtime import registry
+from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -168,7 +169,7 @@ def _zeros_settle() -> None:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
-    key = (programs.ProgramKind.ZEROS, shape, dtype, index, _olevel.LEVEL)
+    key = (programs.ProgramKind.ZEROS, shape, dtype, index, CONTEXT.opt_level)
     fn = programs.peek(key)
     if fn is not None:
         return fn()
@@ -224,7 +225,7 @@ def _new_zeros(shape, dtype, index, op):
         oom.check(op, nbytes, index)
     try:
         value = _zeros(shape, dtype, index)
-        if executor.LAUNCH_BLOCKING:
+        if CONTEXT.launch_blocking:
             value.block_until_ready()
     except jax.errors.JaxRuntimeError as e:
         raise oom.translate(e, op, index, nbytes) from None
@@ -259,7 +260,7 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
     key: tuple  # the program's key: one layout of three
     if layout is None:
         key = (programs.ProgramKind.COPY, base.shape, base.dtype, None, value.shape,
-               value.dtype, shape, want, _olevel.LEVEL)
+               value.dtype, shape, want, CONTEXT.opt_level)
 
         def write(base, v):
             return jnp.broadcast_to(st.convert(v, want), shape)
@@ -271,7 +272,7 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
         # scatter through an index array as large as the tensor: 4 GB of
         # temporaries to make an 80M-element tensor channels_last.)
         key = (programs.ProgramKind.COPY, "permuted", base.shape, base.dtype, order,
-               value.shape, value.dtype, shape, want, _olevel.LEVEL)
+               value.shape, value.dtype, shape, want, CONTEXT.opt_level)
 
         def write_all(base, v):
             v = jnp.broadcast_to(st.convert(v, want), shape)
@@ -283,7 +284,7 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
         # shares one program.
         layout, offset = st.dynamic_layout(layout)
         key = (programs.ProgramKind.COPY, base.shape, base.dtype, layout, value.shape,
-               value.dtype, shape, want, _olevel.LEVEL)
+               value.dtype, shape, want, CONTEXT.opt_level)
 
         def write_view(base, v, o):
             return st.strided_write(base, layout, jnp.broadcast_to(st.convert(v, want), shape), o)
@@ -407,7 +408,7 @@ def new_tensor_like_value(src, dtype, index):
 
 
 def _cast(value, want):
-    key = (programs.ProgramKind.CAST, value.shape, value.dtype, want, _olevel.LEVEL)
+    key = (programs.ProgramKind.CAST, value.shape, value.dtype, want, CONTEXT.opt_level)
     return programs.get_or_compile(key, lambda v: st.convert(v, want), (value,))(value)
 
 
@@ -466,7 +467,7 @@ def restrided(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
         return out
     value = executor.value(t)
     key = (programs.ProgramKind.COPY, "restride", value.shape, value.dtype, order,
-           _olevel.LEVEL)
+           CONTEXT.opt_level)
     flat = programs.get_or_compile(
         key, lambda v: jnp.transpose(v, order).reshape(-1), (value,))(value)
     out = st.empty_tensor(shape, t.dtype, index, nbytes=t.numel() * t.element_size(),

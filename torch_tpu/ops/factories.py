@@ -22,9 +22,9 @@ import torch
 
 from . import core
 from .registry import lower, out_dtype, out_meta
-from ..runtime import opt_level as _olevel
 from ..runtime import platform, programs
 from ..runtime import storage as st
+from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -157,7 +157,7 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
 def _arange_array(n, start, step, torch_dtype, index):
     jd = st.TORCH_TO_JAX[torch_dtype]
     key = (programs.ProgramKind.ARANGE, n, torch_dtype, type(start), type(step), index,
-           _olevel.LEVEL)
+           CONTEXT.opt_level)
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
     if not platform.supports_float64():  # no f64 program inputs where f64 does not exist
         start, step = (np.float32(v) if isinstance(v, float) else v for v in (start, step))

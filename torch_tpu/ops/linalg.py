@@ -24,10 +24,10 @@ from . import core
 from .opmath import is_half, opmath_dtype, upcast
 from .registry import lower, out_dtype, out_meta
 from ..precision import lax_precision
-from ..runtime import opt_level
 from ..runtime import executor, platform, programs
 from ..runtime import storage as st
 from . import fallback
+from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -724,7 +724,7 @@ def _jit_run(name, fn, tensors, static=()):
 
     vals = [core.device_value(t) for t in tensors]
     key = (programs.ProgramKind.LINALG, name, static, tuple((v.shape, v.dtype) for v in vals),
-           tensors[0].device.index, executor.precision_token(), opt_level.LEVEL)
+           tensors[0].device.index, executor.precision_token(), CONTEXT.opt_level)
     compiled = programs.get_or_compile(key, lambda *a: fn(*a, *static), tuple(vals), name=name)
     programs.STATS.per_op[name] += 1
     return compiled(*vals)

@@ -26,10 +26,10 @@ from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta
 from ..runtime import rng as tpu_random
 from ..runtime.rng import jax_key
-from ..runtime import opt_level as _olevel
 from ..runtime import executor, programs
 from ..runtime import storage as st
 from ..runtime.storage import torch_dtype
+from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -297,7 +297,7 @@ def _direct_kernel(name, fn):
                 f"{name}: count and prob must have the same shape"))
         values = [executor.value(t) for t in tensors]
         key = (programs.ProgramKind.RANDOM_DIRECT, name, tuple((v.shape, v.dtype) for v in values),
-               _olevel.LEVEL)
+               CONTEXT.opt_level)
         raw = tpu_random.next_key(index)
         compiled = programs.get_or_compile(
             key, lambda vals, raw: fn(jax_key(raw), *vals).astype(vals[0].dtype),
@@ -368,7 +368,7 @@ def _check_multinomial_values(t, num_samples, replacement):
         return
     arr = executor.value(t)
     key = (programs.ProgramKind.MULTINOMIAL_CHECK, arr.shape, arr.dtype, t.device.index,
-           _olevel.LEVEL)
+           CONTEXT.opt_level)
     fn = programs.get_or_compile(key, _row_codes, (arr,))
     codes = np.asarray(fn(arr))
     op = "aten.multinomial"

@@ -19,6 +19,8 @@ The modules, one line each:
 - `fused`: fused eager mode: record ops, run them later as one program.
 - `fastpath`: loads the C++ fast path (`_native`, csrc/; `_native.pyi` types it).
 - `platform`: which JAX/PJRT platform backs `tpu`, and its devices.
+- `context`: the eager context, one object (`CONTEXT`): opt level, fused
+  mode, launch blocking, the precision token's source; the C++ kernel reads it.
 - `device_index`: this thread's current device index.
 - `rng`: per-device seed and offset; the key every random op takes as an input.
 - `opt_level`: XLA optimization level of the programs compiled now.

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from . import executor
 from . import storage as st
+from .context import CONTEXT
 
 MAX_PENDING = 1024
 
@@ -48,7 +48,7 @@ class DeviceIndexError(IndexError, RuntimeError):
 def defer(flags: Any, make_error: Callable[[np.ndarray], BaseException | None]) -> None:
     """Hold device tensor `flags` until the host next waits; then
     `make_error(host value)` returns the error to raise, or None."""
-    if executor.LAUNCH_BLOCKING:
+    if CONTEXT.launch_blocking:
         _raise_first([(flags, make_error)])
         return
     with _lock:

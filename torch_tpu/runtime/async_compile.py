@@ -46,6 +46,7 @@ from typing import Any
 from . import gc_pause, oom, platform, programs
 from . import opt_level as _olevel
 from . import storage as st
+from .context import CONTEXT
 
 ENV_THREADS = "TORCH_TPU_COMPILE_THREADS"
 _PREFIX = "torch_tpu-async-"  # the pools' thread names
@@ -207,7 +208,7 @@ def lower(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> tuple[A
     `programs.LOWERED_LISTENERS`: (lowered, optimization level, seconds)."""
     import jax
 
-    level = _olevel.LEVEL
+    level = CONTEXT.opt_level
     clock = programs.STATS.compile_clock  # trace_s is part of the compile's seconds
     t0 = time.perf_counter()
     gc_pause.begin()

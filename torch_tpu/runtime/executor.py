@@ -18,7 +18,6 @@ asynchronously: nothing blocks until a value is read on the host.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +36,11 @@ from ..precision import cache_token as precision_token
 from . import async_compile as _aco
 from . import device_index, fastpath, loading
 from . import calling, fused, gc_pause, oom, platform, programs, registry, scalars, verdict
-from . import opt_level as _olevel
+from . import opt_level  # noqa: F401  (its import sets CONTEXT.opt_level from its env)
 from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
 from .fastpath import NATIVE as _NATIVE
+from .context import CONTEXT
 
 _T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS, _S1 = range(10)
 # _S1: a Scalar `alpha` (add, sub, addmm, ...): a runtime input like any
@@ -67,13 +67,17 @@ STATS = programs.STATS
 COMPILE_LISTENERS = programs.COMPILE_LISTENERS
 LOWERED_LISTENERS = programs.LOWERED_LISTENERS
 CacheStats = programs.CacheStats
-_CACHE = programs.CACHE  # read by name by the native kernel (csrc)
+_CACHE = programs.CACHE  # (the native kernel gets programs.CACHE at setup_kernel)
 
-# TORCH_TPU_LAUNCH_BLOCKING=1 (CUDA_LAUNCH_BLOCKING's analogue): every op waits
-# for its results before returning, so an asynchronous failure is raised by
-# the op that caused it, and timers and profilers see each op's own time.
-LAUNCH_BLOCKING = os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
-    "1", "true", "yes", "on")
+# The precision token's source (torch_tpu/precision.py, which cannot import the
+# runtime) in the eager context, where the native kernel reads it.
+CONTEXT.precision_state = JAX_PRECISION_STATE
+CONTEXT.precision_token = precision_token
+
+# TORCH_TPU_LAUNCH_BLOCKING=1 (CUDA_LAUNCH_BLOCKING's analogue; read into
+# CONTEXT.launch_blocking): every op waits for its results before returning,
+# so an asynchronous failure is raised by the op that caused it, and timers
+# and profilers see each op's own time.
 
 
 def clear_cache():
@@ -101,7 +105,7 @@ def read(data, layout):
     # The offset is a runtime input: one program reads every row of a loop.
     layout, offset = st.dynamic_layout(layout)
     key = (programs.ProgramKind.VIEW_READ, arr.shape, arr.dtype, layout, data.index,
-           _olevel.LEVEL)
+           CONTEXT.opt_level)
     fn = programs.get_or_compile(
         key, lambda a, o: st.strided_read(a, layout, o), (arr, offset))
     return fn(arr, offset)
@@ -312,8 +316,7 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
     if (native is not None and fastpath.KERNEL and runner.functional is None and not low.mutates and not runner.rng
             and not low.eager and not runner.returns_nothing):
         if not _KERNEL_READY:
-            native.setup_kernel(sys.modules[__name__], fused, _olevel,
-                                JAX_PRECISION_STATE, precision_token,
+            native.setup_kernel(CONTEXT, programs.CACHE, fused.record_native, scalars.narrow,
                                 _fast_spec, platform.array_class())
             # Its hits are counted in C++ and read back with the statistics.
             STATS.native_counts = getattr(native, "take_stats", None)
@@ -736,7 +739,7 @@ class Runner:
         # Programs traced under another matmul precision differ.
         sig.key.append(precision_token())
         # ... and at another XLA optimization level.
-        sig.key.append(_olevel.LEVEL)
+        sig.key.append(CONTEXT.opt_level)
         key = tuple(sig.key)
         STATS.count_request()
         entry = _CACHE.get(key)
@@ -755,7 +758,7 @@ class Runner:
             if entry.narrow:
                 scalars.narrow(sig.dyn, sig.device)
         STATS.count_run(plan.name, hit)
-        if fused.ACTIVE and entry.program is not None:  # recorded, run later (runtime.fused)
+        if CONTEXT.fused and entry.program is not None:  # recorded, run later (runtime.fused)
             outs, new_bases = fused.record(entry, sig, plan.name)
         elif _aco.OUTSTANDING and _aco.deferred(entry, sig):  # runtime.async_compile
             outs, new_bases = _aco.launch(entry, sig, plan.name)
@@ -766,7 +769,7 @@ class Runner:
                     outs, new_bases = entry.eager_fn(arrays, sig.dyn)
                 else:
                     outs, new_bases = call_executable(entry.compiled, arrays, sig.dyn, sig.device)
-                if LAUNCH_BLOCKING:
+                if CONTEXT.launch_blocking:
                     oom.ready(outs, plan.name, sig.device)
                     oom.ready(new_bases, plan.name, sig.device)
             except jax.errors.JaxRuntimeError as e:
@@ -889,7 +892,7 @@ class Runner:
             # A warm process finds the executable by this key, without
             # tracing or lowering (torch_tpu.cache.eager); the debug tools
             # lower it when asked for its stages. Not for fused mode's recordings.
-            index = None if fused.ACTIVE else programs.index_tier()
+            index = None if CONTEXT.fused else programs.index_tier()
             index_key = index.key(key, jax_device) if index is not None else None
             compiled = None if index_key is None else programs.load_indexed(
                 name, key, index_key, (arrays, list(sig.dyn)), jax_device,
@@ -899,11 +902,11 @@ class Runner:
             try:
                 # XLA compiles in the background (runtime.async_compile); in
                 # fused mode at the first call only (fused.LazyExecutable).
-                if compiled is None and fused.ACTIVE:
+                if compiled is None and CONTEXT.fused:
                     compiled = fused.compile_later(name, key, program, (arrays, list(sig.dyn)),
                                                    **jit_kwargs)
                 elif compiled is None:
-                    compiled = (_aco.compile if _aco.ENABLED and not LAUNCH_BLOCKING
+                    compiled = (_aco.compile if _aco.ENABLED and not CONTEXT.launch_blocking
                                 else programs.compile)(name, key, program, (arrays, list(sig.dyn)),
                                                index_key=index_key, **jit_kwargs)
             except (TypeError, ValueError):

@@ -53,7 +53,10 @@ if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0":
 # The native kernel (executor.install_kernel): ops' cache hits run in C++ from
 # the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
 # keeps the Python kernels in front (the rest of the native path stays).
-KERNEL = ACTIVE and hasattr(NATIVE, "register_kernel") and switch_on("TORCH_TPU_NATIVE_KERNEL")
+# Only a build whose setup_kernel takes the eager context (KERNEL_API 2:
+# runtime/context.py) runs it; an older build keeps the Python kernels.
+KERNEL = (ACTIVE and getattr(NATIVE, "KERNEL_API", 1) == 2
+          and switch_on("TORCH_TPU_NATIVE_KERNEL"))
 # Ops with a common signature (tensors, Scalars, an optional dtype) get the
 # kernel unboxed; TORCH_TPU_NATIVE_UNBOXED=0 registers every one boxed.
 UNBOXED = KERNEL and switch_on("TORCH_TPU_NATIVE_UNBOXED")

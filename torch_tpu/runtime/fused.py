@@ -79,16 +79,15 @@ from jax import lax
 
 from . import async_compile as aco
 from . import oom, platform, programs, scalars
-from . import opt_level as _olevel
 from .switches import switch_on
 from . import storage as st
+from .context import CONTEXT
 
 ENV = "TORCH_TPU_EAGER"
 # Recorded ops after which the trace is flushed (bounds the program size).
 MAX_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "2000"))
 
-# Read by the executor on every op: whether ops are recorded.
-ACTIVE = False
+# Whether ops are recorded: CONTEXT.fused (runtime/context.py), written here.
 _modes: list[bool] = []          # the stack of `fused(enabled)` contexts
 _default = False                 # TORCH_TPU_EAGER=fused
 _lock = threading.RLock()
@@ -180,21 +179,12 @@ def _again(err: BaseException) -> BaseException:
 
 
 def _set_active() -> None:
-    global ACTIVE
     on = _modes[-1] if _modes else _default
-    if on and _launch_blocking():
+    if on and CONTEXT.launch_blocking:
         on = False
-    ACTIVE = on
+    CONTEXT.fused = on
     if on:
         _install_hooks()
-
-
-def _launch_blocking() -> bool:
-    ex = sys.modules.get(__package__ + ".executor")
-    if ex is not None and hasattr(ex, "LAUNCH_BLOCKING"):
-        return bool(ex.LAUNCH_BLOCKING)
-    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
-        "1", "true", "yes", "on")
 
 
 class mode(contextlib.ContextDecorator):
@@ -222,13 +212,13 @@ class mode(contextlib.ContextDecorator):
         with _lock:
             _modes.pop()
             _set_active()
-            if not ACTIVE:
+            if not CONTEXT.fused:
                 flush()
 
 
 def enabled() -> bool:
     """Whether eager ops are being recorded now."""
-    return ACTIVE
+    return CONTEXT.fused
 
 
 def set_default(on: bool) -> None:
@@ -237,7 +227,7 @@ def set_default(on: bool) -> None:
     with _lock:
         _default = bool(on)
         _set_active()
-        if not ACTIVE:
+        if not CONTEXT.fused:
             flush()
 
 
@@ -516,7 +506,7 @@ def flush() -> None:
         live = tuple([n.pos for n in live_nodes])
         plan = tuple(tr.ops)
         donate = _donatable(tr.ext, live_nodes)
-        key = (programs.ProgramKind.FUSED, plan, live, donate, _olevel.LEVEL)
+        key = (programs.ProgramKind.FUSED, plan, live, donate, CONTEXT.opt_level)
         device = tr.device
         dyns = _device_scalars(tr.dyns, device)
         STATS.flushes += 1

@@ -37,6 +37,8 @@ import os
 import warnings
 from typing import Any
 
+from .context import CONTEXT
+
 ENV = "TORCH_TPU_XLA_OPT_LEVEL"
 LEVELS = (0, 1, 2, 3)
 DEFAULT = 3
@@ -74,20 +76,19 @@ def _from_env() -> int:
         return DEFAULT
 
 
-# The process-wide level; the executor reads it on every op (a module
-# attribute: cheaper than a call on the hot path).
-LEVEL: int = _from_env()
+# The process-wide level lives in CONTEXT.opt_level (runtime/context.py), read
+# there on every op (an attribute: cheaper than a call on the hot path).
+CONTEXT.opt_level = _from_env()
 
 
 def level() -> int:
     """The XLA optimization level of programs compiled from now on."""
-    return LEVEL
+    return CONTEXT.opt_level
 
 
 def set_level(value: Any) -> None:
     """Compile programs from now on at `value` (0-3); see the module docstring."""
-    global LEVEL
-    LEVEL = check(value, "torch_tpu.runtime.opt_level.set_level")
+    CONTEXT.opt_level = check(value, "torch_tpu.runtime.opt_level.set_level")
 
 
 def compiler_options(value: int) -> dict | None:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import gc_pause, xla_lock
+from .context import CONTEXT
 
 
 class ProgramKind(str, enum.Enum):
@@ -810,7 +811,7 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
             listener(name, key, lowered)
         compiled, seconds, source = compile_lowered(
             name, lowered, _olevel.compiler_options(
-                _olevel.LEVEL if opt_level is None else opt_level), trace_s)
+                CONTEXT.opt_level if opt_level is None else opt_level), trace_s)
     finally:
         STATS.compile_clock.end()
         gc_pause.end()
@@ -843,7 +844,7 @@ def get_or_compile(key: tuple, fn: Callable, args: Any, name: str | None = None)
     `key` must hold everything the program depends on: `args`' shapes and
     dtypes, the values baked into `fn`, the device where the outputs are
     placed explicitly; it starts with a `ProgramKind` and ends with the XLA
-    optimization level (`opt_level.LEVEL`). `name` (default: the kind's
+    optimization level (`CONTEXT.opt_level`). `name` (default: the kind's
     value) is what statistics and the debug tools show. (No jit options:
     pass a `jax.jit`-wrapped `fn` for out_shardings, as ops/factories does.)
     """
