@@ -209,8 +209,9 @@ def test_llama_first_step_executables_bounded(tmp_path):
         out = _run(code, TORCH_TPU_COMPILE_THREADS=threads,
                    TORCH_TPU_CACHE_DIR=str(tmp_path / threads))
         runs[threads] = json.loads(out.split("JSON", 1)[1])
-    # 118 measured on 2026-12-04 (helper programs included).
-    assert runs["1"]["misses"] <= 125, runs
+    # 118 measured on 2026-12-04 (helper programs included); 125 since the 7
+    # zero-fill programs (ops.core._zeros, built on the compile threads) count.
+    assert runs["1"]["misses"] <= 132, runs
     assert runs["1"]["misses"] == runs["2"]["misses"]
     assert runs["1"]["loss"] == runs["2"]["loss"]
 

@@ -455,6 +455,32 @@ def test_empty_of_a_new_shape_waits_for_no_compile(dtype, monkeypatch):
     assert cached((programs.ProgramKind.ZEROS, shape, dtype, 0, opt_level.level()))
 
 
+def test_zeros_programs_are_counted_as_every_program(monkeypatch):
+    """A zeros program (compiled on the compile threads, or at once without
+    them) is one memory-tier miss with its seconds and a compile event, like
+    every program the disk tier sees: the counters agree (cache.stats()'s
+    misses, compile_seconds_by_source, metrics' compiles), and readers of
+    statistics wait for it (settle)."""
+    import torch_tpu.cache as cache
+    from torch_tpu import debug
+    from torch_tpu.runtime import async_compile
+
+    def sources(s):
+        return sum(v["count"] for v in s["compile_seconds_by_source"].values())
+
+    for i, enabled in enumerate((True, False)):
+        monkeypatch.setattr(async_compile, "ENABLED", enabled)
+        s0 = cache.stats()
+        with debug.capture() as cap:
+            torch.empty((3, 5003 + i), device="tpu")
+        s1 = cache.stats()
+        assert cap["compiles"]["per_op"] == {"zeros": 1}, cap["compiles"]
+        assert [e.name for e in cap.compiles] == ["zeros"]
+        assert s1["memory"]["misses"] - s0["memory"]["misses"] == 1
+        assert sources(s1) - sources(s0) == 1
+        assert s1["compile_seconds"] > s0["compile_seconds"]
+
+
 def test_zeros_programs_are_bounded_by_the_program_cache(monkeypatch):
     """Zeros programs of many shapes (shape churn) live in the one program
     cache and leave it with its LRU bound; finished background compiles of

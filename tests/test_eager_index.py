@@ -158,11 +158,21 @@ def test_a_new_process_prefetches_what_the_last_one_asked_for(cache_dir, ab, mon
 
     prefetch.reset()  # a new process
     lowered = _lowered_ops(monkeypatch)
+    s0 = cache.stats()
     warm = _run_fresh(a, b)
+    s1 = cache.stats()
     st = prefetch.stats()
     assert lowered == [] and torch.equal(warm, cold)
     assert st["listed"] == recorded - prefetch.HEAD, st  # all but those that started it
     assert st["used"] == st["listed"], st
+    # A prefetched program is loaded from disk (read on a prefetch thread):
+    # counted so, each once, not as a program the disk tier cannot hold.
+    by0, by1 = s0["compile_seconds_by_source"], s1["compile_seconds_by_source"]
+    assert by1["uncached"]["count"] == by0["uncached"]["count"], (by0, by1)
+    index_hits = s1["eager_index"]["hits"] - s0["eager_index"]["hits"]
+    assert index_hits >= st["used"] + prefetch.HEAD
+    assert s1["memory"]["disk_loads"] - s0["memory"]["disk_loads"] >= index_hits
+    assert by1["disk"]["count"] - by0["disk"]["count"] >= index_hits
 
     # The same order again: the stored sequence is not rewritten.
     key = prefetch._seq_key(prefetch._S.seq)

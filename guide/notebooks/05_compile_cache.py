@@ -48,6 +48,7 @@ def _(mo):
 def _():
     import json
     import os
+    import shutil
     import subprocess
     import sys
     import tempfile
@@ -60,7 +61,7 @@ def _():
     import torch_tpu
     import torch_tpu.cache
 
-    return json, os, plt, subprocess, sys, tempfile, textwrap, time, torch, torch_tpu
+    return json, os, plt, shutil, subprocess, sys, tempfile, textwrap, time, torch, torch_tpu
 
 
 @app.cell(hide_code=True)
@@ -101,7 +102,7 @@ def _(mo):
 @app.cell
 def _(tempfile, tier_size, time, torch, torch_tpu):
     user_cache_dir = torch_tpu.cache.cache_dir()
-    guide_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_cache_")
+    guide_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_cache_")  # removed in section 3
     torch_tpu.cache.set_dir(guide_cache)
     torch_tpu.cache.reset_stats()
 
@@ -157,6 +158,14 @@ def _(mo):
     forward — runs in two fresh Python processes that share a new cache
     directory: the first (cold) compiles everything, the second (warm) loads
     every executable from disk.
+
+    *Executables needed* are the programs a process had to produce (its
+    memory-tier misses, `stats()["memory"]["misses"]`); each was either
+    compiled or loaded from the disk tier (`stats()["memory"]["disk_loads"]`).
+    A warm process's eager programs are read ahead of its ops, in the previous
+    run's order, by the eager index's prefetch threads
+    (`stats()["eager_index"]["prefetch"]`): those are among the ones loaded
+    from disk, counted once.
     """)
     return
 
@@ -186,17 +195,24 @@ def _(textwrap):
         compiled(x).sum().item()
         t_compiled = time.perf_counter() - t2
         s = torch_tpu.cache.stats()
+        prefetch = s["eager_index"]["prefetch"]
         print(json.dumps({"import": t_import, "eager_step": t_eager, "compiled_call": t_compiled,
-                          "disk_hits": s["disk"]["hits"], "disk_misses": s["disk"]["misses"],
+                          # the executables this process needed (memory-tier misses),
+                          # and those the disk tier served instead of XLA compiling
                           "executables": s["memory"]["misses"],
-                          "compile_seconds": s["compile_seconds"]}))
+                          "from_disk": s["memory"]["disk_loads"],
+                          # of those, read ahead of their ops by the prefetch threads
+                          "prefetched": prefetch["used"],
+                          "prefetched_unused": prefetch["loaded"] - prefetch["used"],
+                          "disk_hits": s["disk"]["hits"], "disk_misses": s["disk"]["misses"],
+                          "compile_seconds": s["compile_wall_seconds"]}))
     ''')
     return (WORKLOAD,)
 
 
 @app.cell
 def _(WORKLOAD, json, os, subprocess, sys, tempfile):
-    process_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_process_cache_")
+    process_cache = tempfile.mkdtemp(prefix="torch_tpu_guide_process_cache_")  # removed in section 3
 
     def run_workload(cache_dir):
         env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir)
@@ -209,9 +225,13 @@ def _(WORKLOAD, json, os, subprocess, sys, tempfile):
     cold = run_workload(process_cache)
     warm = run_workload(process_cache)
     for _name, _r in (("cold", cold), ("warm", warm)):
+        _unused = (f", {_r['prefetched_unused']} more prefetched and not needed"
+                   if _r["prefetched_unused"] else "")
         print(f"{_name}: import {_r['import']:.2f} s | eager step {_r['eager_step']:.2f} s | "
-              f"compiled call {_r['compiled_call']:.2f} s | {_r['executables']} executables, "
-              f"{_r['disk_hits']} from disk, {_r['compile_seconds']:.2f} s producing them")
+              f"compiled call {_r['compiled_call']:.2f} s | {_r['executables']} executables "
+              f"needed: {_r['executables'] - _r['from_disk']} compiled, {_r['from_disk']} "
+              f"loaded from disk ({_r['prefetched']} of them prefetched{_unused}) | "
+              f"{_r['compile_seconds']:.2f} s producing them")
     speedup = (cold["eager_step"] + cold["compiled_call"]) / (warm["eager_step"] + warm["compiled_call"])
     print(f"first eager step + first compiled call: {speedup:.1f}x faster warm")
     return cold, process_cache, run_workload, speedup, warm
@@ -273,11 +293,13 @@ def _(os, process_cache, subprocess, sys):
 
 
 @app.cell
-def _(guide_cache, torch_tpu, user_cache_dir):
+def _(guide_cache, info_after, process_cache, shutil, torch_tpu, user_cache_dir):
     removed_guide_entries = torch_tpu.cache.clear(memory=False, disk=True)  # the temporary dir
     torch_tpu.cache.set_dir(user_cache_dir)                                # back to yours
-    print(f"removed {removed_guide_entries} entries from {guide_cache}; "
-          f"disk tier back at {torch_tpu.cache.cache_dir()}")
+    for _tmp in (guide_cache, process_cache):  # the notebook's temporary directories
+        shutil.rmtree(_tmp, ignore_errors=True)
+    print(f"removed {removed_guide_entries} entries and the temporary directories "
+          f"{guide_cache}, {process_cache}; disk tier back at {torch_tpu.cache.cache_dir()}")
     return (removed_guide_entries,)
 
 
@@ -389,6 +411,13 @@ def test_tiers(tier_stats, tier_times):
 def test_warm_start(cold, warm):
     assert cold["disk_hits"] == 0 and cold["disk_misses"] > 0
     assert warm["disk_hits"] > 0 and warm["disk_misses"] == 0, warm
+    # cold: every executable compiled; warm: the same ones, every one from disk
+    # (prefetched ones among them), none more than were needed
+    assert cold["from_disk"] == 0 and cold["executables"] > 0, cold
+    assert warm["executables"] == cold["executables"], (cold, warm)
+    assert warm["from_disk"] == warm["executables"], warm
+    assert warm["prefetched"] <= warm["from_disk"], warm
+    assert warm["disk_hits"] >= warm["from_disk"], warm  # reads: unused prefetches too
     assert warm["eager_step"] + warm["compiled_call"] < cold["eager_step"] + cold["compiled_call"]
     return
 
@@ -397,6 +426,13 @@ def test_warm_start(cold, warm):
 def test_cli_clear(info_after, info_before):
     assert "entries   : 0" not in info_before
     assert "entries   : 0" in info_after
+    return
+
+
+@app.cell
+def test_temporary_dirs_removed(guide_cache, os, process_cache, removed_guide_entries):
+    assert removed_guide_entries > 0
+    assert not os.path.exists(guide_cache) and not os.path.exists(process_cache)
     return
 
 

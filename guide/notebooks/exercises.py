@@ -479,21 +479,22 @@ def check_disk_hits(answer) -> Verdict:
     import torch_tpu.cache as cache
 
     old = cache.cache_dir()
-    cache.set_dir(tempfile.mkdtemp(prefix="torch_tpu_exercise_"))
-    try:
-        x = torch.randn(_fresh(), 24, device="tpu")
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_exercise_") as tmp:
+        cache.set_dir(tmp)
+        try:
+            x = torch.randn(_fresh(), 24, device="tpu")
 
-        def call():
-            torch.nn.functional.gelu(x @ x.T).sum().item()
+            def call():
+                torch.nn.functional.gelu(x @ x.T).sum().item()
 
-        call()
-        cache.clear(memory=True, disk=False)
-        before = cache.stats()["disk"]["hits"]
-        call()
-        hits = cache.stats()["disk"]["hits"] - before
-        cache.clear(memory=False, disk=True)
-    finally:
-        cache.set_dir(old)
+            call()
+            cache.clear(memory=True, disk=False)
+            before = cache.stats()["disk"]["hits"]
+            call()
+            hits = cache.stats()["disk"]["hits"] - before
+            cache.clear(memory=False, disk=True)
+        finally:
+            cache.set_dir(old)  # before the directory goes
     return _count_verdict(
         answer, hits, "Executables loaded from the disk tier",
         "One per op of the call (matmul, gelu, sum; `x.T` is a view and runs nothing of its "

@@ -217,12 +217,16 @@ def stats() -> dict:
 
     - ``requests``: executable lookups (eager op executables and compiled
       graphs) = memory hits + memory misses.
-    - ``memory``: hits, misses (each miss compiled or loaded a program),
+    - ``memory``: hits, misses (each miss compiled or loaded a program:
+      the executables this process needed), disk_loads (the misses the disk
+      tier served, prefetched ones included; the rest were compiled),
       entries, capacity, evictions, bytes and byte_capacity (the cached
       executables' measured size, compiled graphs' included, and its bound,
       TORCH_TPU_CACHE_BYTES).
-    - ``disk``: enabled, dir, hits, misses, writes, write errors, corrupt
-      entries discarded, evictions, entries and bytes on disk, max_bytes.
+    - ``disk``: enabled, dir, hits (executables read, those prefetched
+      ahead of their ops included, whether or not an op asked for them),
+      misses, writes, write errors, corrupt entries discarded, evictions,
+      entries and bytes on disk, max_bytes.
     - ``compile_seconds``: total seconds spent producing executables, each
       compile's own seconds summed (compiles overlapping on the background
       compile threads each count); ``compile_wall_seconds``: the wall time
@@ -258,6 +262,7 @@ def stats() -> dict:
         "memory": {
             "hits": mem_hits,
             "misses": mem_misses,
+            "disk_loads": mem["disk_loads"],
             "entries": mem["entries"],
             "capacity": mem["capacity"],
             "evictions": mem["evictions"],

@@ -259,7 +259,11 @@ def load(index_key: str, args: Any, device: Any) -> Any:
     """The `Compiled` program of index entry `index_key` for `args` on `device`, or None."""
     t0 = time.perf_counter()
     prefetch.note(index_key, device)
-    got = prefetch.take(index_key) or fetch(index_key, device)
+    got = prefetch.take(index_key)
+    if got is not None:  # read on a prefetch thread: still this load's disk hit
+        _cache.disk_store().note_hit(got[0])
+    else:
+        got = fetch(index_key, device)
     compiled = _rebuild_or_none(got[2], got[1], args, device) if got is not None else None
     STATS.count(compiled is not None, time.perf_counter() - t0)
     if compiled is not None:

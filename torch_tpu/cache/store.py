@@ -322,6 +322,12 @@ class DiskStore:
     def last_keys(self, keys):
         self._local.last = keys
 
+    def note_hit(self, key: str) -> None:
+        """A hit for the compile this thread has begun, on an entry another
+        thread read for it (`torch_tpu.cache.prefetch`; that read was counted
+        in `stats.hits` already): the compile is served by the disk tier."""
+        self._event("hit", key)
+
     def _event(self, what, key=None):
         ev = self._local.events
         if ev is not None:

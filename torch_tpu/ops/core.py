@@ -9,7 +9,9 @@ shares the storage (and with it the device value) of its base.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import time
 from collections.abc import Sequence
 
 import jax
@@ -147,16 +149,35 @@ _ZEROS_TRANSFER_MAX = 64 << 20
 _zeros_compiling: dict = {}  # key -> Future of its compiled program
 
 
-def _zeros_program(shape, jd, index, level):
+def _zeros_program(key, shape, jd, index, level):
+    """Compile (or load from the disk tier) the zeros program of `key`, counted
+    as every program is (`programs.record_compile`: a miss, its seconds, a
+    compile event), on whichever thread builds it."""
+    name = programs.ProgramKind.ZEROS.value
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
-    lowered = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower()
-    compiled = programs.compile_lowered(programs.ProgramKind.ZEROS.value, lowered,
-                                        _olevel.compiler_options(level))[0]
+    with programs.STATS.compile_clock:  # the wall time of `seconds`
+        t0 = time.perf_counter()
+        lowered = jax.jit(lambda: jnp.zeros(shape, jd), out_shardings=sharding).lower()
+        compiled, seconds, source = programs.compile_lowered(
+            name, lowered, _olevel.compiler_options(level), time.perf_counter() - t0)
     try:
-        compiled._torch_tpu_bytes = programs.footprint(programs.ProgramKind.ZEROS.value, compiled)
+        compiled._torch_tpu_bytes = programs.footprint(name, compiled)
     except AttributeError:
         pass
+    programs.record_compile(name, key, seconds, compiled, source)
     return compiled
+
+
+def _zeros_wait() -> None:
+    """Wait for the zeros programs compiling in the background (a settle hook:
+    readers of statistics see them counted, as the ops' own compiles)."""
+    if async_compile.on_worker_thread():
+        return  # a compile task never waits for the pool it runs on
+    for pending in list(_zeros_compiling.values()):
+        concurrent.futures.wait([pending])
+
+
+programs.SETTLE_HOOKS.append(_zeros_wait)
 
 
 def _zeros_settle() -> None:
@@ -181,7 +202,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
             _zeros_settle()
             if pending is None:
                 _zeros_compiling[key] = async_compile.compile_pool().submit(
-                    _zeros_program, shape, jd, index, key[-1])
+                    _zeros_program, key, shape, jd, index, key[-1])
             return jax.device_put(np.zeros(shape, jd), platform.jax_device(index))
         del _zeros_compiling[key]
         if pending.exception() is None:
@@ -189,7 +210,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
             programs.insert(key, fn)
             return fn()
         # The compile failed: compiling here raises its error for this op.
-    fn = _zeros_program(shape, jd, index, key[-1])
+    fn = _zeros_program(key, shape, jd, index, key[-1])
     programs.insert(key, fn)
     return fn()
 

@@ -420,11 +420,16 @@ def _keep_error(f: Future) -> None:
         _unread.append(f)
 
 
+def on_worker_thread() -> bool:
+    """Whether this thread is one of the pools' (a task there never waits for them)."""
+    return threading.current_thread().name.startswith(_PREFIX)
+
+
 def wait() -> None:
     """Wait for every compile and launched op to finish (errors stay with their values)."""
     from concurrent.futures import wait as _wait
 
-    if threading.current_thread().name.startswith(_PREFIX):
+    if on_worker_thread():
         return  # a task (e.g. an error's memory report) never waits for the pools
     while True:
         with _count_lock:
