@@ -168,7 +168,8 @@ def test_example_summary_compile_fits_in_first_step():
                        loss_fn=torch.nn.functional.mse_loss, steps=2, device="tpu",
                        items_per_step=4, unit="samples", show_progress=False, verbose=False)
     assert stats.first_compile_s is not None and stats.compile_s is not None
-    assert 0 <= stats.first_compile_s <= stats.first_step_s
-    assert stats.first_compile_s <= stats.compile_s <= stats.total_s
+    slack = 1e-3  # the clock is read just before t0 and just after the end
+    assert 0 <= stats.first_compile_s <= stats.first_step_s + slack
+    assert stats.first_compile_s <= stats.compile_s <= stats.total_s + slack
     assert f"first step {stats.first_step_s:.2f} s (compiling {stats.first_compile_s:.2f} s of it)" \
         in stats.summary()

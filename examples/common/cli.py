@@ -124,9 +124,12 @@ def compile_seconds() -> float | None:
     seconds (`torch_tpu.cache.stats()["compile_seconds"]`), which can exceed
     the elapsed time."""
     try:
-        import torch_tpu.cache as cache
+        from torch_tpu.runtime import programs
 
-        return float(cache.stats()["compile_wall_seconds"])
+        # Read as of now, without waiting for compiles in flight (the clock
+        # counts them up to now), so that a difference of two readings fits in
+        # the time between them; cache.stats() would wait for them first.
+        return float(programs.STATS.compile_wall_seconds)
     except Exception:  # noqa: BLE001
         return None
 

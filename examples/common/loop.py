@@ -134,9 +134,10 @@ def train(*, name: str, model, optimizer, batch_fn, loss_fn, steps: int, device,
     """
     stats = RunStats(name, str(device), compiled, steps, items_per_step, unit)
     fwd = forward or (lambda inputs: model(*inputs))
-    fb0, cs0 = fallback_counts(), compile_seconds()
+    fb0 = fallback_counts()
     bar = progress(range(steps), desc=f"train {name}", enabled=show_progress)
     loss_values = []
+    cs0 = compile_seconds()
     t0 = time.perf_counter()
     t_first = None
     for step in bar:
@@ -167,13 +168,14 @@ def train(*, name: str, model, optimizer, batch_fn, loss_fn, steps: int, device,
                 log(bar, f"step {step + 1:5d}/{steps}  loss {v:.4f}")
     synchronize(device)
     t_end = time.perf_counter()
+    run_compile_s = _compile_time(device, cs0)  # the run's, before the losses are read
     bar.close()
     stats.total_s = t_end - t0
     stats.steady_s = t_end - t_first if t_first is not None else 0.0
     stats.losses = [float(v) for v in torch.stack(loss_values).float().cpu()] if loss_values else []
     stats.fallbacks = _diff(fallback_counts(), fb0)
     if stats.compile_s is not None:
-        stats.compile_s = _compile_time(device, cs0)  # everything compiled during the run
+        stats.compile_s = run_compile_s  # everything compiled during the run
     if verbose:
         print(stats.summary(), flush=True)
     return stats
@@ -184,9 +186,10 @@ def timed_inference(*, name: str, fn, steps: int, device, items_per_step: int, u
                     verbose: bool = True):
     """Call ``fn(step)`` `steps` times (no grad); returns (last output, RunStats)."""
     stats = RunStats(name, str(device), compiled, steps, items_per_step, unit)
-    fb0, cs0 = fallback_counts(), compile_seconds()
+    fb0 = fallback_counts()
     bar = progress(range(steps), desc=f"infer {name}", enabled=show_progress)
     out = None
+    cs0 = compile_seconds()
     t0 = time.perf_counter()
     t_first = None
     with torch.no_grad():
@@ -196,6 +199,7 @@ def timed_inference(*, name: str, fn, steps: int, device, items_per_step: int, u
                 synchronize(device)
                 t_first = time.perf_counter()
                 stats.first_step_s = t_first - t0
+                stats.first_compile_s = _compile_time(device, cs0)
     synchronize(device)
     t_end = time.perf_counter()
     bar.close()
