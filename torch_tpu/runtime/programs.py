@@ -288,6 +288,7 @@ class CacheStats:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.map_evictions = 0   # times the mapping bound (map_limit) evicted
         self.compile_seconds = 0.0   # summed over compiles (overlapping ones each count)
         self.compile_clock.reset()   # ... and their wall-clock union
         self.disk_loads = 0                       # misses served by the disk tier
@@ -526,8 +527,66 @@ def insert(key: Any, entry: Any) -> None:
         k, _ = CACHE.popitem(last=False)
         _evicted(k)
         dropped = True
+    for _ in range(_over_map_budget()):
+        if len(CACHE) <= 1:
+            break
+        k, _ = CACHE.popitem(last=False)
+        _evicted(k)
+        dropped = True
     if dropped:
         _dropped()
+
+
+# The process's memory mappings, a third bound. XLA:CPU maps each compiled
+# kernel's code and data separately: an executable holds from a few to ~40
+# mappings (embedding_bag with its backward, measured), and Linux refuses new
+# ones past vm.max_map_count (65530 by default), where LLVM's JIT fails with
+# "Cannot allocate memory" and the next compile dies with SIGSEGV (PyTorch's
+# test_embedding_bag_1D_padding_idx, ~1,600 programs into the run, issue 38).
+# Every MAP_CHECK_EVERY insertions the count is read (/proc/self/maps, a few
+# ms at tens of thousands of lines); above MAP_FRACTION of the limit, the
+# least recently used entries go, as many as bring it to MAP_TARGET of it at
+# the current mappings per entry.
+MAP_FRACTION = 0.6
+MAP_TARGET = 0.45
+MAP_CHECK_EVERY = 16
+_map_state: dict[str, int | None] = {"inserts": 0, "limit": None}
+
+
+def map_limit() -> int:
+    """vm.max_map_count (0 where the platform has none: the bound is off)."""
+    if _map_state["limit"] is None:
+        try:
+            with open("/proc/sys/vm/max_map_count") as f:
+                _map_state["limit"] = int(f.read().strip())
+        except (OSError, ValueError):
+            _map_state["limit"] = 0
+    return int(_map_state["limit"] or 0)
+
+
+def map_count() -> int:
+    """The process's memory mappings now (0 where /proc is absent)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _over_map_budget() -> int:
+    """How many entries to evict for the mapping bound (0 almost always)."""
+    inserts = _map_state["inserts"] = int(_map_state["inserts"] or 0) + 1
+    if inserts % MAP_CHECK_EVERY:
+        return 0
+    limit = map_limit()
+    if not limit:
+        return 0
+    maps = map_count()
+    if maps <= MAP_FRACTION * limit or not CACHE:
+        return 0
+    per_entry = max(maps / len(CACHE), 1.0)
+    STATS.map_evictions += 1
+    return int((maps - MAP_TARGET * limit) / per_entry) + 1
 
 
 def _evicted(key: Any) -> None:

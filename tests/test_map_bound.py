@@ -1,0 +1,45 @@
+"""The program cache's third bound: the process's memory mappings.
+
+XLA:CPU maps each executable's kernels separately; past vm.max_map_count
+LLVM's JIT fails ("Cannot allocate memory") and the next compile dies with
+SIGSEGV (PyTorch's test_embedding_bag_1D_padding_idx on tpu, issue 38). The
+LRU evicts its oldest entries when the count nears the limit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_tpu  # noqa: F401
+from torch_tpu.runtime import programs
+
+
+def test_mapping_count_is_read_on_linux():
+    assert programs.map_limit() > 1000
+    assert programs.map_count() > 10
+
+
+def test_near_the_mapping_limit_the_oldest_programs_are_evicted(monkeypatch):
+    programs.clear()
+    monkeypatch.setattr(programs, "MAP_CHECK_EVERY", 1)
+    x = torch.arange(6.0).to("tpu")
+    (x + 1).sum().item()  # the runtime's first programs
+    base = programs.map_count()
+    # a limit the next programs cross: every check finds the count above it
+    monkeypatch.setitem(programs._map_state, "limit", int(base / programs.MAP_FRACTION) - 1)
+    before = programs.STATS.map_evictions
+    for n in range(7, 27):  # 20 new programs, one shape each
+        y = torch.arange(float(n)).to("tpu") * 3
+        assert y[-1].item() == 3 * (n - 1)  # results stay right while entries go
+    assert programs.STATS.map_evictions > before
+    assert len(programs.CACHE) < 20  # bounded by mappings, far below TORCH_TPU_CACHE_SIZE
+
+
+def test_below_the_limit_nothing_is_evicted(monkeypatch):
+    programs.clear()
+    monkeypatch.setattr(programs, "MAP_CHECK_EVERY", 1)
+    monkeypatch.setitem(programs._map_state, "limit", 10**9)
+    before = programs.STATS.map_evictions
+    for n in range(30, 40):
+        (torch.ones(n).to("tpu") * 2).sum().item()
+    assert programs.STATS.map_evictions == before
