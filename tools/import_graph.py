@@ -95,6 +95,17 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _from_module(package: str, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` statement in `package` reads from."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    if node.level > 1:
+        parts = parts[: len(parts) - (node.level - 1)]
+    base = ".".join(parts)
+    return f"{base}.{node.module}" if node.module else base
+
+
 class _Collector(ast.NodeVisitor):
     """Import statements of one module, each tagged module-level or local."""
 
@@ -142,14 +153,7 @@ class _Collector(ast.NodeVisitor):
             self._add(a.name, node.lineno)
 
     def visit_ImportFrom(self, node):
-        if node.level:
-            parts = self.package.split(".")
-            if node.level > 1:
-                parts = parts[: len(parts) - (node.level - 1)]
-            base = ".".join(parts)
-            base = f"{base}.{node.module}" if node.module else base
-        else:
-            base = node.module or ""
+        base = _from_module(self.package, node)
         for a in node.names:
             sub = f"{base}.{a.name}"
             # `from pkg import name`: a submodule if one exists, else a name in pkg.
@@ -213,14 +217,7 @@ class _PrivateUses(ast.NodeVisitor):
                     self.aliases[a.name.split(".")[0]] = ROOT
 
     def visit_ImportFrom(self, node):
-        if node.level:
-            parts = self.package.split(".")
-            if node.level > 1:
-                parts = parts[: len(parts) - (node.level - 1)]
-            base = ".".join(parts)
-            base = f"{base}.{node.module}" if node.module else base
-        else:
-            base = node.module or ""
+        base = _from_module(self.package, node)
         if base not in self.modules:
             return
         self._via(base, node.lineno)
