@@ -26,7 +26,7 @@ def test_near_the_mapping_limit_the_oldest_programs_are_evicted(monkeypatch):
     (x + 1).sum().item()  # the runtime's first programs
     base = programs.map_count()
     # a limit the next programs cross: every check finds the count above it
-    monkeypatch.setitem(programs._map_state, "limit", int(base / programs.MAP_FRACTION) - 1)
+    monkeypatch.setattr(programs, "MAP_LIMIT", int(base / programs.MAP_FRACTION) - 1)
     before = programs.STATS.map_evictions
     for n in range(7, 27):  # 20 new programs, one shape each
         y = torch.arange(float(n)).to("tpu") * 3
@@ -38,7 +38,7 @@ def test_near_the_mapping_limit_the_oldest_programs_are_evicted(monkeypatch):
 def test_below_the_limit_nothing_is_evicted(monkeypatch):
     programs.clear()
     monkeypatch.setattr(programs, "MAP_CHECK_EVERY", 1)
-    monkeypatch.setitem(programs._map_state, "limit", 10**9)
+    monkeypatch.setattr(programs, "MAP_LIMIT", 10**9)
     before = programs.STATS.map_evictions
     for n in range(30, 40):
         (torch.ones(n).to("tpu") * 2).sum().item()

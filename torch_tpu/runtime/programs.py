@@ -550,11 +550,17 @@ def insert(key: Any, entry: Any) -> None:
 MAP_FRACTION = 0.6
 MAP_TARGET = 0.45
 MAP_CHECK_EVERY = 16
+# The limit the bound works against: None reads vm.max_map_count once; a test
+# (or a user on a kernel that lies about it) may set a number, 0 turns it off.
+MAP_LIMIT: int | None = None
 _map_state: dict[str, int | None] = {"inserts": 0, "limit": None}
 
 
 def map_limit() -> int:
-    """vm.max_map_count (0 where the platform has none: the bound is off)."""
+    """vm.max_map_count, or MAP_LIMIT where set (0 where the platform has
+    none: the bound is off)."""
+    if MAP_LIMIT is not None:
+        return MAP_LIMIT
     if _map_state["limit"] is None:
         try:
             with open("/proc/sys/vm/max_map_count") as f:
