@@ -16,7 +16,7 @@ It reads the source only (nothing is imported) and reports
 - **cycles between subpackages** (`torch_tpu.runtime`, `torch_tpu.ops`,
   ...): the same graph with modules collapsed to their subpackage, or to the
   module itself where the layer list names it alone
-  (`torch_tpu.precision`). The layer rule wants none;
+  (`torch_tpu.jax_op`). The layer rule wants none;
 - **upward edges**: imports, module-level or function-local alike, from a
   module to one in a higher layer of the list in docs/architecture.md (the
   fenced ```layers block: one layer a line, bottom first; a line names
@@ -341,7 +341,7 @@ def analyse(pkg_dir: str, layers: list[list[str]] | None = None) -> dict:
 
     def sub(m):
         # The unit the layer list names (a subpackage, or a module listed on
-        # its own such as torch_tpu.precision), else the subpackage.
+        # its own such as torch_tpu.jax_op), else the subpackage.
         for n in names:
             if n != ROOT and (m == n or m.startswith(n + ".")):
                 return n

@@ -71,7 +71,7 @@ def _load() -> None:
             # first program on: a plug-in of the runtime, nothing below imports it.
             _importlib.import_module(f"{__name__}.debug")
             _importlib.import_module(f"{__name__}.ops").install()
-            _importlib.import_module(f"{__name__}.precision")  # torch.tpu precision/autocast API
+            _importlib.import_module(f"{__name__}.device.autocast").install()  # torch.tpu precision/AMP API
             _loaded = True
         finally:
             _gc_pause.end()

@@ -33,7 +33,7 @@ import jax
 import torch
 
 # The matmul precision setting: part of every graph executable's key.
-from ..precision import cache_token as precision_token
+from ..runtime.precision import cache_token as precision_token
 from ..runtime.programs import ProgramKind
 
 if TYPE_CHECKING:

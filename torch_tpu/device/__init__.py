@@ -18,8 +18,10 @@ The modules, one line each:
 - `memory`: `torch.tpu.memory_*` statistics.
 - `printing`: prints `tpu` tensors from one host copy.
 - `serialization`: `torch.save` / `torch.load` of `tpu` tensors, `storage.tpu()`.
+- `autocast`: `torch.autocast("tpu")` (the AutocastPrivateUse1 kernels, CUDA's
+  op policy) and the torch.tpu precision/AMP functions.
 
-What it may import: the runtime (and `torch_tpu.precision`), the cache
+What it may import: the runtime, the cache
 layer, itself, and torch; never `ops`, `compile`, `distributed` or `debug`
 (`python tools/import_graph.py --check` enforces it). `registration` and
 `module` are in `import torch`'s start-up set, so they import no JAX at

@@ -336,7 +336,7 @@ def stream(s):
 # -- the rest of the backend -------------------------------------------------
 
 # Functions the rest of torch_tpu adds to `torch.tpu` when it loads (see
-# torch_tpu.precision); asking for one loads the backend first.
+# torch_tpu/device/autocast.py); asking for one loads the backend first.
 _BACKEND_NAMES = frozenset(("set_matmul_precision", "get_matmul_precision", "matmul_precision",
                             "get_amp_supported_dtype", "is_bf16_supported"))
 

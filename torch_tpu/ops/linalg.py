@@ -23,7 +23,7 @@ from jax import lax
 from . import core
 from .opmath import is_half, opmath_dtype, upcast
 from .registry import lower, out_dtype, out_meta
-from ..precision import lax_precision
+from ..runtime.precision import lax_precision
 from ..runtime import executor, platform, programs
 from ..runtime import storage as st
 from . import fallback

@@ -23,6 +23,8 @@ The modules, one line each:
   mode, launch blocking, the precision token's source; the C++ kernel reads it.
 - `device_index`: this thread's current device index.
 - `rng`: per-device seed and offset; the key every random op takes as an input.
+- `precision`: the float32 matmul precision of the programs compiled now (in
+  every key; `torch_tpu.precision` is its user-facing module).
 - `opt_level`: XLA optimization level of the programs compiled now.
 - `asserts`: device-side asserts, reported at the next host read.
 - `oom`: device memory limits and `torch.OutOfMemoryError`.
@@ -33,9 +35,7 @@ The modules, one line each:
 - `switches`: the spelling rule of on/off environment variables.
 - `_dlpack`: the one way to make a tensor on a device other than tpu:0.
 
-What it may import: itself, `torch_tpu._version` and `torch_tpu.precision`
-(the matmul precision its keys carry, on the same layer), and torch, JAX,
-numpy. Nothing above: not `device`, `cache`, `ops`, `compile` or `debug`
+What it may import: itself, `torch_tpu._version`, and torch, JAX, numpy. Nothing above: not `device`, `cache`, `ops`, `compile` or `debug`
 (`python tools/import_graph.py --check` enforces it).
 
 Upper layers reach down through hooks declared here instead:

@@ -11,8 +11,8 @@ where its readers, the C++ kernel included, read it:
 | `opt_level`       | `opt_level.set_level` (and its env)   | every program key, the C++ kernel       |
 | `fused`           | `fused` (its `mode` stack, default)   | the executor, the C++ kernel            |
 | `launch_blocking` | the environment, read here once       | executor, fused, asserts, the C++ kernel |
-| `precision_state` | `executor`, from `torch_tpu.precision` | the C++ kernel: its `.value` is the token |
-| `precision_token` | `executor`, from `torch_tpu.precision` | the C++ kernel, where there is no state |
+| `precision_state` | `executor`, from `runtime.precision` | the C++ kernel: its `.value` is the token |
+| `precision_token` | `executor`, from `runtime.precision` | the C++ kernel, where there is no state |
 
 The precision token itself lives in JAX's config (Python code calls
 `precision.cache_token()`), the current device index is per thread

@@ -28,11 +28,9 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-# (`from ..precision import`: `from .. import precision` would ask the package,
-# whose __getattr__ loads the backend)
 from . import rng as tpu_random
-from ..precision import JAX_PRECISION_STATE
-from ..precision import cache_token as precision_token
+from .precision import JAX_PRECISION_STATE
+from .precision import cache_token as precision_token
 from . import async_compile as _aco
 from . import device_index, fastpath, loading
 from . import calling, fused, gc_pause, oom, platform, programs, registry, scalars, verdict
@@ -69,8 +67,8 @@ LOWERED_LISTENERS = programs.LOWERED_LISTENERS
 CacheStats = programs.CacheStats
 _CACHE = programs.CACHE  # (the native kernel gets programs.CACHE at setup_kernel)
 
-# The precision token's source (torch_tpu/precision.py, which cannot import the
-# runtime) in the eager context, where the native kernel reads it.
+# The precision token's source (runtime/precision.py, which imports no other
+# runtime module) in the eager context, where the native kernel reads it.
 CONTEXT.precision_state = JAX_PRECISION_STATE
 CONTEXT.precision_token = precision_token
 

@@ -61,7 +61,7 @@ from typing import Any
 
 from ...cache import store as _store
 from .artifacts import artifact_store
-from ...precision import get_matmul_precision
+from ...runtime.precision import get_matmul_precision
 
 FORMAT = 1
 _MAX_CONST = 4096      # tensor values hashed into the key up to this size
