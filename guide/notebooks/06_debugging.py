@@ -179,14 +179,19 @@ def _(mo):
 
 @app.cell
 def _(dbg, os, tempfile, torch):
-    dump_dir = tempfile.mkdtemp(prefix="torch_tpu_dump_")
-    with dbg.dump_to(dump_dir):
-        _a = torch.randn(7, 9, device="tpu")
-        torch.nn.functional.softplus(_a @ _a.T).cpu()
-    dumped = sorted(os.listdir(dump_dir))
-    for _f in dumped:
-        print(f"{_f:<70} {os.path.getsize(os.path.join(dump_dir, _f)):>7} bytes")
-    return dump_dir, dumped
+    # A temporary directory, removed when the block ends: the files are read
+    # into `dumped` (name -> text) first.
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_dump_") as _dump_dir:
+        with dbg.dump_to(_dump_dir):
+            _a = torch.randn(7, 9, device="tpu")
+            torch.nn.functional.softplus(_a @ _a.T).cpu()
+        dumped = {}
+        for _f in sorted(os.listdir(_dump_dir)):
+            with open(os.path.join(_dump_dir, _f)) as _fh:
+                dumped[_f] = _fh.read()
+    for _f, _text in dumped.items():
+        print(f"{_f:<70} {len(_text.encode()):>7} bytes")
+    return (dumped,)
 
 
 @app.cell(hide_code=True)
@@ -202,13 +207,10 @@ def _(mo):
 
 
 @app.cell
-def _(dump_dir, dumped, mo, os, readable_hlo, side_by_side):
+def _(dumped, mo, readable_hlo, side_by_side):
     def dumped_stage(op, suffix):
         names = [f for f in dumped if f".{op}." in f and f.endswith(suffix)]
-        if not names:
-            return None
-        with open(os.path.join(dump_dir, names[-1])) as _fh:
-            return names[-1], _fh.read()
+        return (names[-1], dumped[names[-1]]) if names else None
 
     softplus_lowered = dumped_stage("softplus", ".stablehlo.mlir")
     softplus_optimized = dumped_stage("softplus", ".optimized.hlo.txt")

@@ -284,25 +284,28 @@ def _(mo):
 
 @app.cell
 def _(collections, os, tempfile, torch_tpu, variants):
-    trace_dir = tempfile.mkdtemp(prefix="torch_tpu_trace_")
-    _step = variants["tpu eager"]
-    with torch_tpu.profiler.trace(trace_dir, perfetto=True) as trace:
-        for _i in range(3):
-            with torch_tpu.profiler.step(_i):
-                _step()
-    trace_files = trace.files
-    _json = [f for f in trace_files if f.endswith(".trace.json.gz")]
-    trace_ops = collections.Counter()
-    if _json:
-        for _e in torch_tpu.profiler.trace_events(_json[0]):
-            if _e.get("ph") == "X" and str(_e.get("name", "")).startswith("aten."):
-                trace_ops[_e["name"]] += _e.get("dur", 0)
-    for _f in trace_files:
-        print(f"{os.path.relpath(_f, trace_dir):<60} {os.path.getsize(_f):>8} bytes")
+    # A temporary directory, removed when the block ends (keep yours to open
+    # it in Perfetto or XProf): the files are listed and read first.
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_trace_") as _trace_dir:
+        _step = variants["tpu eager"]
+        with torch_tpu.profiler.trace(_trace_dir, perfetto=True) as _trace:
+            for _i in range(3):
+                with torch_tpu.profiler.step(_i):
+                    _step()
+        trace_files = [os.path.relpath(_f, _trace_dir) for _f in _trace.files]
+        _sizes = [os.path.getsize(_f) for _f in _trace.files]
+        _json = [f for f in _trace.files if f.endswith(".trace.json.gz")]
+        trace_ops = collections.Counter()
+        if _json:
+            for _e in torch_tpu.profiler.trace_events(_json[0]):
+                if _e.get("ph") == "X" and str(_e.get("name", "")).startswith("aten."):
+                    trace_ops[_e["name"]] += _e.get("dur", 0)
+    for _f, _size in zip(trace_files, _sizes):
+        print(f"{_f:<60} {_size:>8} bytes")
     print("\nPyTorch ops in the trace, by host time (µs):")
     for _name, _us in trace_ops.most_common(8):
         print(f"  {_name:<36} {_us:10.0f}")
-    return trace, trace_dir, trace_files, trace_ops
+    return trace_files, trace_ops
 
 
 @app.cell(hide_code=True)
