@@ -112,7 +112,7 @@ def test_error_inputs(record_property, name, op):
     n = 0
     failure = None
     try:
-        for i, ei in enumerate(op.error_inputs("cpu")):
+        for i, ei in enumerate(harness.error_inputs(op)):
             s = ei.sample_input
             t_inp, t_args, t_kwargs = harness.sample_to_tpu(s)
             n += 1
