@@ -39,7 +39,8 @@ def pytest_addoption(parser):
                 help="the path of the tpu calls: eager (default), fused (inside "
                      "torch_tpu.fused()) or compiled (torch.compile(backend='tpu'))")
     g.addoption("--opinfo-max-samples", default=None, type=int,
-                help="sample inputs per op, dtype and kind (default 12; 0 = all)")
+                help="sample inputs per op, dtype and kind, evenly spaced (0 = all; unset: "
+                     "7 of the 12 evenly spaced ones, harness.QUICK_SAMPLES)")
 
 
 def pytest_configure(config):
@@ -59,6 +60,7 @@ def fallback_mode(config) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     from . import expectations
+    from .harness import quick
 
     fallback = fallback_mode(config)
     for item in items:
@@ -76,9 +78,12 @@ def pytest_collection_modifyitems(config, items):
         if fallback and reason.startswith("no lowering:"):
             continue
         # A distribution check is statistical: its xfail may pass by chance; a
-        # host-dependent failure passes on other hosts' CPUs.
-        item.add_marker(pytest.mark.xfail(
-            reason=reason, strict=not reason.startswith(("distribution", "host-dependent"))))
+        # host-dependent failure passes on other hosts' CPUs; and the default
+        # run's quick selection of samples (harness.selection) may leave out
+        # the failing ones, except where the op has no lowering at all.
+        strict = not reason.startswith(("distribution", "host-dependent")) and (
+            not quick() or reason.startswith("no lowering:"))
+        item.add_marker(pytest.mark.xfail(reason=reason, strict=strict))
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +157,8 @@ def pytest_sessionfinish(session):
         return
     recs = sorted(config._opinfo_records, key=lambda r: r["nodeid"])
     with open(path, "w") as f:
-        from .harness import max_samples
+        from .harness import QUICK_SAMPLES, max_samples, quick
 
-        json.dump({"cpu_fallback": fallback_mode(config), "max_samples": max_samples(),
+        json.dump({"cpu_fallback": fallback_mode(config),
+                   "max_samples": QUICK_SAMPLES if quick() else max_samples(),
                    "records": recs}, f, indent=0)

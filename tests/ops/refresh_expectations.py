@@ -39,10 +39,15 @@ AUTO_REASON = re.compile(
 
 
 def run_pytest(all_dtypes: bool, extra, workers: int) -> str:
+    from .harness import DEFAULT_MAX_SAMPLES  # (imports torch_tpu: only when it runs)
+
     fd, path = tempfile.mkstemp(suffix=".json", prefix="opinfo-")
     os.close(fd)
+    # The expectations hold for the thorough selection (12 samples a case),
+    # which the default run's quick one (harness.QUICK_SAMPLES) is a subset of.
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/ops", f"--opinfo-results={path}", "--no-header", "-rN"]
+           "tests/ops", f"--opinfo-results={path}", "--no-header", "-rN",
+           f"--opinfo-max-samples={DEFAULT_MAX_SAMPLES}"]
     if workers > 1:
         cmd += ["-n", str(workers)]
     if all_dtypes:

@@ -45,6 +45,19 @@ def test_pick_is_evenly_spaced():
     assert harness.pick(10, None) == list(range(10))
 
 
+def test_quick_selection_is_a_subset_of_the_thorough_one(monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_OPINFO_MAX_SAMPLES", raising=False)
+    assert harness.quick()
+    for n in (1, 5, 7, 8, 12, 13, 100, 1440):
+        quick, full = harness.selection(n), harness.pick(n, harness.DEFAULT_MAX_SAMPLES)
+        assert set(quick) <= set(full) and quick == sorted(quick)
+        assert len(quick) == (len(full) if n <= harness.QUICK_SAMPLES else len(full[::2]) + 1)
+        assert len(quick) <= harness.QUICK_SAMPLES
+        assert quick[0] == 0 and quick[-1] == n - 1  # first and last kept
+    monkeypatch.setenv("TORCH_TPU_OPINFO_MAX_SAMPLES", "12")
+    assert not harness.quick() and harness.selection(1440) == harness.pick(1440, 12)
+
+
 def test_to_tpu_keeps_layout():
     base = torch.arange(60.0).reshape(3, 4, 5)
     for t in (base, base.transpose(0, 2), base[:, ::2, 1:], base[1], base.expand(2, 3, 4, 5)):
