@@ -93,6 +93,37 @@ def test_compiled_linalg_forward_and_grad(name, fresh_dynamo, recwarn):
     assert not [w for w in recwarn if "runs op by op" in str(w.message)]
 
 
+# Gradients that are not symmetric, on a general matrix (the SPD matrix above
+# hides a transposed gradient), given contiguous and as a transposed view:
+# PyTorch's det/slogdet factor A^T where A is contiguous, and the backward
+# solves with that LU (compiled, A's own LU gave the transposed gradient).
+GENERAL = {
+    "det": L.det,
+    "slogdet": lambda a: L.slogdet(a)[1],
+    # (diagonally dominant: a positive determinant, and not symmetric)
+    "logdet": lambda a: torch.logdet(a + 5 * torch.eye(a.shape[-1], device=a.device)),
+    "inv": L.inv,
+    "solve": lambda a: L.solve(a, torch.arange(10.0, device=a.device).reshape(5, 2)),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("name", sorted(GENERAL))
+def test_compiled_linalg_grad_on_a_general_matrix(name, layout, fresh_dynamo):
+    f = GENERAL[name]
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(2))
+    assert not torch.allclose(a, a.T)
+    view = (lambda x: x) if layout == "contiguous" else (lambda x: x.mT)
+    src = a if layout == "contiguous" else a.T.contiguous()  # view(src) == a
+    ac = src.clone().requires_grad_()
+    out = f(view(ac))
+    assert out.isfinite().all()
+    out.sum().backward()
+    at = src.to("tpu").requires_grad_()
+    torch.compile(lambda x: f(view(x)), backend="tpu")(at).sum().backward()
+    torch.testing.assert_close(at.grad.cpu(), ac.grad, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("fn, api", [(L.cholesky, "linalg.cholesky"), (L.inv, "linalg.inv"),
                                      (lambda a: L.solve(a, a), "linalg.solve")])
 def test_compiled_linalg_raises_as_eager(fn, api, fresh_dynamo):

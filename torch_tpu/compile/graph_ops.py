@@ -1,11 +1,13 @@
-"""Graph-only lowerings: ops that eager mode runs without the lowering table.
+"""Graph-only lowerings: ops that eager mode runs without the lowering table,
+and the graph-mode rules of ops whose eager kernel does more than their lowering.
 
 In eager mode, view ops (view, permute, slice, ...) are metadata kernels
 (torch_tpu/ops/core.py): the result shares its base's storage. Copies,
 dtype conversions and factories are storage kernels too. Inside a compiled
 graph every value is an immutable jax array in its logical shape, so these
-ops need value semantics. They are used only when the lowering table has
-no entry for the op (the table always wins).
+ops need value semantics. An op's rule here wins over its lowering: the
+few ops with both (`_linalg_det`, `_linalg_slogdet`) have an eager kernel
+that calls the lowering on another argument, and the rule does the same.
 
 Each function takes `(g, a)`: `g` is the node context (`g.out` the concrete
 output meta(s), `g.meta(name)` the meta of a tensor argument, `g.rng()` a
@@ -88,6 +90,31 @@ def _geqrf(g, a):
         m, n = x.shape[-2:]
         return x, jnp.zeros(tuple(x.shape[:-2]) + (min(m, n),), x.dtype)
     return geqrf_values(x)
+
+
+def _is_contiguous(shape: tuple, stride: tuple) -> bool:
+    """PyTorch's is_contiguous() from sizes and strides (size-1 dims ignored)."""
+    expected = 1
+    for size, st_ in zip(reversed(shape), reversed(stride)):
+        if size == 0:
+            return True
+        if size != 1 and st_ != expected:
+            return False
+        expected *= size
+    return True
+
+
+@graph_op(aten._linalg_det.default, aten._linalg_slogdet.default)
+def _det_of_transpose(g, a):
+    # PyTorch factors A^T where A is contiguous and real (det(A^T) == det(A)),
+    # and the backward's lu_solve assumes that LU: eager's kernel
+    # (ops/linalg._det_kernel) passes A.mT to the lowering, and so does this
+    # rule, reading A's contiguity from the graph's metadata. (With A's own
+    # LU the compiled gradient of det/slogdet/logdet came out transposed.)
+    x, m = a["A"], g.meta("A")
+    if _is_contiguous(m.shape, m.stride) and not torch.empty((), dtype=m.dtype).is_complex():
+        x = jnp.swapaxes(x, -1, -2)
+    return registry.LOWERINGS[g.node.target].fn(x)
 
 
 # -- factories -------------------------------------------------------------------

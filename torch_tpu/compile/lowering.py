@@ -3,6 +3,8 @@
 `GraphProgram(gm)` walks a functional ATen graph (what AOTAutograd hands a
 backend) once per trace and builds the jax computation of the whole graph:
 
+- a node whose op has a graph rule (`graph_ops`: ops whose eager kernel
+  calls their lowering on other arguments) uses it;
 - a node whose op has an entry in `torch_tpu.ops.registry.LOWERINGS` calls
   that lowering (the same function eager mode compiles per op), with the
   node's output metadata as `registry.out_meta()`, and its outputs are cast
@@ -401,15 +403,15 @@ class GraphProgram:
         if op is aten.sym_numel.default:
             return int(np.prod(args[0].shape))
         named = calling.bind(op, args, kwargs)
-        low = registry.LOWERINGS.get(op)
-        if low is not None:
-            return self._apply_lowering(low, op, named, out, tr, name)
-        rule = graph_ops.GRAPH_OPS.get(op)
+        rule = graph_ops.GRAPH_OPS.get(op)  # a graph rule wins over the lowering
         if rule is not None:
             node_named = calling.bind(op, n.args, n.kwargs)
             ctx = _NodeCtx(self, n, out, node_named, tr)
             return _conform_tree(rule(ctx, named), out, name) if out is not None else rule(
                 ctx, named)
+        low = registry.LOWERINGS.get(op)
+        if low is not None:
+            return self._apply_lowering(low, op, named, out, tr, name)
         base = _mutating_base(op)
         if base is not None and base in registry.LOWERINGS and registry.LOWERINGS[base].mutates:
             return self._apply_functional(registry.LOWERINGS[base], base, named, out, tr, name)
