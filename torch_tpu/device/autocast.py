@@ -86,38 +86,43 @@ def _cast_to(dtype, only_low=False):
     return f
 
 
-def _lower_kernel(op):
+def _kernel(op, cast_of):
+    """`op` behind autocast: its tensor arguments cast by `cast_of(args,
+    kwargs)` (a function for each tensor, or None: nothing to cast), then run
+    below the autocast key."""
     def kernel(*args, **kwargs):
-        dtype = torch.get_autocast_dtype("tpu")
-        f = _cast_to(dtype)
-        args, kwargs = _map(args, f), _map(kwargs, f)
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
-            return op(*args, **kwargs)
-    return kernel
-
-
-def _fp32_kernel(op):
-    f = _cast_to(torch.float32, only_low=True)
-
-    def kernel(*args, **kwargs):
-        args, kwargs = _map(args, f), _map(kwargs, f)
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
-            return op(*args, **kwargs)
-    return kernel
-
-
-def _promote_kernel(op):
-    def kernel(*args, **kwargs):
-        floats = [t.dtype for t in _leaves((args, kwargs), []) if _eligible(t)]
-        if floats:
-            widest = floats[0]
-            for d in floats[1:]:
-                widest = torch.promote_types(widest, d)
-            f = _cast_to(widest)
+        f = cast_of(args, kwargs)
+        if f is not None:
             args, kwargs = _map(args, f), _map(kwargs, f)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
             return op(*args, **kwargs)
     return kernel
+
+
+def _lower_kernel(op):
+    """In the autocast dtype (matmuls, convolutions)."""
+    return _kernel(op, lambda args, kwargs: _cast_to(torch.get_autocast_dtype("tpu")))
+
+
+def _fp32_kernel(op):
+    """In float32 where an input is float16/bfloat16 (numerically sensitive ops)."""
+    to_fp32 = _cast_to(torch.float32, only_low=True)
+    return _kernel(op, lambda args, kwargs: to_fp32)
+
+
+def _widest(args, kwargs):
+    floats = [t.dtype for t in _leaves((args, kwargs), []) if _eligible(t)]
+    if not floats:
+        return None
+    widest = floats[0]
+    for d in floats[1:]:
+        widest = torch.promote_types(widest, d)
+    return _cast_to(widest)
+
+
+def _promote_kernel(op):
+    """In the widest floating input dtype (mixed-input ops)."""
+    return _kernel(op, _widest)
 
 
 def _overloads(name):
