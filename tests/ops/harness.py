@@ -353,33 +353,32 @@ def _seed_cpu(seed: int) -> None:
     np.random.seed(seed)
 
 
-def samples(op, dtype, requires_grad):
-    """(index, CPU sample input) pairs of `op`: max_samples() of them."""
-    # (set_seed=False and the seeding here: see _seed_cpu. The iterator's own
-    # seed is common_utils.SEED where no unittest method runs it, as here.)
-    it = op.sample_inputs("cpu", dtype, requires_grad=requires_grad, set_seed=False)
-    all_ = []
-    while True:
-        _seed_cpu(_common_utils.SEED)
-        try:
-            all_.append(next(it))
-        except StopIteration:
-            break
-    for i in selection(len(all_)):
-        yield i, all_[i]
-
-
-def error_inputs(op):
-    """`op`'s ErrorInputs on the CPU, each drawn after the seeding OpInfo's
-    iterator does (see _seed_cpu): from `op.error_inputs_func` itself, as
-    op.error_inputs() also runs a stack walk (inspect.stack()) per input."""
-    it = iter(op.error_inputs_func(op, "cpu"))
+def _seeded(iterable):
+    """`iterable`'s items, each drawn after the seeding OpInfo's iterator does
+    (see _seed_cpu; its seed is common_utils.SEED where no unittest method
+    runs it, as here)."""
+    it = iter(iterable)
     while True:
         _seed_cpu(_common_utils.SEED)
         try:
             yield next(it)
         except StopIteration:
             return
+
+
+def samples(op, dtype, requires_grad):
+    """(index, CPU sample input) pairs of `op`: max_samples() of them."""
+    all_ = list(_seeded(op.sample_inputs("cpu", dtype, requires_grad=requires_grad,
+                                         set_seed=False)))
+    for i in selection(len(all_)):
+        yield i, all_[i]
+
+
+def error_inputs(op):
+    """`op`'s ErrorInputs on the CPU, seeded as OpInfo seeds them: from
+    `op.error_inputs_func` itself, as op.error_inputs() also runs a stack walk
+    (inspect.stack()) per input."""
+    return _seeded(op.error_inputs_func(op, "cpu"))
 
 
 def tolerance(name, dtype, kind):

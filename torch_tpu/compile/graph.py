@@ -36,7 +36,7 @@ from ..runtime import async_compile, executor
 from ..runtime import storage as st
 from . import dynamic as dyn
 from . import effects, graph_cache, graph_key, padding
-from .graph_cache import GRAPH_STATS, contiguous
+from .graph_cache import GRAPH_STATS
 from .lowering import GraphProgram, LoweringError, SymEnv, const_value
 from .outputs import wrap_outputs
 from ..runtime.context import CONTEXT
@@ -469,7 +469,7 @@ class CompiledGraph:
                 size, stride, offset = spec[2][0], spec[2][1], spec[2][2]
                 arr = fw_arrays[k]
                 if (size == tuple(arr.shape) and offset == 0
-                        and contiguous(size, stride)):
+                        and st.is_contiguous(size, stride)):
                     layouts.append(None)
                 else:
                     layouts.append((val.dtype, tuple(size), tuple(stride), offset))
@@ -595,7 +595,7 @@ def _plain_fake(t: torch.Tensor) -> bool:
     """Is fake tensor `t` laid out as a new tensor of its shape is?"""
     try:
         return (int(t.storage_offset()) == 0
-                and contiguous([int(d) for d in t.shape], [int(d) for d in t.stride()]))
+                and st.is_contiguous([int(d) for d in t.shape], [int(d) for d in t.stride()]))
     except (TypeError, ValueError):  # symbolic sizes
         return False
 

@@ -209,16 +209,7 @@ def whole_reshape(layout: tuple, array: jax.Array | jax.ShapeDtypeStruct) -> boo
         return False
     if int(np.prod(sizes, dtype=np.int64)) != int(np.prod(array.shape, dtype=np.int64)):
         return False
-    return contiguous(sizes, strides)
-
-
-def contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
-    expected = 1
-    for n, s in zip(reversed(size), reversed(stride)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
+    return st.is_contiguous(sizes, strides)
 
 
 # --------------------------------------------------------------------------

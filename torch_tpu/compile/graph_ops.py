@@ -92,18 +92,6 @@ def _geqrf(g, a):
     return geqrf_values(x)
 
 
-def _is_contiguous(shape: tuple, stride: tuple) -> bool:
-    """PyTorch's is_contiguous() from sizes and strides (size-1 dims ignored)."""
-    expected = 1
-    for size, st_ in zip(reversed(shape), reversed(stride)):
-        if size == 0:
-            return True
-        if size != 1 and st_ != expected:
-            return False
-        expected *= size
-    return True
-
-
 @graph_op(aten._linalg_det.default, aten._linalg_slogdet.default)
 def _det_of_transpose(g, a):
     # PyTorch factors A^T where A is contiguous and real (det(A^T) == det(A)),
@@ -112,7 +100,7 @@ def _det_of_transpose(g, a):
     # rule, reading A's contiguity from the graph's metadata. (With A's own
     # LU the compiled gradient of det/slogdet/logdet came out transposed.)
     x, m = a["A"], g.meta("A")
-    if _is_contiguous(m.shape, m.stride) and not torch.empty((), dtype=m.dtype).is_complex():
+    if st.is_contiguous(m.shape, m.stride) and not m.dtype.is_complex:
         x = jnp.swapaxes(x, -1, -2)
     return registry.LOWERINGS[g.node.target].fn(x)
 

@@ -524,14 +524,10 @@ def insert(key: Any, entry: Any) -> None:
         dropped = True
     cap, byte_cap = capacity(), byte_capacity()
     while len(CACHE) > 1 and (len(CACHE) > cap or BYTES[0] > byte_cap):
-        k, _ = CACHE.popitem(last=False)
-        _evicted(k)
+        _evict_oldest()
         dropped = True
-    for _ in range(_over_map_budget()):
-        if len(CACHE) <= 1:
-            break
-        k, _ = CACHE.popitem(last=False)
-        _evicted(k)
+    for _ in range(min(_over_map_budget(), len(CACHE) - 1)):
+        _evict_oldest()
         dropped = True
     if dropped:
         _dropped()
@@ -553,21 +549,23 @@ MAP_CHECK_EVERY = 16
 # The limit the bound works against: None reads vm.max_map_count once; a test
 # (or a user on a kernel that lies about it) may set a number, 0 turns it off.
 MAP_LIMIT: int | None = None
-_map_state: dict[str, int | None] = {"inserts": 0, "limit": None}
+_max_map_count: int | None = None  # vm.max_map_count, read once
+_inserts = 0  # insertions so far (the bound checks every MAP_CHECK_EVERY)
 
 
 def map_limit() -> int:
     """vm.max_map_count, or MAP_LIMIT where set (0 where the platform has
     none: the bound is off)."""
+    global _max_map_count
     if MAP_LIMIT is not None:
         return MAP_LIMIT
-    if _map_state["limit"] is None:
+    if _max_map_count is None:
         try:
             with open("/proc/sys/vm/max_map_count") as f:
-                _map_state["limit"] = int(f.read().strip())
+                _max_map_count = int(f.read().strip())
         except (OSError, ValueError):
-            _map_state["limit"] = 0
-    return int(_map_state["limit"] or 0)
+            _max_map_count = 0
+    return _max_map_count
 
 
 def map_count() -> int:
@@ -581,8 +579,9 @@ def map_count() -> int:
 
 def _over_map_budget() -> int:
     """How many entries to evict for the mapping bound (0 almost always)."""
-    inserts = _map_state["inserts"] = int(_map_state["inserts"] or 0) + 1
-    if inserts % MAP_CHECK_EVERY:
+    global _inserts
+    _inserts += 1
+    if _inserts % MAP_CHECK_EVERY:
         return 0
     limit = map_limit()
     if not limit:
@@ -593,6 +592,11 @@ def _over_map_budget() -> int:
     per_entry = max(maps / len(CACHE), 1.0)
     STATS.map_evictions += 1
     return int((maps - MAP_TARGET * limit) / per_entry) + 1
+
+
+def _evict_oldest() -> None:
+    k, _ = CACHE.popitem(last=False)
+    _evicted(k)
 
 
 def _evicted(key: Any) -> None:

@@ -309,6 +309,17 @@ def has_data(t: torch.Tensor) -> bool:
     return hasattr(t.untyped_storage(), "_tpu")
 
 
+def is_contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Row-major strides for `size` (size-1 dims' strides ignored): a tensor's
+    is_contiguous() from its sizes and strides."""
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     strides = []
     acc = 1
