@@ -61,7 +61,6 @@ import threading
 
 from ..runtime import programs as _programs
 from .store import CacheWarning, DiskStore, configured_dir, default_dir, warn_once  # noqa: F401
-from ..runtime import xla_lock
 from .store import configured_shared_dir
 
 __all__ = ["stats", "clear", "reset_stats", "enable", "disable", "set_dir", "cache_dir",
@@ -99,8 +98,7 @@ def _install(s: DiskStore) -> None:
     # Every executable is worth keeping: an eager op compiles in milliseconds,
     # but thousands of them add up to the seconds a warm start saves. (The
     # runtime's compiles turn JAX's own write off for their thread and the
-    # tier writes them itself, under runtime/xla_lock.py's lock: see
-    # `_write_entry`.)
+    # tier writes them itself: see `_write_entry`.)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     with cc._cache_initialized_mutex:
@@ -152,7 +150,7 @@ def end_compile(token: object, name: str, seconds: float, trace_seconds: float =
 
 
 def _write_entry(store: DiskStore, name: str, seconds: float, compiled: object) -> None:
-    """Store an executable that missed the disk tier, under `xla_lock.serializing()`.
+    """Store an executable that missed the disk tier.
 
     Every process writes its own misses (JAX writes from process 0 only, to
     spare shared file systems many writers of one entry; under torchrun the
@@ -174,8 +172,7 @@ def _write_entry(store: DiskStore, name: str, seconds: float, compiled: object) 
 
     try:
         exe = compiled.runtime_executable()  # type: ignore[attr-defined]
-        with xla_lock.serializing():
-            cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
+        cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
     except Exception as e:  # noqa: BLE001 - the program runs; only the disk copy is lost
         warn_once("write", f"could not write {name}'s executable to the cache ({e})")
 

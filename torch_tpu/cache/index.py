@@ -24,7 +24,6 @@ from typing import Any
 
 from . import needs
 from .. import cache as _cache  # this package (its disk_store() is read at each call)
-from ..runtime import xla_lock
 
 
 def enabled(switch: str) -> bool:
@@ -126,9 +125,8 @@ def executable(jax_key: str, device: Any) -> Any:
     from jax._src.lib import xla_client as xc
 
     try:
-        with xla_lock.compiling():  # a load is a compile's kin (xla_lock's docstring)
-            exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
-                                                xc.DeviceList((device,)))
+        exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
+                                            xc.DeviceList((device,)))
     except Exception:  # noqa: BLE001 - an entry this jaxlib cannot load: lower instead
         return None
     return exe

@@ -15,7 +15,6 @@ The modules, one line each:
 - `scalars`: Python numbers as program inputs (32 bits unless the op is 64-bit).
 - `programs`: THE program cache (one LRU, one statistics table) and its compile step.
 - `async_compile`: the background compile pool; the host runs ahead of XLA.
-- `xla_lock`: compiles share, serializing an executable excludes.
 - `fused`: fused eager mode: record ops, run them later as one program.
 - `fastpath`: loads the C++ fast path (`_native`, csrc/; `_native.pyi` types it).
 - `platform`: which JAX/PJRT platform backs `tpu`, and its devices.

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from . import gc_pause, xla_lock
+from . import gc_pause
 from .context import CONTEXT
 
 
@@ -823,23 +823,22 @@ def compile_lowered(name: str, lowered: Any, options: Any = None,
     compile of the process goes through here (the executor's, the compile
     threads', the background zeros programs').
 
-    The compile holds `xla_lock.compiling()` (shared); the disk tier writes the
-    new executable after it, under `xla_lock.serializing()`. Returns
+    The disk tier writes the new executable after the compile (every process
+    its own misses: `cache._write_entry`). Returns
     (compiled, seconds including `trace_s`, source: "compiled" / "disk" /
     "uncached"). A failed compile raises, with the tier's bookkeeping undone.
     """
-    # JAX's persistent-cache write inside `compile` (it serializes there, under
-    # our shared lock) is off for this call, on this thread only: the tier
-    # writes the entry in `end`. JAX compiles outside this function (eager
-    # jnp in a kernel) keep JAX's own write.
+    # JAX's persistent-cache write inside `compile` (process 0 only) is off
+    # for this call, on this thread only: the tier writes the entry in `end`,
+    # from every process. JAX compiles outside this function (eager jnp in a
+    # kernel) keep JAX's own write.
     from jax._src import config as jax_config
 
     tier = disk_tier()
     token = tier.begin() if tier is not None else None
     t0 = time.perf_counter()
     try:
-        with xla_lock.compiling(), \
-                jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
             compiled = lowered.compile(options) if options is not None else lowered.compile()
     except BaseException:
         if tier is not None:
