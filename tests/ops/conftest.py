@@ -40,7 +40,8 @@ def pytest_addoption(parser):
                      "torch_tpu.fused()) or compiled (torch.compile(backend='tpu'))")
     g.addoption("--opinfo-max-samples", default=None, type=int,
                 help="sample inputs per op, dtype and kind, evenly spaced (0 = all; unset: "
-                     "7 of the 12 evenly spaced ones, harness.QUICK_SAMPLES)")
+                     "7 of the 12 evenly spaced ones for float32, 4 for other dtypes, "
+                     "harness.QUICK_SAMPLES)")
 
 
 def pytest_configure(config):
@@ -157,8 +158,9 @@ def pytest_sessionfinish(session):
         return
     recs = sorted(config._opinfo_records, key=lambda r: r["nodeid"])
     with open(path, "w") as f:
-        from .harness import QUICK_SAMPLES, max_samples, quick
+        from .harness import QUICK_SAMPLES, QUICK_SAMPLES_OTHER, max_samples, quick
 
         json.dump({"cpu_fallback": fallback_mode(config),
-                   "max_samples": QUICK_SAMPLES if quick() else max_samples(),
+                   "max_samples": ({"float32": QUICK_SAMPLES, "other": QUICK_SAMPLES_OTHER}
+                                   if quick() else max_samples()),
                    "records": recs}, f, indent=0)

@@ -48,12 +48,17 @@ def test_pick_is_evenly_spaced():
 def test_quick_selection_is_a_subset_of_the_thorough_one(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_OPINFO_MAX_SAMPLES", raising=False)
     assert harness.quick()
-    for n in (1, 5, 7, 8, 12, 13, 100, 1440):
-        quick, full = harness.selection(n), harness.pick(n, harness.DEFAULT_MAX_SAMPLES)
-        assert set(quick) <= set(full) and quick == sorted(quick)
-        assert len(quick) == (len(full) if n <= harness.QUICK_SAMPLES else len(full[::2]) + 1)
-        assert len(quick) <= harness.QUICK_SAMPLES
-        assert quick[0] == 0 and quick[-1] == n - 1  # first and last kept
+    for dtype, limit, step in ((torch.float32, harness.QUICK_SAMPLES, 2),
+                               (torch.bfloat16, harness.QUICK_SAMPLES_OTHER, 4),
+                               (torch.int64, harness.QUICK_SAMPLES_OTHER, 4)):
+        for n in (1, 4, 5, 7, 8, 12, 13, 100, 1440):
+            quick = harness.selection(n, dtype)
+            full = harness.pick(n, harness.DEFAULT_MAX_SAMPLES)
+            assert set(quick) <= set(full) and quick == sorted(quick)
+            assert len(quick) == (len(full) if n <= limit else len(set(full[::step]) | {full[-1]}))
+            assert len(quick) <= limit
+            assert quick[0] == 0 and quick[-1] == n - 1  # first and last kept
+    assert harness.selection(1440, torch.bfloat16) == [0, 523, 1047, 1439]
     monkeypatch.setenv("TORCH_TPU_OPINFO_MAX_SAMPLES", "12")
     assert not harness.quick() and harness.selection(1440) == harness.pick(1440, 12)
 
