@@ -306,6 +306,38 @@ def test_op_without_lowering_still_runs(monkeypatch):
         close(f(x.to("tpu")), torch.exp(x) + 1)
 
 
+
+def test_factory_without_lowering_runs_on_the_cpu_in_the_callback(monkeypatch):
+    # The host callback runs the op on CPU tensors: a factory's device=tpu
+    # argument must not make it build tpu tensors there (empty_like(device=)'s
+    # aten.empty_permuted did, before it had a graph rule).
+    from torch_tpu.compile import graph_ops
+    from torch_tpu.ops import registry
+
+    op = torch.ops.aten.empty_permuted.default
+    monkeypatch.delitem(graph_ops.GRAPH_OPS, op)
+    monkeypatch.delitem(registry.LOWERINGS, op, raising=False)
+    f = torch.compile(lambda t: torch.empty_like(t, device=t.device).fill_(1.5) + t,
+                      backend="tpu")
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        close(f(x.to("tpu")), x + 1.5)
+
+
+def test_empty_like_with_a_device_compiles():
+    # empty_like(t, device=...) is aten.empty_permuted in the graph
+    g = torch.compile(lambda t: torch.empty_like(t, device=t.device).fill_(2.0) * t,
+                      backend="tpu")
+    x = torch.randn(3, 4)
+    runs, fallbacks = graph_cache.GRAPH_STATS.runs, graph_cache.GRAPH_STATS.eager_fallbacks
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*has no tpu lowering")
+        close(g(x.to("tpu")), x * 2.0)
+    assert graph_cache.GRAPH_STATS.runs == runs + 1  # one graph, run as one program
+    assert graph_cache.GRAPH_STATS.eager_fallbacks == fallbacks
+
+
 # -- dynamic shapes ---------------------------------------------------------------------------
 
 

@@ -110,7 +110,7 @@ def _det_of_transpose(g, a):
 
 @graph_op(aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default,
           aten.new_empty.default, aten.new_zeros.default, aten.new_empty_strided.default,
-          aten.zeros_like.default, aten.empty_like.default)
+          aten.zeros_like.default, aten.empty_like.default, aten.empty_permuted.default)
 def _zeros(g, a):
     return jnp.zeros(g.out.shape, st.TORCH_TO_JAX[g.out.dtype])
 

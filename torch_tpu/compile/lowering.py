@@ -633,8 +633,13 @@ def _cpu_callback(op, args, kwargs, out, name):
     outs_meta = out if isinstance(out, (list, tuple)) else [out]
     result_shapes = [jax.ShapeDtypeStruct(m.shape, st.TORCH_TO_JAX[m.dtype]) for m in outs_meta]
 
+    # the op runs on CPU tensors: a device argument naming tpu (a factory's
+    # `device=`) names the CPU in the callback, or it would make tpu tensors
+    vals_cpu = [torch.device("cpu") if isinstance(v, torch.device) and v.type == "tpu" else v
+                for v in flat]
+
     def host(*arrays):
-        vals = list(flat)
+        vals = list(vals_cpu)
         for i, a, dt in zip(arr_pos, arrays, arr_dtypes):
             vals[i] = st.host_tensor(np.asarray(a), dt)
         a, k = torch.utils._pytree.tree_unflatten(vals, spec)
