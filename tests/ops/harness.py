@@ -436,6 +436,7 @@ def tpu_call(fn, *args, **kwargs):
             return fn(*args, **kwargs)
     if p == "compiled":
         torch._dynamo.reset()
+        torch._dynamo.utils.counters["graph_break"].clear()
         runs, fallbacks = _graph_counts()
         try:
             out = torch.compile(fn, backend="tpu", dynamic=False)(*args, **kwargs)
@@ -456,11 +457,22 @@ def tpu_call(fn, *args, **kwargs):
                                     "on the CPU either (a data-dependent op or nothing to "
                                     "compile); its values match eager")
                 return out
-            raise Outcome("not compiled: no compiled graph ran (dynamo ran the op eagerly)")
+            raise Outcome("not compiled: no compiled graph ran (dynamo ran the op eagerly"
+                          f"{_break_reason()})")
         if fallbacks2 != fallbacks:
             raise Outcome("not compiled: the graph ran op by op (a lowering failed inside it)")
         return out
     return fn(*args, **kwargs)
+
+
+def _break_reason() -> str:
+    """Dynamo's first graph-break reason of the last compile, as a clause."""
+    reasons = list(torch._dynamo.utils.counters["graph_break"])
+    if not reasons:
+        return ""
+    lines = [ln.strip() for ln in str(reasons[0]).strip().splitlines() if ln.strip()]
+    text = "; ".join(lines[:2])[:160]
+    return f"; graph break: {text}"
 
 
 class NotCapturable(Outcome):
