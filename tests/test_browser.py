@@ -236,8 +236,9 @@ def full_page_screenshot(driver, path: Path) -> None:
         driver.set_window_size(size["width"], size["height"])
 
 
-# Geometry of every side-by-side HLO box: its columns must not overlap, and a
-# column's text must stay inside its own box (it scrolls or wraps there).
+# Geometry of every side-by-side HLO box: its columns must not overlap (side by
+# side, or stacked where the page is narrow), columns side by side end level,
+# and a column's text must stay inside its own box (it scrolls or wraps there).
 _SIDE_BY_SIDE_JS = """
 return Array.from(document.querySelectorAll('.hlo-side-by-side')).map(grid => {
   const cols = Array.from(grid.querySelectorAll(':scope > div'));
@@ -246,7 +247,8 @@ return Array.from(document.querySelectorAll('.hlo-side-by-side')).map(grid => {
     const pre = c.querySelector('pre') || c.querySelector('div[style*=overflow]') || c;
     const r = c.getBoundingClientRect(), p = pre.getBoundingClientRect();
     const st = getComputedStyle(pre);
-    return {left: r.left, right: r.right, pre_left: p.left, pre_right: p.right,
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            pre_left: p.left, pre_right: p.right, pre_bottom: p.bottom,
             overflow_x: st.overflowX, white_space: st.whiteSpace,
             scroll_width: pre.scrollWidth, client_width: pre.clientWidth,
             text: pre.textContent.slice(0, 200)};
@@ -289,7 +291,11 @@ def test_notebook_runs_on_open(stem, browser):
     for grid in side_by_side:
         assert len(grid) == 2, grid
         left, right = grid
-        assert left["right"] <= right["left"] + 0.5, ("columns overlap", left, right)
+        beside = left["right"] <= right["left"] + 0.5
+        assert beside or left["bottom"] <= right["top"] + 0.5, ("columns overlap", left, right)
+        if beside:
+            assert abs(left["pre_bottom"] - right["pre_bottom"]) <= 1.0, (
+                "the boxes side by side end at different heights", left, right)
         for col in grid:
             assert col["pre_right"] <= col["right"] + 0.5, ("a column's text leaves its box", col)
             wider = col["scroll_width"] > col["client_width"]

@@ -51,12 +51,18 @@ def _():
     import torch_tpu
     import torch_tpu.debug as dbg
 
-    from hlo_view import fusions_beside_hlo, readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+    from hlo_view import (  # guide/notebooks/hlo_view.py
+        fusions_beside_hlo,
+        program_box,
+        readable_hlo,
+        side_by_side,
+    )
 
     return (
         dbg,
         fusions_beside_hlo,
         plt,
+        program_box,
         readable_hlo,
         side_by_side,
         time,
@@ -404,7 +410,7 @@ def _(mo):
 
 
 @app.cell
-def _(torch, torch_tpu):
+def _(program_box, torch, torch_tpu):
     import re
 
     import numpy as np
@@ -426,10 +432,11 @@ def _(torch, torch_tpu):
     _lines = [_loc.sub("", _l) for _l in exported.mlir_module().splitlines()
               if not _l.startswith("#loc")]
     stablehlo = "\n".join(_l if len(_l) <= 150 else _l[:150] + " ..." for _l in _lines)
-    print(f"inputs {exported.in_avals} -> outputs {exported.out_avals}; "
-          f"{len(exported.mlir_module_serialized)} bytes of StableHLO; "
-          f"batch 3 and 17 match PyTorch to {export_err:.1e}")
-    print(stablehlo)
+    # the summary first; the program in a box that scrolls (not the page)
+    program_box("the exported StableHLO", stablehlo,
+                summary=f"inputs {exported.in_avals} -> outputs {exported.out_avals}; "
+                        f"{len(exported.mlir_module_serialized)} bytes of StableHLO; "
+                        f"batch 3 and 17 match PyTorch to {export_err:.1e}")
     return export_err, exported, stablehlo
 
 

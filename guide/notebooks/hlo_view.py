@@ -2,8 +2,9 @@
 
 `readable_hlo` drops what makes a dump hard to read (XLA's source-location
 tables, per-instruction metadata, sharding and frontend attributes);
-`side_by_side` puts programs in columns, each in its own box: a long line
-scrolls inside its box instead of running into the next column;
+`side_by_side` puts programs in columns of equal height, each in its own
+box, stacked where the page is too narrow for two (the documentation site);
+long lines wrap, so a program never scrolls sideways;
 `fusions_beside_hlo` puts a program's fusion graph (`torch_tpu.debug.fusions`,
 drawn by marimo's Mermaid) in the left column and its optimized HLO in the right.
 """
@@ -35,14 +36,40 @@ def readable_hlo(text: str, max_lines: int = 40) -> str:
 
 
 def _box(title, inner):
-    return ('<div style="min-width:0">'
+    # a flex column, so that the program's box fills the grid row's height:
+    # columns side by side end level
+    return ('<div style="min-width:0;display:flex;flex-direction:column">'
             f'<div style="font-weight:600;margin-bottom:0.3em">{html.escape(title)}</div>'
             f'{inner}</div>')
 
 
-_PRE = ('<pre style="overflow:auto;max-height:32em;margin:0;padding:0.5em;font-size:0.75em;'
-        'line-height:1.35;white-space:pre;border:1px solid rgba(128,128,128,0.35);'
-        'border-radius:4px">{}</pre>')
+# pre-wrap: a long HLO line wraps (indented by its own leading spaces) instead
+# of scrolling sideways; anywhere: a long operand list may break mid-token
+_PRE = ('<pre style="overflow:auto;max-height:{height};flex:1;margin:0;padding:0.5em;'
+        'font-size:0.75em;line-height:1.35;white-space:pre-wrap;overflow-wrap:anywhere;'
+        'border:1px solid rgba(128,128,128,0.35);border-radius:4px">{text}</pre>')
+
+
+def _pre(text: str, height: str = "24em") -> str:
+    """`text` in a bordered <pre> at most `height` (in the page's em) tall."""
+    # the <pre>'s own em is 0.75 of the page's: its max-height is given in that
+    value = float(height.removesuffix("em")) / 0.75
+    return _PRE.format(height=f"{value:.2f}em", text=html.escape(text))
+
+
+# columns of at least 20em (~50 characters of the 0.75em code) each; fewer
+# per row (down to one, stacked) where the page is narrower than that
+_GRID = ('<div class="hlo-side-by-side" style="display:grid;gap:1em;align-items:stretch;'
+         'grid-template-columns:repeat(auto-fit,minmax(min(100%,20em),1fr))">{}</div>')
+
+
+def program_box(title: str, text: str, summary: str = ""):
+    """One program in a bordered box that scrolls inside a bounded height,
+    under a summary line (the line a reader needs, on the first screen)."""
+    import marimo as mo
+
+    head = f'<p style="margin:0 0 0.5em 0">{html.escape(summary)}</p>' if summary else ""
+    return mo.Html(head + _box(title, _pre(text)))
 
 
 def fusions_beside_hlo(graph, max_lines: int = 60, max_nodes: int = 80):
@@ -50,23 +77,22 @@ def fusions_beside_hlo(graph, max_lines: int = 60, max_nodes: int = 80):
     import marimo as mo
 
     left = _box("what XLA fused: kernels, their ATen ops, bytes between them",
-                '<div style="overflow:auto;max-height:40em">'
+                '<div style="overflow:auto;max-height:40em;flex:1;'
+                'border:1px solid rgba(128,128,128,0.35);border-radius:4px">'
                 f"{mo.mermaid(graph.to_mermaid(max_nodes=max_nodes)).text}</div>")
     right = _box("the optimized HLO (what runs)",
-                 _PRE.format(html.escape(readable_hlo(graph.text, max_lines=max_lines))))
-    return mo.Html('<div class="hlo-side-by-side" style="display:grid;gap:1em;'
-                   f'grid-template-columns:repeat(2,minmax(0,1fr))">{left}{right}</div>')
+                 _pre(readable_hlo(graph.text, max_lines=max_lines), height="40em"))
+    return mo.Html(_GRID.format(left + right))
 
 
 def side_by_side(*columns):
     """`(title, text)` columns next to each other, as a marimo HTML output.
 
-    The columns share the width equally (`minmax(0, 1fr)` lets a column be
-    narrower than its longest line); each program is a `<pre>` that scrolls
-    in both directions inside its own bordered box.
+    The columns share the width equally and stretch to the row's height;
+    below 20em a column moves under the previous one. Each program is a
+    `<pre>` that wraps long lines and scrolls down inside its own bordered box.
     """
     import marimo as mo
 
-    boxes = "".join(_box(title, _PRE.format(html.escape(text))) for title, text in columns)
-    return mo.Html('<div class="hlo-side-by-side" style="display:grid;gap:1em;'
-                   f'grid-template-columns:repeat({len(columns)},minmax(0,1fr))">{boxes}</div>')
+    boxes = "".join(_box(title, _pre(text)) for title, text in columns)
+    return mo.Html(_GRID.format(boxes))
