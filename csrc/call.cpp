@@ -1,4 +1,4 @@
-// call(compiled, arrays, dyn, device) and setup_call(Compiled, scalar_array).
+// call(compiled, arrays, dyn, device) and setup_call(Compiled, scalar_array, cache).
 #include "call.h"
 
 #pragma GCC visibility push(hidden)
@@ -54,14 +54,13 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* setup_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "setup_call(Compiled, scalar_array)");
+  if (nargs != 3 || !PyDict_CheckExact(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "setup_call(Compiled, scalar_array, cache: dict)");
     return nullptr;
   }
   Py_XSETREF(g_compiled_type, Py_NewRef(args[0]));
   Py_XSETREF(g_scalar_array, Py_NewRef(args[1]));
-  if (!g_scalars && !(g_scalars = PyDict_New())) return nullptr;
-  PyDict_Clear(g_scalars);
+  Py_XSETREF(g_scalars, Py_NewRef(args[2]));
   Py_RETURN_NONE;
 }
 

@@ -12,8 +12,8 @@ namespace torch_tpu::native {
 
 extern PyObject* g_compiled_type;  // jax.stages.Compiled, given by setup_call()
 extern PyObject* g_scalar_array;   // fastpath._scalar_array, given by setup_call()
-extern PyObject* g_scalars;        // {(type, value, device): jax.Array or value}
-constexpr Py_ssize_t kMaxScalars = 4096;
+extern PyObject* g_scalars;        // fastpath.SCALAR_ARRAYS: {(type, value, device): array}
+constexpr Py_ssize_t kMaxScalars = 4096;  // fastpath.SCALAR_ARRAYS_MAX
 
 // The device array a jitted call would make of Python scalar `v` on
 // `device` (same aval: weak type and all), or a new reference to `v` itself

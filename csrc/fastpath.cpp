@@ -51,7 +51,7 @@ PyMethodDef methods[] = {
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
      "call(compiled, arrays, dyn, device): run an executor entry's executable"},
     {"setup_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setup_call)),
-     METH_FASTCALL, "setup_call(Compiled, scalar_array): what call() needs from JAX."},
+     METH_FASTCALL, "setup_call(Compiled, scalar_array, cache): what call() needs from JAX, and the scalar cache it shares."},
     {"register_kernel",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_kernel)), METH_FASTCALL,
      "register_kernel(schema_name, overload, op, name, kinds, unboxed): the C++ kernel in front of the "
@@ -107,9 +107,10 @@ PyMODINIT_FUNC PyInit__native() {
     Py_DECREF(m);
     return nullptr;
   }
-  // setup_kernel's signature: runtime/fastpath.py uses the kernel only with
-  // the one it calls (2: the eager context object, not module dicts).
-  if (m && PyModule_AddIntConstant(m, "KERNEL_API", 2) < 0) {
+  // The module's Python API version: runtime/fastpath.py uses a build only
+  // with the one it calls (3: setup_call takes the scalar cache it shares;
+  // 2: setup_kernel takes the eager context object).
+  if (m && PyModule_AddIntConstant(m, "KERNEL_API", 3) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -22,6 +22,7 @@ from .switches import switch_on
 
 NATIVE: ModuleType | None = None
 REASON = ""
+NATIVE_API = 3  # csrc/fastpath.cpp's KERNEL_API: the signatures this module calls
 
 if not switch_on("TORCH_TPU_NATIVE"):
     REASON = "TORCH_TPU_NATIVE=0"
@@ -34,12 +35,17 @@ else:
         import torch
 
         # C++ ABI: only into the torch release it was built against (a CPU
-        # or CUDA build of it alike: "2.13.0+cpu" and "2.13.0" share it).
-        if _native.TORCH_VERSION.split("+")[0] == torch.__version__.split("+")[0]:
-            NATIVE = _native
-        else:
+        # or CUDA build of it alike: "2.13.0+cpu" and "2.13.0" share it); and
+        # only a build of this source's function signatures (csrc/README.md).
+        if _native.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
             REASON = (f"the extension was built for torch {_native.TORCH_VERSION}, this is "
                       f"{torch.__version__}; reinstall with `pip install -e .`")
+        elif getattr(_native, "KERNEL_API", 1) != NATIVE_API:
+            REASON = ("the extension was built from an older torch_tpu (API "
+                      f"{getattr(_native, 'KERNEL_API', 1)}, this one needs {NATIVE_API}); "
+                      "reinstall with `pip install -e .`")
+        else:
+            NATIVE = _native
 
 ACTIVE = NATIVE is not None
 if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0":
@@ -53,10 +59,7 @@ if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0":
 # The native kernel (executor.install_kernel): ops' cache hits run in C++ from
 # the dispatcher, without entering the Python kernel. TORCH_TPU_NATIVE_KERNEL=0
 # keeps the Python kernels in front (the rest of the native path stays).
-# Only a build whose setup_kernel takes the eager context (KERNEL_API 2:
-# runtime/context.py) runs it; an older build keeps the Python kernels.
-KERNEL = (ACTIVE and getattr(NATIVE, "KERNEL_API", 1) == 2
-          and switch_on("TORCH_TPU_NATIVE_KERNEL"))
+KERNEL = ACTIVE and switch_on("TORCH_TPU_NATIVE_KERNEL")
 # Ops with a common signature (tensors, Scalars, an optional dtype) get the
 # kernel unboxed; TORCH_TPU_NATIVE_UNBOXED=0 registers every one boxed.
 UNBOXED = KERNEL and switch_on("TORCH_TPU_NATIVE_UNBOXED")
@@ -97,6 +100,17 @@ def set_device_index(index: int) -> None:
 JAX_DEVICE: list = []
 
 
+# Python scalars as the device arrays a jitted call makes of them, by
+# (type, value, device index): filled by the native `call` (through
+# _scalar_array) and by fused programs (fused._device_scalars), read by both;
+# emptied when it reaches SCALAR_ARRAYS_MAX (csrc/call.h's kMaxScalars). Floats
+# equal to zero are keyed by their text (-0.0), and the native call caches
+# none (it cannot tell the sign apart). scalars.weak32's 32-bit arrays are
+# another value of the same number and stay in their own table.
+SCALAR_ARRAYS: dict = {}
+SCALAR_ARRAYS_MAX = 4096
+
+
 def _scalar_array(value: object, index: int) -> object:
     """`value`, a Python scalar input of an executable, as the device array a
     jitted call makes of it on tpu:index (same aval, weak type included), which
@@ -113,4 +127,4 @@ def _scalar_array(value: object, index: int) -> object:
 if NATIVE is not None:
     from jax import stages as _stages
 
-    NATIVE.setup_call(_stages.Compiled, _scalar_array)
+    NATIVE.setup_call(_stages.Compiled, _scalar_array, SCALAR_ARRAYS)

@@ -78,7 +78,7 @@ import torch
 from jax import lax
 
 from . import async_compile as aco
-from . import oom, platform, programs, scalars
+from . import fastpath, oom, platform, programs, scalars
 from .switches import switch_on
 from . import storage as st
 from .context import CONTEXT
@@ -567,17 +567,15 @@ _DEAD = _refcounts([object()])[0]
 # -1 outside a backward pass (autograd's engine sets it on the thread running one).
 _graph_task = torch._C._current_graph_task_id
 
-_SCALARS: dict = {}
-_SCALARS_MAX = 4096
 _SCALAR_TYPES = (float, int, bool)
 
 
 def _zero(device: int) -> jax.Array:
     """_ZERO on `device` (cached)."""
     k = (np.int32, 0, device)
-    a = _SCALARS.get(k)
+    a = fastpath.SCALAR_ARRAYS.get(k)
     if a is None:
-        a = _SCALARS[k] = jax.device_put(_ZERO, platform.jax_device(device))
+        a = fastpath.SCALAR_ARRAYS[k] = jax.device_put(_ZERO, platform.jax_device(device))
     return a
 
 
@@ -591,7 +589,7 @@ def _device_scalars(dyns: list, device: int) -> list:
     these) is the one the Python values would give.
     """
     out = []
-    cache = _SCALARS
+    cache = fastpath.SCALAR_ARRAYS  # shared with the native call
     missing: dict = {}  # key -> [(conv list, position)]: sent in one transfer
     for dyn in dyns:
         if not dyn:  # most ops: nothing to convert
@@ -613,7 +611,7 @@ def _device_scalars(dyns: list, device: int) -> list:
     if missing:
         # Values new to the cache (an optimizer's per-step bias corrections,
         # a changed learning rate): one batched device_put for all of them.
-        if len(cache) + len(missing) > _SCALARS_MAX:
+        if len(cache) + len(missing) > fastpath.SCALAR_ARRAYS_MAX:
             cache.clear()
         keys = list(missing)
         vals = [places[0][0][places[0][1]] for places in missing.values()]
