@@ -191,3 +191,35 @@ def test_complex64_rule_judges_against_complex128():
     inp, args, _ = harness._upcast_exact(Sample, torch.complex64)
     assert (inp.dtype, args[0].dtype, args[1].dtype) == (torch.complex128, torch.float64,
                                                           torch.int64)
+
+
+def test_float32_is_judged_against_float64_on_the_compiled_path_only(monkeypatch):
+    # A compiled graph's fused arithmetic (FMA contraction) may round float32
+    # differently from CPU's kernels: there, a result at least as close to
+    # float64 as CPU's passes; eager and fused stay held to CPU's results.
+    exact = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    cpu = torch.tensor([1.0 + 1e-4, 2.0])
+    closer = torch.tensor([1.0, 2.0 + 1e-6])
+    worse = torch.tensor([1.0 - 3e-4, 2.0])
+    monkeypatch.setenv("TORCH_TPU_OPINFO_PATH", "eager")
+    assert harness.judged(torch.float32) is None
+    assert not harness.no_less_accurate_than_cpu("add", closer, cpu, exact, torch.float32, {})
+    monkeypatch.setenv("TORCH_TPU_OPINFO_PATH", "compiled")
+    assert harness.judged(torch.float32) == {torch.float32: torch.float64}
+    assert harness.no_less_accurate_than_cpu("add", closer, cpu, exact, torch.float32, {})
+    assert not harness.no_less_accurate_than_cpu("add", worse, cpu, exact, torch.float32, {})
+    assert harness.judged(torch.bfloat16) == {torch.bfloat16: torch.float64}  # every path
+
+
+def test_exact_grads_are_the_float64_gradients(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_OPINFO_PATH", "compiled")
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    x = torch.tensor([0.5, -0.25], requires_grad=True)
+    sample = SampleInput(x)
+    cot = torch.tensor([1.0, 2.0])
+    grads = harness._exact_grads(lambda i, a, k: torch.atanh(i), sample, torch.float32,
+                                 [cot], 0)
+    want = cot.double() / (1 - x.detach().double() ** 2)
+    assert grads[0].dtype == torch.float64
+    torch.testing.assert_close(grads[0], want)
