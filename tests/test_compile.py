@@ -338,6 +338,19 @@ def test_empty_like_with_a_device_compiles():
     assert graph_cache.GRAPH_STATS.eager_fallbacks == fallbacks
 
 
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.trace(t),  # diagonal_copy, then sum, in the graph
+    lambda t: torch.diagonal_copy(t[1:].t(), 1),
+    lambda t: torch.as_strided_copy(t, (2, 2), (1, 5), 3),
+], ids=["trace", "diagonal_copy", "as_strided_copy"])
+def test_copy_of_a_view_reads_the_views_elements(fn):
+    # A *_copy op's output is a new contiguous tensor: its elements are the
+    # view's (diagonal, as_strided), not the input's first ones (trace of a
+    # 5x5 matrix compiled to the sum of its first row).
+    x = torch.randn(5, 5)
+    close(torch.compile(fn, backend="tpu")(x.to("tpu")), fn(x))
+
 # -- dynamic shapes ---------------------------------------------------------------------------
 
 

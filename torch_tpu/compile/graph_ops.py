@@ -22,6 +22,7 @@ shares with its input, translated into a gather from the input's value.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -323,12 +324,34 @@ def _as_strided(g, a):
     return generic_view(g, a)
 
 
+# The view each of these copies: a copy's output is a new tensor (its
+# metadata is contiguous, offset 0), so which of the input's elements it
+# holds is the view's layout, not the output's.
+_VIEW_OF_COPY = {aten.as_strided_copy.default: aten.as_strided.default,
+                 aten.diagonal_copy.default: aten.diagonal.default}
+
+
+def _copied_view_layout(g, a, src):
+    """The layout (shape, stride, offset) of the view that g's *_copy op
+    copies: the view op run on a meta tensor laid out as the input."""
+    view = _VIEW_OF_COPY[g.node.target]
+    extent = src.offset + 1 + sum((n - 1) * s for n, s in zip(src.shape, src.stride) if n)
+    base = torch.empty(extent, dtype=src.dtype, device="meta").as_strided(
+        tuple(src.shape), tuple(src.stride), src.offset)
+    out = view(base, **{k: v for k, v in a.items() if k != "self"})
+    return SimpleNamespace(shape=tuple(out.shape), stride=tuple(out.stride()),
+                           offset=out.storage_offset(), dtype=out.dtype)
+
+
 def generic_view(g, a):
     """Any view: gather the output's storage positions from the input's value
-    (compile.lowering's fallback for a view op with no lowering of its own)."""
+    (compile.lowering's fallback for a view op with no lowering of its own).
+    A *_copy op reads what its view would (_VIEW_OF_COPY)."""
     src = g.meta("self")
     x = a["self"]
     outs = g.out if isinstance(g.out, (list, tuple)) else [g.out]
+    if g.node.target in _VIEW_OF_COPY:
+        outs = [_copied_view_layout(g, a, src)]
     # Which storage position each element of the input occupies.
     pos = st.flat_index(tuple(src.shape), tuple(src.stride), src.offset).reshape(-1)
     flat = x.reshape(-1)
