@@ -909,18 +909,18 @@ def judged(dtype):
 _PRECISION_DEFINED = {"nextafter"}
 
 
-def _upcast_exact(sample, dtype):
+def _upcast_exact(sample, dtype, differentiable=False):
     """(input, args, kwargs) of `sample`, its `dtype` tensors as exact wider
-    copies (JUDGED_DTYPES; taken before the CPU run, which may mutate the
-    sample); None where a leaf cannot be copied that way."""
+    copies (judged(dtype); taken before the CPU run, which may mutate the
+    sample), requiring grad where the sample's do if `differentiable`; None
+    where a leaf cannot be copied that way."""
     wider = judged(dtype)
 
     def up(x):
-        if isinstance(x, torch.Tensor) and x.dtype in wider:
-            return x.detach().to(wider[x.dtype])
-        if isinstance(x, torch.Tensor):
-            return x.detach().clone()
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        y = x.detach().to(wider[x.dtype]) if x.dtype in wider else x.detach().clone()
+        return y.requires_grad_(x.requires_grad) if differentiable else y
     try:
         return pytree.tree_map(up, (sample.input, tuple(sample.args), dict(sample.kwargs)))
     except Exception:  # noqa: BLE001  (an exotic leaf: the plain comparison alone judges)
@@ -1169,16 +1169,12 @@ def _exact_grads(call, sample, dtype, cots, i):
     """The input gradients of `sample` computed in the wider dtype (judged),
     for the same cotangents `cots` widened; None where that cannot be done."""
     wider = judged(dtype)
-
-    def up(x):  # an exact wider copy, differentiable where the sample's is
-        if not isinstance(x, torch.Tensor):
-            return x
-        y = x.detach().to(wider[x.dtype]) if x.dtype in wider else x.detach().clone()
-        return y.requires_grad_(x.requires_grad)
+    exact_inputs = _upcast_exact(sample, dtype, differentiable=True)
+    if exact_inputs is None:
+        return None
+    inp, args, kwargs = exact_inputs
 
     def run():
-        inp, args, kwargs = pytree.tree_map(
-            up, (sample.input, tuple(sample.args), dict(sample.kwargs)))
         torch.manual_seed(1234 + i)
         outs = _diff_outputs(sample.output_process_fn_grad(call(inp, args, kwargs)))
         ins = _grad_inputs(inp, args, kwargs)

@@ -335,8 +335,8 @@ def _copied_view_layout(g, a, src):
     """The layout (shape, stride, offset) of the view that g's *_copy op
     copies: the view op run on a meta tensor laid out as the input."""
     view = _VIEW_OF_COPY[g.node.target]
-    extent = src.offset + 1 + sum((n - 1) * s for n, s in zip(src.shape, src.stride) if n)
-    base = torch.empty(extent, dtype=src.dtype, device="meta").as_strided(
+    size = src.offset + (st.extent(src.shape, src.stride) if math.prod(src.shape) else 0)
+    base = torch.empty(size, dtype=src.dtype, device="meta").as_strided(
         tuple(src.shape), tuple(src.stride), src.offset)
     out = view(base, **{k: v for k, v in a.items() if k != "self"})
     return SimpleNamespace(shape=tuple(out.shape), stride=tuple(out.stride()),

@@ -40,10 +40,9 @@ else:
         if _native.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
             REASON = (f"the extension was built for torch {_native.TORCH_VERSION}, this is "
                       f"{torch.__version__}; reinstall with `pip install -e .`")
-        elif getattr(_native, "KERNEL_API", 1) != NATIVE_API:
-            REASON = ("the extension was built from an older torch_tpu (API "
-                      f"{getattr(_native, 'KERNEL_API', 1)}, this one needs {NATIVE_API}); "
-                      "reinstall with `pip install -e .`")
+        elif (api := getattr(_native, "KERNEL_API", 1)) != NATIVE_API:
+            REASON = (f"the extension was built from an older torch_tpu (API {api}, this one "
+                      f"needs {NATIVE_API}); reinstall with `pip install -e .`")
         else:
             NATIVE = _native
 

@@ -429,7 +429,7 @@ def _structured_plan(sizes, strides):
     return order
 
 
-def _extent(sizes: Sequence[int], strides: Sequence[int]) -> int:
+def extent(sizes: Sequence[int], strides: Sequence[int]) -> int:
     """Elements from a (non-empty) view's first element to its last, inclusive."""
     return 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
 
@@ -458,7 +458,7 @@ def strided_read(base, layout, offset=None):
         return jnp.zeros(sizes, flat.dtype)
     if strides == contiguous_strides(sizes):
         return _slice(flat, offset, n).reshape(sizes)
-    x = _slice(flat, offset, _extent(sizes, strides))
+    x = _slice(flat, offset, extent(sizes, strides))
     order = _structured_plan(sizes, strides)
     if order is None:
         return x[flat_index(sizes, strides, 0)]
@@ -501,7 +501,7 @@ def strided_write(base, layout, value, offset=None):
     if strides == contiguous_strides(sizes):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
-        region = _slice(work, offset, _extent(sizes, strides))
+        region = _slice(work, offset, extent(sizes, strides))
         region = region.at[flat_index(sizes, strides, 0)].set(value)
         work = lax.dynamic_update_slice(work, region, (offset,))
     if not same:
