@@ -156,6 +156,79 @@ def test_mem_get_info_summary_snapshot():
     del x, y, z
 
 
+# -- loading weights: one copy ------------------------------------------------
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _weights_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _allocated():
+    gc.collect()
+    torch.tpu.synchronize()
+    return torch.tpu.memory_allocated()
+
+
+def test_large_empty_is_allocated_on_first_use():
+    before = _allocated()
+    x = torch.empty(1024, 1024, device="tpu")  # 4 MiB: made when an op reads it
+    assert _allocated() - before < 4096
+    assert x.sum().item() == 0  # reads as zeros (memory is never garbage)
+    assert _allocated() - before >= 4 << 20
+    y = torch.empty(1024, 1024, device="tpu")
+    y.copy_(torch.ones(1024, 1024))  # a whole copy: no zeros made first
+    assert y.sum().item() == 1024 * 1024
+    z = torch.empty(2048, 1024, device="tpu")[1024:]  # a view: the zeros made, then written
+    z.copy_(torch.full((1024, 1024), 2.0))
+    assert z._base.sum().item() == 2 * 1024 * 1024
+    s = torch.empty_strided((1024, 512), (1, 1024), device="tpu")  # a transposed layout
+    s.copy_(torch.arange(1024 * 512.0).view(1024, 512))
+    torch.testing.assert_close(s.cpu(), torch.arange(1024 * 512.0).view(1024, 512))
+    with pytest.raises(torch.OutOfMemoryError, match="aten.empty"):
+        torch.empty(10**13, device="tpu")  # still checked against the limit when made
+
+
+@pytest.mark.parametrize("assign", [True, False])
+def test_meta_to_empty_then_load_holds_one_copy(assign):
+    """meta -> to_empty(device="tpu") -> load_state_dict: the weights are
+    allocated once (to_empty's storages are replaced or written whole before
+    anything reads them), and the model computes what the CPU model does."""
+    ref = _Stack()
+    with torch.device("meta"):
+        model = _Stack()
+    nbytes = _weights_bytes(ref)
+    before = _allocated()
+    model.to_empty(device="tpu")
+    assert _allocated() - before < 0.05 * nbytes
+    sd = {k: v.to("tpu") for k, v in ref.state_dict().items()}
+    model.load_state_dict(sd, assign=assign)
+    del sd
+    held = _allocated() - before
+    assert 0.99 * nbytes <= held <= 1.05 * nbytes, (held, nbytes)
+    x = torch.randn(3, 1024)
+    torch.testing.assert_close(model(x.to("tpu")).cpu(), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_to_tpu_of_a_cpu_model_holds_one_copy():
+    ref = _Stack()
+    before = _allocated()
+    model = _Stack()
+    model.load_state_dict(ref.state_dict())
+    model.to("tpu")
+    assert 0.99 * _weights_bytes(ref) <= _allocated() - before <= 1.05 * _weights_bytes(ref)
+
+
 # -- the executable cache's byte bound ----------------------------------------
 
 

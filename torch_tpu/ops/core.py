@@ -215,8 +215,49 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
     return fn()
 
 
+# `empty` storages of at least this many bytes are not allocated until an op
+# reads them (`Unwritten`): `module.to_empty(device="tpu")` followed by
+# `load_state_dict(..., assign=True)` (the state dict's tensors become the
+# parameters) or by copies into whole tensors then never holds the weights
+# twice. Smaller ones are made at once: the native call path takes only
+# arrays, so a deferred input costs one call through Python.
+_UNWRITTEN_MIN_BYTES = 1 << 20
+
+
+class Unwritten(st.Deferred):
+    """An `empty` storage no op has read or written yet: resolves to zeros
+    (memory is never garbage) on the first read; a copy into the whole
+    storage replaces it without making the zeros (`assign`). It is not an
+    array, so `torch.tpu.memory_allocated` does not count it, as PJRT does not
+    count an allocation that was never made."""
+
+    __slots__ = ("shape", "dtype", "_torch_dtype", "_index", "_op")
+
+    def __init__(self, shape, dtype, index, op):
+        self.shape = shape
+        self.dtype = st.jax_dtype(dtype)
+        self._torch_dtype = dtype
+        self._index = index
+        self._op = op
+
+    def resolve(self) -> jax.Array:
+        return _new_zeros(self.shape, self._torch_dtype, self._index, self._op)
+
+
+def _storage_value(shape, dtype, index, op):
+    """The value of a new `empty` storage: zeros, or `Unwritten` for a large
+    one (checked against the memory limit now, as if it were allocated)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _UNWRITTEN_MIN_BYTES or CONTEXT.launch_blocking:
+        return _new_zeros(shape, dtype, index, op)
+    if nbytes >= oom.check_threshold(index):
+        oom.check(op, nbytes, index)
+    return Unwritten(shape, dtype, index, op)
+
+
 def new_tensor(shape, dtype, index, stride=None):
-    """A tpu tensor of zeros (what `empty` gives: memory is never garbage)."""
+    """A tpu tensor of zeros (what `empty` gives: memory is never garbage),
+    made on first use where it is large (`Unwritten`)."""
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
@@ -227,13 +268,13 @@ def new_tensor(shape, dtype, index, stride=None):
         # shape, not a flat one every later op would read as a view.
         stride = None
     if stride is None:
-        value = _new_zeros(shape, dtype, index, op)
+        value = _storage_value(shape, dtype, index, op)
         t = st.empty_tensor(shape, dtype, index)
         st.attach(t, value, op)
         return t
     stride = tuple(int(s) for s in stride)
     n = 1 + sum((s - 1) * d for s, d in zip(shape, stride)) if all(shape) else 0
-    value = _new_zeros((n,), dtype, index, "aten.empty_strided.default")
+    value = _storage_value((n,), dtype, index, "aten.empty_strided.default")
     t = st.empty_tensor(shape, dtype, index, nbytes=n * dtype.itemsize, stride=stride)
     st.attach(t, value, "aten.empty_strided.default")
     return t
@@ -275,9 +316,22 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
     """Write jax array `value` (broadcastable to dst) into tpu tensor `dst`."""
     data = st.data_of(dst)
     layout = st.layout_of(dst, data)
-    base = data.array
     shape = tuple(dst.shape)
     want = dst.dtype
+    if layout is None and type(data.raw) is Unwritten:
+        # The whole of a storage never read: its value is `value`, no zeros made.
+        whole = (programs.ProgramKind.COPY, "whole", value.shape, value.dtype, shape, want,
+               CONTEXT.opt_level)
+
+        def fill(v):
+            return jnp.broadcast_to(st.convert(v, want), shape)
+
+        out = programs.get_or_compile(whole, fill, (value,))(value)
+        data.array = jax.device_put(out, platform.jax_device(data.index))
+        if data.origin in st.ALLOCATING_OPS:
+            data.origin = "aten.copy_.default"
+        return
+    base = data.array
     key: tuple  # the program's key: one layout of three
     if layout is None:
         key = (programs.ProgramKind.COPY, base.shape, base.dtype, None, value.shape,
