@@ -30,7 +30,9 @@ def _(mo):
     1. **minGPT** learns to sort digits from scratch; loss curve and samples;
     2. **Llama 3** and **Qwen3** generate with a KV cache — token for token the
        same on `tpu` and on the CPU;
-    3. **ResNet**, **UNet** (DDPM) and **DLRM** training-step times, `tpu` vs CPU.
+    3. **ResNet**, **UNet** (DDPM) and **DLRM** training-step times, `tpu` vs CPU;
+    4. a **1B Llama**, measured by `benchmarks/scale.py`: decoding speed, peak
+       memory and loading, per path.
 
     The examples ship no pretrained weights (nothing is downloaded), so the
     language models here are randomly initialized: their text is noise, and
@@ -263,6 +265,102 @@ def table_model_steps(mo, step_table):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    ## 4. Real size: a 1B Llama, measured
+
+    The tiny models above fit a notebook's time budget; a Llama-3.2-1B-shaped
+    model (1.24 B parameters, 2.47 GB in bfloat16) does not: on a 2-core CPU
+    each path takes minutes. `benchmarks/scale.py` measures it with random
+    weights made on the `meta` device, each path in its own process, and
+    writes JSON. This section plots the committed run
+    (`benchmarks/results/llama-1b.json`; docs/benchmarks.md has the tables)
+    or yours: `python benchmarks/scale.py --json my.json`, then its path below.
+
+    What to look for: on XLA:CPU, decoding is bound by reading the weights, so
+    one whole-model program (`torch.compile`, or the pure-JAX limit) gains
+    little over op-by-op eager; and that program needs float32 scratch copies
+    of the bfloat16 weights (this CPU has no bfloat16 dot), which is its
+    higher peak memory. Loading holds one allocated copy of the weights on
+    every path (the rest of the peak is the checkpoint's file pages, which
+    the kernel can drop). The committed run shared a loaded machine, paths one
+    after another: ratios between paths are good to about 1.5x.
+    """)
+    return
+
+
+@app.cell
+def _(REPO, mo):
+    scale_file = mo.ui.text(value=str(REPO / "benchmarks" / "results" / "llama-1b.json"),
+                            label="benchmark JSON", full_width=True)
+    scale_file
+    return (scale_file,)
+
+
+@app.cell
+def _(scale_file):
+    import json as _json
+    from pathlib import Path as _Path
+
+    _raw = _json.loads(_Path(scale_file.value).read_text())
+    if "runs" in _raw:  # the committed file: several runs, each with its machine and load
+        scale_runs = _raw["runs"]
+    else:  # scale.py's own --json output: one run
+        _load = _raw.get("load_start", [])
+        scale_runs = [{"what": "your run", "date": "", "machine": "this machine",
+                       "load": f"load average {_load[0]:.1f} at start" if _load else "",
+                       "results": _raw["results"]}]
+    scale_gen = next((r for r in scale_runs if "eager" in r["results"]), None)
+    scale_load = next((r for r in scale_runs if "load-assign" in r["results"]), None)
+    return scale_gen, scale_load, scale_runs
+
+
+@app.cell
+def _(mo, plt, scale_gen, scale_load):
+    _GEN = [("cpu", "torch CPU"), ("eager", "tpu eager"), ("fused", "tpu fused"),
+            ("compiled", "tpu compiled"), ("jax", "pure JAX")]
+    _fig, _axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    _captions = []
+    if scale_gen is not None:
+        _res = scale_gen["results"]
+        _rows = [(label, _res[k]) for k, label in _GEN if "decode_tps" in _res.get(k, {})]
+        _names = [n for n, _ in _rows]
+        _axes[0].barh(_names, [r["decode_tps"] for _, r in _rows], color="tab:blue")
+        _axes[0].set_xlabel("decode tokens/s (higher is better)")
+        _axes[0].invert_yaxis()
+        _axes[1].barh(_names, [r["run_peak_rss_gb"] for _, r in _rows], color="tab:orange")
+        _w = _rows[0][1]["weights_gb"]
+        _axes[1].axvline(_w, color="k", lw=1, ls="--", label=f"weights {_w:.2f} GB")
+        _axes[1].set_xlabel("peak host RSS while generating, GB")
+        _axes[1].invert_yaxis()
+        _axes[1].legend(loc="lower right", fontsize=8)
+        _captions.append(f"generation: {scale_gen['date']} at {scale_gen.get('commit', '?')}, "
+                         f"{scale_gen['machine']}, {scale_gen['load']}")
+    if scale_load is not None:
+        _res = scale_load["results"]
+        _paths = [(k, label) for k, label in (("load-to", "from_pretrained\n+ .to(tpu)"),
+                                               ("load-assign", "meta, to_empty,\nload(assign)"),
+                                               ("load-pretrained", "device_map=tpu"))
+                  if "copies_at_peak" in _res.get(k, {})]
+        _alloc = [_res[k]["anon_copies_at_peak"] for k, _ in _paths]
+        _other = [_res[k]["copies_at_peak"] - a for (k, _), a in zip(_paths, _alloc)]
+        _labels = [label for _, label in _paths]
+        _axes[2].bar(_labels, _alloc, color="tab:green", label="allocated")
+        _axes[2].bar(_labels, _other, bottom=_alloc, color="tab:gray", alpha=0.5,
+                     label="checkpoint file pages")
+        _axes[2].set_ylabel("copies of the weights at peak")
+        _axes[2].set_ylim(0, 1.35 * max(a + o for a, o in zip(_alloc, _other)))
+        _axes[2].legend(fontsize=8)
+        _axes[2].tick_params(axis="x", labelsize=8)
+        _captions.append(f"loading: {scale_load['date']} at {scale_load.get('commit', '?')}, "
+                         f"{scale_load['load']}")
+    _fig.suptitle("Llama-3.2-1B shape, bfloat16, random weights")
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md("Measured: " + "; ".join(_captions) + ".")])
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## Exercises
 
     Answer in the controls below. Each check *measures* the answer by running
@@ -364,6 +462,15 @@ def test_generation_matches_cpu(generations, new_tokens):
     for _name, _row in generations.items():
         assert len(_row["tpu"][0]) == new_tokens.value, _name
         assert _row["tpu"][0] == _row["cpu"][0], _name
+    return
+
+
+@app.cell
+def test_scale_results(scale_gen, scale_load):
+    assert scale_gen is not None and scale_load is not None
+    for _k in ("cpu", "eager", "fused", "compiled", "jax"):
+        assert scale_gen["results"][_k]["decode_tps"] > 0, _k
+    assert 0.9 < scale_load["results"]["load-assign"]["anon_copies_at_peak"] < 1.5
     return
 
 
