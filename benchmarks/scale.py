@@ -517,6 +517,11 @@ class _nullcontext:
 
 
 def run_jax(cfg, prompt, tokens, repeats, cache_len):
+    # XLA:CPU's options as torch_tpu sets them (TORCH_TPU_CPU_XLA_DEFAULTS):
+    # the limit compiles with the same flags as the paths it bounds
+    from torch_tpu.runtime.xla_flags import add_cpu_defaults
+
+    add_cpu_defaults()
     import jax
     import jax.numpy as jnp
     import torch

@@ -5,6 +5,13 @@ import os
 # Tests see the platform's defaults unless a test changes them itself.
 os.environ.setdefault("TORCH_TPU_CPU_FALLBACK", "1")
 
+# XLA:CPU's defaults in XLA_FLAGS from the start, as the runtime would add
+# them at its first load (in whichever test that is), so the environment
+# check below sees no test change them.
+from torch_tpu.runtime.xla_flags import add_cpu_defaults  # noqa: E402
+
+add_cpu_defaults()
+
 
 def _shared_cache_dir():
     """One persistent cache for the whole run, shared by every xdist worker,

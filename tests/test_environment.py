@@ -132,6 +132,7 @@ SWITCHED = {
     "TORCH_TPU_INDUCTOR_REDIRECT": "0",
     "TORCH_TPU_DYNAMO_BOOKKEEPING": "1",
     "TORCH_TPU_DECOMP_TABLE": "full",
+    "TORCH_TPU_CPU_XLA_DEFAULTS": "0",
 }
 
 SCRIPT = textwrap.dedent("""
@@ -230,12 +231,38 @@ SCRIPT = textwrap.dedent("""
         return {"max_bytes": d["max_bytes"], "bytes": d["bytes"], "evictions": d["evictions"],
                 "writes": d["writes"]}
 
+    @section
+    def cpu_xla_defaults():
+        import os
+        import jax
+        import jax.numpy as jnp
+        from torch_tpu.cache import store
+
+        torch.ones(1, device="tpu").cpu()
+        # 4 layers of bfloat16 weights in one program (a decoding step's shape)
+        ws = [jnp.ones((256, 1024), jnp.bfloat16) for _ in range(4)]
+
+        def f(ws, x):
+            for w in ws:
+                x = jnp.tanh(jnp.dot(jnp.dot(x, w), w.T))
+            return x
+
+        c = jax.jit(f).lower(ws, jnp.ones((1, 256), jnp.bfloat16)).compile()
+        return {"xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "key_flags": store.environment()["xla_flags"],
+                "scratch_per_weight_byte": c.memory_analysis().temp_size_in_bytes
+                / sum(w.nbytes for w in ws)}
+
     print("RESULT " + json.dumps(out))
 """)
 
 
 def _env(cache_dir: Path, extra: dict) -> dict:
+    from torch_tpu.runtime.xla_flags import CPU_DEFAULTS
+
     env = {k: v for k, v in os.environ.items() if k not in SWITCHED}
+    # without the flags this process got from tests/conftest.py: each child adds its own
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in CPU_DEFAULTS)
     env.update(TORCH_TPU_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("TORCH_TPU_SHARED_CACHE_DIR", None)
     env.pop("TORCH_TPU_EAGER", None)
@@ -295,6 +322,28 @@ def test_index_checks_0_reads_the_fill_value(switched):
     default, off = _section(switched, "index_checks")
     assert default["raised"] == "IndexError", default
     assert off["raised"] is None and off["first"] == 1.0 and off["second_nan"], off
+
+
+def test_cpu_xla_defaults_0_keeps_xla_s_own_scheduler(switched):
+    default, off = _section(switched, "cpu_xla_defaults")
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+    assert flag in default["xla_flags"] and flag in default["key_flags"], default
+    assert flag not in off["xla_flags"] and flag not in off["key_flags"], off
+    # the memory-minimizing schedule converts each bfloat16 weight to float32
+    # just before its dot; XLA's default converts all of them up front
+    assert default["scratch_per_weight_byte"] < 1.0, default
+    assert off["scratch_per_weight_byte"] >= 1.9, off
+
+
+def test_user_xla_flags_are_kept(tmp_path):
+    env = _env(tmp_path, {})
+    env["XLA_FLAGS"] = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, torch, torch_tpu; torch.ones(1, device='tpu'); "
+                               "print(os.environ['XLA_FLAGS'])"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "--xla_cpu_enable_concurrency_optimized_scheduler=true"
 
 
 def test_inductor_redirect_0_leaves_inductor_alone(switched):

@@ -32,6 +32,7 @@ The modules, one line each:
 - `gc_pause`: Python's GC paused while a program compiles.
 - `loading`: the package's load step, as a hook (`loading.load()`).
 - `switches`: the spelling rule of on/off environment variables.
+- `xla_flags`: XLA:CPU options set by default (in XLA_FLAGS, before JAX starts).
 - `_dlpack`: the one way to make a tensor on a device other than tpu:0.
 
 What it may import: itself, `torch_tpu._version`, and torch, JAX, numpy. Nothing above: not `device`, `cache`, `ops`, `compile` or `debug`

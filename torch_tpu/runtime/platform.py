@@ -11,7 +11,11 @@ from __future__ import annotations
 import functools
 import os
 
-import jax
+from .xla_flags import add_cpu_defaults
+
+add_cpu_defaults()  # before JAX creates a backend: XLA reads XLA_FLAGS then
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

@@ -1,0 +1,37 @@
+"""XLA:CPU options torch_tpu sets by default, found by measurement.
+
+XLA reads XLA_FLAGS when it creates its first backend, so they are added to
+the environment before any JAX device exists (runtime.platform, first thing;
+tests/conftest.py, so every test process starts with them). A flag the user
+set (either value) is kept; TORCH_TPU_CPU_XLA_DEFAULTS=0 adds none. They
+change only XLA:CPU's compiles (TPU and GPU programs compile the same), and
+they are part of every disk-cache key through XLA_FLAGS (cache.store's
+environment key). No JAX here: the module is imported before it.
+
+The concurrency-optimized scheduler orders independent work early: in a
+program holding a model's layers, every bfloat16 weight's float32 convert
+(XLA:CPU has no bfloat16 dot) runs before the first dot, so the program
+holds float32 copies of all the weights at once (2x their bytes of scratch)
+and writes them on every call. The memory-minimizing schedule converts each
+weight just before its dot: an 8-layer decoding step (hidden 1024, MLP 4096,
+bfloat16) 215 -> 98 ms a call, scratch 2.0x -> 0.25x the weights
+(docs/benchmarks.md, "XLA:CPU's scheduler").
+"""
+
+from __future__ import annotations
+
+import os
+
+from .switches import switch_on
+
+CPU_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+
+
+def add_cpu_defaults() -> None:
+    """Add CPU_DEFAULTS to XLA_FLAGS (each unless the user set that flag)."""
+    if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    added = [f for f in CPU_DEFAULTS if f.split("=", 1)[0] not in flags]
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join([*flags.split(), *added])
