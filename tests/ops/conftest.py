@@ -40,7 +40,8 @@ def pytest_addoption(parser):
                      "torch_tpu.fused()) or compiled (torch.compile(backend='tpu'))")
     g.addoption("--opinfo-max-samples", default=None, type=int,
                 help="sample inputs per op, dtype and kind, evenly spaced (0 = all; unset: "
-                     "7 of the 12 evenly spaced ones for float32, 4 for other dtypes, "
+                     "7 of the 12 evenly spaced ones for float32 forward, 4 for float32 "
+                     "gradients and other dtypes, "
                      "harness.QUICK_SAMPLES)")
 
 
@@ -161,6 +162,7 @@ def pytest_sessionfinish(session):
         from .harness import QUICK_SAMPLES, QUICK_SAMPLES_OTHER, max_samples, quick
 
         json.dump({"cpu_fallback": fallback_mode(config),
-                   "max_samples": ({"float32": QUICK_SAMPLES, "other": QUICK_SAMPLES_OTHER}
+                   "max_samples": ({"float32": QUICK_SAMPLES, "other": QUICK_SAMPLES_OTHER,
+                                    "float32 gradients": QUICK_SAMPLES_OTHER}
                                    if quick() else max_samples()),
                    "records": recs}, f, indent=0)

@@ -307,10 +307,11 @@ class Outcome(Exception):
 DEFAULT_MAX_SAMPLES = 12
 # Unset, the default run (CI's, on 2 cores, where compiling these programs is
 # most of the suite's time) takes a subset of those 12 (tests/README.md):
-# float32, forward and gradients, QUICK_SAMPLES of them, every other one and
-# the last (the 1st, 3rd, ..., 11th and 12th); the other dtypes' forward
-# (bfloat16, int64: the same lowerings under another dtype)
-# QUICK_SAMPLES_OTHER, every fourth one and the last (1st, 5th, 9th, 12th).
+# float32 forward, QUICK_SAMPLES of them, every other one and the last (the
+# 1st, 3rd, ..., 11th and 12th); float32 gradients (each sample compiles a
+# forward and a backward program) and the other dtypes' forward (bfloat16,
+# int64: the same lowerings under another dtype) QUICK_SAMPLES_OTHER, every
+# fourth one and the last (1st, 5th, 9th, 12th).
 QUICK_SAMPLES = 7
 QUICK_SAMPLES_OTHER = 4
 
@@ -326,11 +327,13 @@ def quick() -> bool:
     return not os.environ.get("TORCH_TPU_OPINFO_MAX_SAMPLES", "")
 
 
-def selection(n_total: int, dtype: torch.dtype = torch.float32) -> list:
-    """The indices of the samples a run checks, out of n_total, for `dtype`."""
+def selection(n_total: int, dtype: torch.dtype = torch.float32, grad: bool = False) -> list:
+    """The indices of the samples a run checks, out of n_total, for `dtype`
+    (forward, or gradients with `grad`)."""
     idx = pick(n_total, max_samples())
     if quick():
-        step, limit = (2, QUICK_SAMPLES) if dtype == torch.float32 else (4, QUICK_SAMPLES_OTHER)
+        step, limit = ((2, QUICK_SAMPLES) if dtype == torch.float32 and not grad
+                       else (4, QUICK_SAMPLES_OTHER))
         if len(idx) > limit:
             idx = sorted(set(idx[::step]) | {idx[-1]})
     return idx
@@ -375,7 +378,7 @@ def samples(op, dtype, requires_grad):
     # op.sample_inputs_func itself: op.sample_inputs wraps it in a tracker
     # that walks the stack twice (inspect.stack(), ~0.13 s under pytest)
     all_ = list(_seeded(op.sample_inputs_func(op, "cpu", dtype, requires_grad)))
-    for i in selection(len(all_), dtype):
+    for i in selection(len(all_), dtype, grad=requires_grad):
         yield i, all_[i]
 
 

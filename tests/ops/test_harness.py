@@ -48,11 +48,12 @@ def test_pick_is_evenly_spaced():
 def test_quick_selection_is_a_subset_of_the_thorough_one(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_OPINFO_MAX_SAMPLES", raising=False)
     assert harness.quick()
-    for dtype, limit, step in ((torch.float32, harness.QUICK_SAMPLES, 2),
-                               (torch.bfloat16, harness.QUICK_SAMPLES_OTHER, 4),
-                               (torch.int64, harness.QUICK_SAMPLES_OTHER, 4)):
+    for dtype, grad, limit, step in ((torch.float32, False, harness.QUICK_SAMPLES, 2),
+                                     (torch.float32, True, harness.QUICK_SAMPLES_OTHER, 4),
+                                     (torch.bfloat16, False, harness.QUICK_SAMPLES_OTHER, 4),
+                                     (torch.int64, False, harness.QUICK_SAMPLES_OTHER, 4)):
         for n in (1, 4, 5, 7, 8, 12, 13, 100, 1440):
-            quick = harness.selection(n, dtype)
+            quick = harness.selection(n, dtype, grad=grad)
             full = harness.pick(n, harness.DEFAULT_MAX_SAMPLES)
             assert set(quick) <= set(full) and quick == sorted(quick)
             assert len(quick) == (len(full) if n <= limit else len(set(full[::step]) | {full[-1]}))
