@@ -31,8 +31,10 @@ pytestmark = pytest.mark.skipif(CONTEXT.launch_blocking,
 
 
 @pytest.fixture(autouse=True)
-def background_compiles(monkeypatch):
-    """On, with two compile threads, whatever this host's default is."""
+def background_compiles(monkeypatch, cache_dir):
+    """On, with two compile threads, whatever this host's default is; a
+    private, empty disk tier (`cache_dir`): these tests need misses that
+    compile, which a shared directory an earlier run filled would serve."""
     if not aco._pools:
         monkeypatch.setattr(aco, "THREADS", 2)
     monkeypatch.setattr(aco, "ENABLED", True)

@@ -135,9 +135,10 @@ def test_compiles_overlapping_in_metrics_and_cache_stats():
     assert "ms wall; " in report and "summed over parallel compiles" in report
 
 
-def test_eager_ops_wall_within_elapsed():
-    """Real eager misses through the executor: the wall time never exceeds
-    the block's elapsed time, nor the summed seconds."""
+def test_eager_ops_wall_within_elapsed(cache_dir):
+    """Real eager misses through the executor (cache_dir: a private, empty disk
+    tier, so they compile): the wall time never exceeds the block's elapsed
+    time, nor the summed seconds by more than the clock's own bracket."""
     a = torch.randn(7, 13, device="tpu")
     t0 = time.perf_counter()
     with debug.capture() as cap:
@@ -148,7 +149,10 @@ def test_eager_ops_wall_within_elapsed():
     if c["count"] == 0:
         pytest.skip("every program was cached already")
     assert 0 < c["wall_seconds"] <= elapsed
-    assert c["wall_seconds"] <= c["seconds"] + 1e-6
+    # Each compile's seconds are timed inside the wall clock's bracket: with
+    # compiles one after another (loads from disk), the wall time is their
+    # sum plus the bracket's few microseconds each (35 us over 0.0217 s seen).
+    assert c["wall_seconds"] <= c["seconds"] + 1e-3 * c["count"]
 
 
 def test_example_summary_compile_fits_in_first_step():

@@ -87,7 +87,8 @@ def test_matches_eager_cpu_over_steps(kind):
             _close(torch.as_tensor(st[k]).float(), torch.as_tensor(ref_st[k]).float())
 
 
-def test_one_program_per_step_with_state_donated_in_place():
+def test_one_program_per_step_with_state_donated_in_place(cache_dir):
+    # cache_dir: a private, empty disk tier, so the step is traced here (counted below)
     model = _model().to("tpu")
     opt = _make_opt("adamw", model.parameters())
 

@@ -50,7 +50,8 @@ def test_opt_out(monkeypatch):
         assert gc.isenabled()
 
 
-def test_collector_paused_during_compile_and_back_after(monkeypatch):
+def test_collector_paused_during_compile_and_back_after(monkeypatch, cache_dir):
+    # cache_dir: a private, empty disk tier, so the ops below compile
     seen = []
     from torch_tpu.runtime import executor
 

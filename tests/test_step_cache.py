@@ -100,7 +100,8 @@ def test_key_follows_module_attributes():
     assert _key_of(_make_step(model, opt, 1.0), model, opt, x, y) != base
 
 
-def test_json_form_rebuilds_the_same_graph():
+def test_json_form_rebuilds_the_same_graph(cache_dir):
+    # cache_dir: a private, empty disk tier, so the step is traced here (counted below)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = torch.randn(4, 8).to("tpu"), torch.randn(4, 2).to("tpu")

@@ -201,10 +201,11 @@ def _lowered_texts(fn):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "complex64", "int32"])
-def test_python_scalars_of_32_bit_ops_enter_in_32_bits(dtype):
+def test_python_scalars_of_32_bit_ops_enter_in_32_bits(dtype, cache_dir):
     """`x * 0.1`, `add(x, y, alpha=2.5)`, `x.clamp(min=-0.3)`: no f64 input, the
-    values CPU's, on the first call (lowered) and the repeated ones (the
-    native kernel's hits narrow the call's own numbers)."""
+    values CPU's, on the first call (lowered: a private, empty disk tier, as a
+    filled one serves the program without lowering it) and the repeated ones
+    (the native kernel's hits narrow the call's own numbers)."""
     import torch
 
     dt = getattr(torch, dtype)
