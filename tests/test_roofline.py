@@ -187,3 +187,47 @@ def test_plot():
     ax = rep.plot(reference="v5e")
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert len(ax.get_lines()) == 4  # two roofs, two programs
+
+
+_WARM_STEP = """
+import json, math, torch, torch_tpu
+import torch_tpu.debug as dbg
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)).to("tpu")
+fwd = torch.compile(m, backend="tpu")
+opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+x, y = torch.randn(24, 96, device="tpu"), torch.randint(0, 10, (24,), device="tpu")
+
+def step():
+    loss = torch.nn.functional.cross_entropy(fwd(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+r = dbg.roofline(step, repeats=2)
+print("RESULT " + json.dumps({"rows": {row.name: row.seconds for row in r.rows},
+                              "notes": r.notes}))
+"""
+
+
+def test_programs_loaded_from_the_cache_are_timed(tmp_path):
+    """A warm process's programs come from the disk cache (graph tier and
+    deserialized eager executables, without an input signature): roofline
+    times them as it times programs compiled in the process (notebook 07
+    run a second time showed them untimed)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"))
+    results = []
+    for _ in range(2):  # cold, then warm on the filled directory
+        proc = subprocess.run([sys.executable, "-c", _WARM_STEP], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        results.append(json.loads(line[len("RESULT "):]))
+    for res in results:
+        assert {"graph_forward", "graph_backward"} <= set(res["rows"]), res
+        assert res["notes"] == [] and all(math.isfinite(s) and s > 0
+                                           for s in res["rows"].values()), res

@@ -499,11 +499,29 @@ def _inputs(compiled):
     return out
 
 
+def _timeable(program):
+    """A jax Compiled of `program` to call on fresh inputs: its own executable,
+    or, for one loaded from the compile cache (a deserialized executable or a
+    graph tier's, which carry no input signature), the program lowered again
+    and compiled here (the same text, so the same machine code)."""
+    compiled = program.compiled
+    try:
+        _ = (compiled.in_avals, compiled.in_tree, compiled.input_shardings)
+        return compiled
+    except Exception:  # noqa: BLE001 - no signature: lower and compile it again
+        pass
+    lowered = program.lowered
+    if lowered is None:
+        raise RuntimeError(f"program {program.name!r} was loaded from the compile cache "
+                           "without its lowered form, so it cannot be run with new inputs")
+    return lowered.compile()
+
+
 def time_program(program, repeats: int = 5) -> float:
     """Median seconds of `repeats` runs of the program's executable, each waited for."""
     import jax
 
-    compiled = program.compiled
+    compiled = _timeable(program)
     donated = bool(getattr(compiled, "donate_argnums", ()))
     flat = _inputs(compiled)
 
