@@ -222,6 +222,40 @@ def test_embedding_bag_sparse_backward_with_padding_idx(mode):
     torch.testing.assert_close(wt.grad.cpu(), w.grad.to_dense())
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_padding_idx_is_an_input_not_a_program(mode):
+    """padding_idx is a runtime input of embedding_bag's programs and of the
+    backwards (registry `traced`): each new value matches CPU and compiles
+    nothing (PyTorch's test_embedding_bag_1D_padding_idx walks every index of
+    its input and spent minutes compiling a program per value)."""
+    from torch_tpu import debug
+
+    idx, off = torch.tensor([1, 2, 0, 4, 0, 3, 2, 1]), torch.tensor([0, 2, 2, 5])
+
+    def both(p):
+        w = torch.randn(10, 3, requires_grad=True)
+        wt = _tpu(w)
+        want = F.embedding_bag(idx, w, off, mode=mode, padding_idx=p)
+        got = F.embedding_bag(idx.to("tpu"), wt, off.to("tpu"), mode=mode, padding_idx=p)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(got.cpu(), want)
+        torch.testing.assert_close(wt.grad.cpu(), w.grad)
+        e = nn.Embedding(10, 3, padding_idx=p)
+        et = nn.Embedding(10, 3, padding_idx=p).to("tpu")
+        et.load_state_dict(e.state_dict())
+        e(idx).sum().backward()
+        et(idx.to("tpu")).sum().backward()
+        torch.testing.assert_close(et.weight.grad.cpu(), e.weight.grad)
+
+    both(0)  # the programs exist from here on (compiled, or hits)
+    with debug.Capture() as cap:
+        for p in (1, 2, 3, 4):
+            both(p)
+    names = [ev.name for ev in cap.compiles]
+    assert not [n for n in names if "embedding" in n], names
+
+
 @pytest.mark.parametrize("pool,shape", [
     (lambda x: F.max_pool2d(x, 2), (0, 3, 8, 8)),
     (lambda x: F.adaptive_max_pool2d(x, 3), (0, 3, 8, 8)),

@@ -66,7 +66,8 @@ def _name(value) -> str:
     text = f"{module}.{qualname}"
     if isinstance(value, registry.Lowering):
         flags = [f"{k}={v!r}" for k, v in (("mutates", value.mutates), ("random", value.random),
-                                           ("eager", value.eager), ("static", value.static))
+                                           ("eager", value.eager), ("static", value.static),
+                                           ("traced", value.traced))
                  if v]
         if flags:
             text += f" ({', '.join(flags)})"

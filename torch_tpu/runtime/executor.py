@@ -693,9 +693,11 @@ class Runner:
     def __init__(self, op, lowering, functional=None):
         self.op = op
         self.plan = Plan(op)
-        if lowering.static:  # Scalars baked into the program (registry.Lowering.static)
-            self.plan.kinds = tuple(_X if a.name in lowering.static else k
-                                    for a, k in zip(self.plan.args, self.plan.kinds))
+        if lowering.static or lowering.traced:  # registry.Lowering.static / .traced:
+            # Scalars baked into the program, ints made runtime inputs
+            self.plan.kinds = tuple(
+                _X if a.name in lowering.static else _S if a.name in lowering.traced else k
+                for a, k in zip(self.plan.args, self.plan.kinds))
         self.lowering = lowering
         # For in-place/out= overloads: the functional overload whose lowering
         # computes the values, and which arguments receive them.

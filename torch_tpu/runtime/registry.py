@@ -76,6 +76,11 @@ class Lowering:
     # structure and hardly ever change (a norm's order), where a runtime value
     # would compile every alternative into one program.
     static: tuple = ()
+    # The opposite: int arguments made runtime inputs (traced scalars, like a
+    # Scalar) instead of part of the program, for values that change from call
+    # to call without changing the program's structure (embedding's
+    # padding_idx): each distinct value would otherwise compile a program.
+    traced: tuple = ()
 
 
 # The fields of a record, and what one of each is called in messages.
@@ -207,13 +212,13 @@ GRAPH_OPS: FieldView = FieldView("graph")  # op -> graph-mode rule (compile.grap
 PADDING_RULES: FieldView = FieldView("padding")  # op -> padding rule (compile.padding.RULES)
 
 
-def lower(*ops, mutates=(), random=False, eager=False, static=()):
+def lower(*ops, mutates=(), random=False, eager=False, static=(), traced=()):
     """Register `fn` as the lowering of each ATen overload in `ops`."""
 
     def deco(fn):
         for op in ops:
-            register(op, "lowering",
-                     Lowering(op, fn, tuple(mutates), random, eager, tuple(static)))
+            register(op, "lowering", Lowering(op, fn, tuple(mutates), random, eager,
+                                              tuple(static), tuple(traced)))
         return fn
 
     return deco

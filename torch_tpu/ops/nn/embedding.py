@@ -21,7 +21,7 @@ aten = torch.ops.aten
 # embedding
 
 
-@lower(aten.embedding.default)
+@lower(aten.embedding.default, traced=("padding_idx",))
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0, mode="clip")
 
@@ -37,15 +37,27 @@ def embedding_renorm(self, indices, max_norm, norm_type):
     return self.at[idx].set(rows * scale)
 
 
-@lower(aten.embedding_dense_backward.default)
+# padding_idx is a runtime input of the programs that read it (`traced`): a
+# program per value would compile once per padding index a model or a test
+# uses (PyTorch's embedding_bag tests walk every index of their input).
+
+
+def _not_padding(indices, padding_idx):
+    """Which indices count: all, or those other than a padding_idx >= 0
+    (a traced scalar in eager programs, a Python int in compiled graphs)."""
+    if padding_idx is None:
+        return jnp.ones(indices.shape, jnp.bool_)
+    return (padding_idx < 0) | (indices != padding_idx)
+
+
+@lower(aten.embedding_dense_backward.default, traced=("padding_idx",))
 @opmath("grad_output")
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     g = grad_output
     d = g.shape[-1]
     idx = indices.reshape(-1)
     g = g.reshape(-1, d)
-    if padding_idx >= 0:
-        g = jnp.where((idx == padding_idx)[:, None], jnp.zeros((), g.dtype), g)
+    g = jnp.where(_not_padding(idx, padding_idx)[:, None], g, jnp.zeros((), g.dtype))
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
         g = g / counts[idx][:, None]
@@ -64,8 +76,7 @@ def _bags(indices, offsets, include_last_offset, padding_idx, nbags):
     else:
         inside = jnp.ones((n,), jnp.bool_)
     valid = inside & (pos >= starts[bag]) if nbags else jnp.zeros((n,), jnp.bool_)
-    if padding_idx is not None and padding_idx >= 0:
-        valid = valid & (indices != padding_idx)
+    valid = valid & _not_padding(indices, padding_idx)
     counts = jax.ops.segment_sum(valid.astype(jnp.int64), bag, num_segments=nbags)
     return bag, valid, counts
 
@@ -108,7 +119,8 @@ def _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
     return out, bag, bag_size, maxi
 
 
-@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+@lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
+       traced=("padding_idx",))
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     return _embedding_bag_impl(weight, indices, offsets, mode, per_sample_weights,
@@ -137,7 +149,7 @@ def _embedding_bag_grad(grad, indices, bag, valid, counts, maximum_indices, num_
     return jnp.zeros((num_weights, d), rows.dtype).at[indices].add(rows)
 
 
-@lower(aten._embedding_bag_backward.default)
+@lower(aten._embedding_bag_backward.default, traced=("padding_idx",))
 def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
                             num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
                             padding_idx=-1):
@@ -148,20 +160,18 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
                                scale_grad_by_freq, mode, per_sample_weights)
 
 
-@lower(aten._embedding_bag_dense_backward.default)
+@lower(aten._embedding_bag_dense_backward.default, traced=("padding_idx",))
 def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
                                   num_weights, scale_grad_by_freq, mode, per_sample_weights,
                                   padding_idx=-1):
     nbags = grad.shape[0]
-    valid = jnp.ones(indices.shape, jnp.bool_)
-    if padding_idx >= 0:
-        valid = indices != padding_idx
+    valid = _not_padding(indices, padding_idx)
     counts = jax.ops.segment_sum(valid.astype(jnp.int64), offset2bag, num_segments=nbags)
     return _embedding_bag_grad(grad, indices, offset2bag, valid, counts, maximum_indices,
                                num_weights, scale_grad_by_freq, mode, per_sample_weights)
 
 
-@lower(aten._embedding_bag_per_sample_weights_backward.default)
+@lower(aten._embedding_bag_per_sample_weights_backward.default, traced=("padding_idx",))
 @opmath("weight")
 def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
                                                padding_idx=-1):
