@@ -84,6 +84,9 @@ def _settings() -> str:
         except Exception:  # an option this JAX does not have
             values.append(f"{name}=?")
     values.append("fallback=" + os.environ.get("TORCH_TPU_CPU_FALLBACK", ""))
+    # lowering choices read from the environment (runtime/xla_flags.py)
+    values.append("cpu_defaults=" + os.environ.get("TORCH_TPU_CPU_XLA_DEFAULTS", ""))
+    values.append("dot_piece=" + os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", ""))
     return "\n".join(values)
 
 

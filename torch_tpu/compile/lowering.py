@@ -141,6 +141,19 @@ class SymbolicMeta:
         return s if d is None else s[d]
 
 
+def _arg_metas(op, n):
+    """Node `n`'s tensor arguments' fake tensors by name (their strides say
+    how each is stored: registry.arg_meta), or None."""
+    if n is None:
+        return None
+    try:
+        bound = calling.bind(op, n.args, n.kwargs)
+    except Exception:  # an argument list the schema does not bind: no layouts
+        return None
+    vals = {k: v.meta.get("val") for k, v in bound.items() if isinstance(v, torch.fx.Node)}
+    return {k: v for k, v in vals.items() if isinstance(v, torch.Tensor)}
+
+
 def _meta_tensor(m):
     if isinstance(m, Meta):
         if not all(isinstance(d, int) for d in m.shape):
@@ -411,7 +424,7 @@ class GraphProgram:
                 ctx, named)
         low = registry.LOWERINGS.get(op)
         if low is not None:
-            return self._apply_lowering(low, op, named, out, tr, name)
+            return self._apply_lowering(low, op, named, out, tr, name, n)
         base = _mutating_base(op)
         if base is not None and base in registry.LOWERINGS and registry.LOWERINGS[base].mutates:
             return self._apply_functional(registry.LOWERINGS[base], base, named, out, tr, name)
@@ -427,17 +440,18 @@ class GraphProgram:
             return decomposed
         return _cpu_callback(op, args, kwargs, out, name)
 
-    def _apply_lowering(self, low, op, named, out, tr, name):
+    def _apply_lowering(self, low, op, named, out, tr, name, n=None):
         fargs, fkw = calling.split(op, {k: _python_value(v) for k, v in named.items()})
         if low.random:
             fkw["rng_key"] = tr.next_rng()
         if low.eager:
             raise LoweringError(f"{name} has a data-dependent output shape")
         registry.CONTEXT.meta_out = _meta_tensor(out)
+        registry.CONTEXT.meta_in = _arg_metas(op, n)
         try:
             result = low.fn(*fargs, **fkw)
         finally:
-            registry.CONTEXT.meta_out = None
+            registry.CONTEXT.meta_out = registry.CONTEXT.meta_in = None
         if low.mutates:
             result, _updates = result
         if out is None:

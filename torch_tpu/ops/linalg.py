@@ -22,9 +22,9 @@ from jax import lax
 
 from . import core
 from .opmath import is_half, opmath_dtype, upcast
-from .registry import lower, out_dtype, out_meta
+from .registry import arg_meta, lower, out_dtype, out_meta
 from ..runtime.precision import lax_precision
-from ..runtime import executor, platform, programs
+from ..runtime import executor, platform, programs, xla_flags
 from ..runtime import storage as st
 from . import fallback
 from ..runtime.context import CONTEXT
@@ -34,14 +34,57 @@ aten = torch.ops.aten
 
 
 
-def _matmul(a, b, acc=None):
+def _matmul(a, b, acc=None, stored=None):
     """a @ b accumulated in `acc` (default: the opmath type for half operands,
-    the operands' own type otherwise)."""
+    the operands' own type otherwise); `stored`: b's meta tensor, how b is
+    stored (registry.arg_meta), if known."""
     if acc is None and is_half(a.dtype):
         acc = opmath_dtype(a.dtype)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
+    if stored is not None and is_half(a.dtype):
+        return _in_pieces(a, b, stored, lambda x, y: jnp.matmul(
+            x, y, precision=lax_precision(), preferred_element_type=acc))
     return jnp.matmul(a, b, precision=lax_precision(), preferred_element_type=acc)
+
+
+def _in_pieces(a, b, stored, product):
+    """product(a, b), a half-precision matrix product, split on XLA:CPU where
+    b is stored transposed (b = W.T, W's rows contiguous: a Linear's weight)
+    and large: along W's rows, in pieces of xla_flags.cpu_dot_piece_bytes()
+    of float32, concatenated.
+
+    XLA:CPU computes that form, when a has more than one row, by making a
+    float32 transposed copy of all of W first: 1 GB of scratch for a Llama
+    LM head on every call, and 2-3x the time of cache-sized pieces. Pieces of
+    W's rows remove both; pieces along the other axis, or of a b stored
+    row-major (which XLA:CPU reads without a copy), are slower than the
+    whole product (docs/benchmarks.md), so only this form is split. Each
+    output element's dot product is computed whole: results are unchanged."""
+    strides = stored.stride()
+    k, n = b.shape[-2:] if b.ndim >= 2 else (0, 0)
+    if (a.ndim < 2 or b.ndim < 2 or stored.dim() != b.ndim or a.shape[-2] < 2 or n < 2
+            or not all(isinstance(x, int) for x in strides[-2:])
+            or strides[-2] != 1 or strides[-1] < k):
+        return product(a, b)
+    piece = xla_flags.cpu_dot_piece_bytes()
+    if not piece or b.size * 4 <= piece or platform.platform() != "cpu":
+        return product(a, b)
+    step = max(1, -(-n // _MAX_PIECES), n * piece // (b.size * 4))
+    w = jnp.swapaxes(b, -1, -2)  # W as stored (cancels the view's transpose)
+    outs = [product(a, jnp.swapaxes(lax.slice_in_dim(w, i, min(i + step, n), axis=w.ndim - 2),
+                                    -1, -2))
+            for i in range(0, n, step)]
+    return jnp.concatenate(outs, axis=-1)
+
+
+_MAX_PIECES = 128  # bounds the program's size: pieces grow past the set bytes
+
+
+def _stored():
+    """The second matrix's meta tensor (mm, bmm, addmm's `mat2`; baddbmm's `batch2`)."""
+    meta = arg_meta("mat2")
+    return arg_meta("batch2") if meta is None else meta
 
 
 def _beta_alpha(self, prod, beta, alpha):
@@ -77,12 +120,13 @@ def _same_dtype(name, *arrays):
 @lower(aten.mm.default, aten.bmm.default, aten.mv.default)
 def mm(a, b):
     _same_dtype("mm", a, b)
-    return _matmul(a, b)
+    return _matmul(a, b, stored=_stored())
 
 
 @lower(aten.mm.dtype, aten.bmm.dtype)
 def mm_dtype(a, b, out_dtype):
-    return _matmul(a, b, acc=jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) else None)
+    return _matmul(a, b, acc=jnp.float32 if jnp.issubdtype(a.dtype, jnp.floating) else None,
+                   stored=_stored())
 
 
 @lower(aten._int_mm.default)
@@ -105,12 +149,15 @@ def vdot(a, b):
 @lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self, a, b, *, beta=1, alpha=1):
     _same_dtype("addmm", self, a, b)
-    return _beta_alpha(self, _matmul(a, b), beta, alpha)
+    return _beta_alpha(self, _matmul(a, b, stored=_stored()),
+                       beta, alpha)
 
 
 @lower(aten.addmm.dtype, aten.baddbmm.dtype)
 def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
-    return _beta_alpha(self, _matmul(a, b, acc=jnp.float32), beta, alpha)
+    return _beta_alpha(self, _matmul(a, b, acc=jnp.float32,
+                                     stored=_stored()),
+                       beta, alpha)
 
 
 @lower(aten.addbmm.default)

@@ -24,6 +24,7 @@ from ..runtime.registry import (  # noqa: F401  (re-exported)
     Lowering,
     OpEntry,
     aten,
+    arg_meta,
     entry,
     graph_op,
     kernel,
@@ -36,6 +37,6 @@ from ..runtime.registry import (  # noqa: F401  (re-exported)
     out_torch_dtype,
 )
 
-__all__ = ["CONTEXT", "FIELDS", "GRAPH_OPS", "KERNELS", "LOWERINGS", "OPS", "PADDING_RULES",
+__all__ = ["arg_meta", "CONTEXT", "FIELDS", "GRAPH_OPS", "KERNELS", "LOWERINGS", "OPS", "PADDING_RULES",
            "FieldView", "Lowering", "OpEntry", "aten", "entry", "graph_op", "kernel", "lower",
            "out_dtype", "out_meta", "out_torch_dtype", "padding_rule", "register", "unregister"]

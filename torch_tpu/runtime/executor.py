@@ -837,16 +837,22 @@ class Runner:
         if large:
             oom.check(name, nbytes, sig.device)
 
+        # the arguments' strides, for lowerings that choose a form by layout
+        # (registry.arg_meta; the key holds every tensor's layout)
+        meta_in = {a.name: m for a, m in zip(plan.args, margs) if isinstance(m, torch.Tensor)}
+        meta_in.update((k, m) for k, m in mkwargs.items() if isinstance(m, torch.Tensor))
+
         def program(arrays, dyn):
             args_v = [_rebuild(r, arrays, dyn) for r in recipes]
             fargs, fkw = calling.split(fplan.args, {a.name: v for a, v in zip(plan.args, args_v)})
             if rng:
                 fkw["rng_key"] = dyn[-1]
             registry.CONTEXT.meta_out = fmeta
+            registry.CONTEXT.meta_in = meta_in
             try:
                 result = lowering.fn(*fargs, **fkw)
             finally:
-                registry.CONTEXT.meta_out = None
+                registry.CONTEXT.meta_out = registry.CONTEXT.meta_in = None
             if is_derived:
                 # Computed in the op's result dtype (PyTorch's rounding), then
                 # cast to the written tensor's dtype by _write, as on CPU.

@@ -261,6 +261,9 @@ def padding_rule(*ops):
 
 class _Context(threading.local):
     meta_out: Any = None  # pytree of meta tensors: what the op returns
+    # argument name -> meta tensor with the argument's strides, where the
+    # caller knows them (eager programs, compiled graphs; not fused traces)
+    meta_in: Any = None
 
 
 CONTEXT = _Context()
@@ -269,6 +272,15 @@ CONTEXT = _Context()
 def out_meta():
     """The meta tensor(s) PyTorch says the op being lowered returns."""
     return CONTEXT.meta_out
+
+
+def arg_meta(name: str) -> Any:
+    """The meta tensor of tensor argument `name` of the op being lowered, with
+    its sizes and strides (how it is stored), or None where the caller does
+    not say. For lowerings whose best XLA form depends on the layout, which
+    the arrays they get (views resolved) do not show; never for values."""
+    meta = CONTEXT.meta_in
+    return None if meta is None else meta.get(name)
 
 
 def out_dtype():

@@ -16,6 +16,19 @@ and writes them on every call. The memory-minimizing schedule converts each
 weight just before its dot: an 8-layer decoding step (hidden 1024, MLP 4096,
 bfloat16) 215 -> 98 ms a call, scratch 2.0x -> 0.25x the weights
 (docs/benchmarks.md, "XLA:CPU's scheduler").
+
+One more default is a lowering choice, not a flag: XLA:CPU computes a
+half-precision product `x @ W.T` (W stored row-major, as a Linear's weight)
+whose x has more than one row by first making a float32, transposed copy of
+all of W: a 128256 x 2048 bfloat16 LM head is 1 GB of scratch on every call,
+and the product runs 2-3x slower than over cache-sized pieces of W's rows.
+On the CPU platform the matrix products (ops/linalg.py) split such a product
+along W's stored rows into pieces of `cpu_dot_piece_bytes()` of float32 (16
+MiB; TORCH_TPU_CPU_DOT_PIECE_MB sets it, 0 or TORCH_TPU_CPU_XLA_DEFAULTS=0
+turns it off). Each output element's dot product is computed whole, so
+results are unchanged (docs/benchmarks.md, "Which bfloat16 dots get a
+float32 copy"). The value is part of the graph and eager tiers' keys
+(cache/graphs.py); the executable tier keys on the program itself.
 """
 
 from __future__ import annotations
@@ -25,6 +38,20 @@ import os
 from .switches import switch_on
 
 CPU_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+DOT_PIECE_MB = 16
+
+
+def cpu_dot_piece_bytes() -> int:
+    """Float32 bytes of one piece of a split half-precision product on
+    XLA:CPU (0: not split). Read when a program is traced."""
+    if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
+        return 0
+    text = os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", "").strip()
+    try:
+        mb = float(text) if text else DOT_PIECE_MB
+    except ValueError:
+        raise ValueError(f"TORCH_TPU_CPU_DOT_PIECE_MB={text!r} is not a number of MiB") from None
+    return max(0, int(mb * 2**20))
 
 
 def add_cpu_defaults() -> None:

@@ -1,0 +1,76 @@
+"""Half-precision products `x @ W.T` on XLA:CPU are split along W's stored
+rows (ops/linalg._in_pieces, runtime/xla_flags.cpu_dot_piece_bytes): XLA:CPU
+would make a float32 transposed copy of all of W first (1 GB for a Llama LM
+head). Results are the same as the whole product's; only that form is split.
+
+The piece size is read when a program is traced and the in-process program
+cache does not key on it, so each case uses shapes no other case here uses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu import debug
+from torch_tpu.runtime import platform
+
+pytestmark = pytest.mark.skipif(platform.platform() != "cpu", reason="XLA:CPU's dots only")
+
+
+def _linear(x, w, piece_mb, monkeypatch):
+    """F.linear on tpu with pieces of `piece_mb` MiB: (result, its mm program)."""
+    monkeypatch.setenv("TORCH_TPU_CPU_DOT_PIECE_MB", str(piece_mb))
+    with debug.Capture() as cap:
+        y = F.linear(x.to("tpu"), w.to("tpu")).cpu()
+    progs = [e.program for e in cap.compiles if e.name in ("aten.mm.default", "aten.bmm.default")]
+    assert len(progs) == 1, [e.name for e in cap.compiles]
+    return y, progs[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_weight_split_into_pieces_same_values_less_scratch(dtype, monkeypatch):
+    w = torch.randn(4096 + 7, 256, dtype=dtype)  # 4.2 MB of float32: 5 pieces of 1 MiB
+    x = torch.randn(6, 256, dtype=dtype)
+    whole, p0 = _linear(x, w, 0, monkeypatch)
+    x2 = torch.randn(7, 256, dtype=dtype)  # another shape: its own program
+    split, p1 = _linear(x2, w, 1, monkeypatch)
+    assert p0.optimized.count(" dot(") == 1
+    assert p1.optimized.count(" dot(") == 5
+    assert p1.memory["temp_size_in_bytes"] < p0.memory["temp_size_in_bytes"] / 3
+    # the whole product of the same rows (one more row: its own program)
+    whole2, _ = _linear(torch.cat([x2, x2[:1]]), w, 0, monkeypatch)
+    torch.testing.assert_close(split, whole2[:-1])
+    torch.testing.assert_close(split, F.linear(x2.float(), w.float()).to(dtype))
+    torch.testing.assert_close(whole, F.linear(x.float(), w.float()).to(dtype))
+
+
+def test_row_major_operand_and_one_row_products_are_left_whole(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_CPU_DOT_PIECE_MB", "1")
+    b = torch.randn(256, 4096 + 11, dtype=torch.bfloat16)  # stored (K, N): read without a copy
+    x = torch.randn(6, 256, dtype=torch.bfloat16)
+    with debug.Capture() as cap:
+        y = (x.to("tpu") @ b.to("tpu")).cpu()
+    [prog] = [e.program for e in cap.compiles if e.name == "aten.mm.default"]
+    assert prog.optimized.count(" dot(") == 1
+    torch.testing.assert_close(y, (x.float() @ b.float()).to(torch.bfloat16))
+    w = torch.randn(4096 + 13, 256, dtype=torch.bfloat16)
+    x1 = torch.randn(1, 256, dtype=torch.bfloat16)  # a decoding step's one row: fused, no copy
+    _, prog1 = _linear(x1, w, 1, monkeypatch)
+    assert prog1.optimized.count(" dot(") == 1
+
+
+def test_compiled_linear_splits_too(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_CPU_DOT_PIECE_MB", "1")
+    lin = torch.nn.Linear(256, 4096 + 17, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    want = lin(x)
+    lt = torch.nn.Linear(256, 4096 + 17, bias=True, dtype=torch.bfloat16).to("tpu")
+    lt.load_state_dict(lin.state_dict())
+    with debug.Capture() as cap:
+        got = torch.compile(lt, backend="tpu")(x.to("tpu")).detach().cpu()
+    dots = sum(e.program.optimized.count(" dot(") for e in cap.compiles
+               if e.program is not None and e.kind == "graph")
+    assert dots == 5, [(e.name, e.kind) for e in cap.compiles]
+    torch.testing.assert_close(got, want.detach())
