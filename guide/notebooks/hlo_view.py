@@ -72,6 +72,12 @@ def program_box(title: str, text: str, summary: str = ""):
     return mo.Html(head + _box(title, _pre(text)))
 
 
+# Mermaid scales a diagram down to its column's width by default: a training
+# step's forward graph (~40 kernels) in a half-page column had unreadable
+# 3-pixel text on the documentation site. At its own size it scrolls in its box.
+_NATURAL_SIZE = '%%{init: {"flowchart": {"useMaxWidth": false}}}%%\n'
+
+
 def fusions_beside_hlo(graph, max_lines: int = 60, max_nodes: int = 80):
     """A FusionGraph drawn (left) next to the optimized HLO it was read from (right)."""
     import marimo as mo
@@ -79,7 +85,7 @@ def fusions_beside_hlo(graph, max_lines: int = 60, max_nodes: int = 80):
     left = _box("what XLA fused: kernels, their ATen ops, bytes between them",
                 '<div style="overflow:auto;max-height:40em;flex:1;'
                 'border:1px solid rgba(128,128,128,0.35);border-radius:4px">'
-                f"{mo.mermaid(graph.to_mermaid(max_nodes=max_nodes)).text}</div>")
+                f"{mo.mermaid(_NATURAL_SIZE + graph.to_mermaid(max_nodes=max_nodes)).text}</div>")
     right = _box("the optimized HLO (what runs)",
                  _pre(readable_hlo(graph.text, max_lines=max_lines), height="40em"))
     return mo.Html(_GRID.format(left + right))
