@@ -42,10 +42,13 @@ def _matmul(a, b, acc=None, stored=None):
         acc = opmath_dtype(a.dtype)
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
+
+    def product(x, y):
+        return jnp.matmul(x, y, precision=lax_precision(), preferred_element_type=acc)
+
     if stored is not None and is_half(a.dtype):
-        return _in_pieces(a, b, stored, lambda x, y: jnp.matmul(
-            x, y, precision=lax_precision(), preferred_element_type=acc))
-    return jnp.matmul(a, b, precision=lax_precision(), preferred_element_type=acc)
+        return _in_pieces(a, b, stored, product)
+    return product(a, b)
 
 
 def _in_pieces(a, b, stored, product):
@@ -61,10 +64,11 @@ def _in_pieces(a, b, stored, product):
     row-major (which XLA:CPU reads without a copy), are slower than the
     whole product (docs/benchmarks.md), so only this form is split. Each
     output element's dot product is computed whole: results are unchanged."""
+    if a.ndim < 2 or b.ndim < 2 or stored.dim() != b.ndim:
+        return product(a, b)
     strides = stored.stride()
-    k, n = b.shape[-2:] if b.ndim >= 2 else (0, 0)
-    if (a.ndim < 2 or b.ndim < 2 or stored.dim() != b.ndim or a.shape[-2] < 2 or n < 2
-            or not all(isinstance(x, int) for x in strides[-2:])
+    k, n = b.shape[-2:]
+    if (a.shape[-2] < 2 or n < 2 or not all(isinstance(x, int) for x in strides[-2:])
             or strides[-2] != 1 or strides[-1] < k):
         return product(a, b)
     piece = xla_flags.cpu_dot_piece_bytes()
@@ -149,15 +153,12 @@ def vdot(a, b):
 @lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self, a, b, *, beta=1, alpha=1):
     _same_dtype("addmm", self, a, b)
-    return _beta_alpha(self, _matmul(a, b, stored=_stored()),
-                       beta, alpha)
+    return _beta_alpha(self, _matmul(a, b, stored=_stored()), beta, alpha)
 
 
 @lower(aten.addmm.dtype, aten.baddbmm.dtype)
 def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
-    return _beta_alpha(self, _matmul(a, b, acc=jnp.float32,
-                                     stored=_stored()),
-                       beta, alpha)
+    return _beta_alpha(self, _matmul(a, b, acc=jnp.float32, stored=_stored()), beta, alpha)
 
 
 @lower(aten.addbmm.default)
