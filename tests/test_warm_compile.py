@@ -264,3 +264,96 @@ def test_a_graph_that_cannot_be_pickled_runs_and_is_not_saved():
     assert code([1]) == ["ran", 1]
     with pytest.raises(pickle.PicklingError, match="not serializable"):
         pickle.dumps(code)
+
+
+# Each fix in artifacts._patch, in one script run cold then warm: guards
+# on the user's objects stay live (another function or module argument, a
+# rebound global: PyTorch's caching precompile dropped them, and the first
+# graph ran for all), a frame that is then not packaged traced beside
+# loaded ones in one module (dynamo's global names), `backward()` inside a
+# compiled function (JAX's generated code under a graph break), a training
+# step whose tensors carry `.grad` (PyTorch's `_Missing` placeholder), and
+# `torch._dynamo.explain` (another backend: never handed a tpu package).
+_SEMANTICS = textwrap.dedent("""
+    import json, warnings
+    import torch, torch_tpu
+    from torch_tpu.compile.persist import artifacts
+
+    def act(x):
+        return x.relu()
+
+    def through_global(x):
+        return act(x) * 2
+
+    def through_arg(x, fn):
+        return fn(x) + 1
+
+    def through_module(x, mod):
+        return mod(x)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_with_backward(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    def with_break(x):
+        y = x.sin()
+        print("", end="")
+        return y.cos()
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        x = torch.randn(8).to("tpu")
+        xc = x.cpu()
+        g = torch.compile(through_global, backend="tpu")
+        f = torch.compile(through_arg, backend="tpu")
+        h = torch.compile(through_module, backend="tpu")
+        ok = [torch.allclose(f(x, torch.relu).cpu(), xc.relu() + 1),
+              torch.allclose(f(x, torch.tanh).cpu(), xc.tanh() + 1),
+              torch.allclose(g(x).cpu(), xc.relu() * 2)]
+        def act(x):  # noqa: F811  rebinding the global through_global calls
+            return x.tanh()
+        ok.append(torch.allclose(g(x).cpu(), xc.tanh() * 2))
+        ok.append(torch.allclose(h(x, torch.nn.ReLU()).cpu(), xc.relu()))
+        ok.append(torch.allclose(h(x, torch.nn.Tanh()).cpu(), xc.tanh()))
+        s = torch.compile(step_with_backward, backend="tpu")
+        xs = torch.randn(8, 16).to("tpu")
+        losses = []
+        for _ in range(3):
+            losses.append(s(xs).item())
+            opt.step()
+            opt.zero_grad()
+        breaks = torch._dynamo.explain(with_break)(x).graph_break_count
+    print(json.dumps({"ok": ok, "losses": losses, "breaks": breaks,
+                      "stats": artifacts.stats(),
+                      "warnings": [str(w.message) for w in record
+                                   if "compile artifact" in str(w.message)
+                                   or "PyTorch compile" in str(w.message)]}))
+""")
+
+
+@pytest.mark.slow
+def test_guards_and_graph_breaks_hold_cold_and_warm(tmp_path):
+    d = _private(tmp_path / "c")
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=d, TORCH_TPU_PRECOMPILE="1")
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _SEMANTICS], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    for r in runs:
+        assert r["ok"] == [True] * 6, r
+        assert r["breaks"] == 1, r
+        assert r["warnings"] == [], r
+    assert warm["losses"] == cold["losses"]
+    assert cold["stats"]["hits"] == 0
+    # Loaded: through_arg, through_module, step_with_backward; through_global
+    # (a guard on the user's global function) is traced in every process.
+    assert warm["stats"]["hits"] == 3, warm
+    assert warm["stats"]["rejected"] == 0, warm

@@ -25,13 +25,14 @@ torch/JAX/torch_tpu) is ignored with one warning, and the function is traced
 and compiled as in a cold process. Writers replace entries atomically, so
 processes warming one directory at once all succeed.
 
-Why opt-in (PyTorch 2.13): caching precompile is process-wide and drops
-dynamo guards it cannot serialize (``ID_MATCH``, ``CLOSURE_MATCH``,
-``DICT_VERSION``: e.g. rebinding a global function a compiled function calls
-is then not noticed); compiled ``optimizer.step`` frames are never packaged
-(their graph holds the parameters by address), so they are traced in every
-process; and the first process computes AOTAutograd's cache key, which
-imports parts of inductor (about a second). See docs/troubleshooting.md.
+Why opt-in (PyTorch 2.13): caching precompile is process-wide; compiled
+``optimizer.step`` frames are never packaged (their graph holds the
+parameters by address), so they are traced in every process; and the first
+process computes AOTAutograd's cache key, which imports parts of inductor.
+PyTorch's own precompile also drops, from the live guards, the guards it
+cannot serialize; here those stay unless they are on torch's own modules
+and functions (_guard_filter), and the patches below mend what PyTorch 2.13
+gets wrong when packaging this backend's frames. See docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import inspect
+import itertools
 import logging
 import os
 import pickle
 import platform
+import re
+import sys
 import threading
 from typing import Any, NoReturn
 
@@ -210,6 +215,17 @@ def _is_optimizer_step(fn: object) -> bool:
     return isinstance(getattr(fn, "__self__", None), torch.optim.Optimizer)
 
 
+def _tpu_backend(callback: object) -> bool:
+    """Is torch_tpu's backend the one under dynamo's wrappers of `callback`?"""
+    for _ in range(16):
+        inner = getattr(callback, "_torchdynamo_orig_backend", None) or \
+            getattr(callback, "compiler_fn", None)
+        if inner is None or inner is callback:
+            break
+        callback = inner
+    return str(getattr(callback, "__module__", None)).split(".", 1)[0] == "torch_tpu"
+
+
 def _package_key(source_id: str, code: Any) -> str:
     """The store key of a function's package: dynamo's id (qualified name and
     first line) plus the function's file and bytecode, so that another script
@@ -247,7 +263,10 @@ def _make_dynamo_cache():
             raise RuntimeError("torch_tpu's package store is read through load(fn)")
 
         def load(self, fn):
-            if _is_optimizer_step(fn):
+            # Called by dynamo's _TorchDynamoContext.__call__ (torch.compile,
+            # torch._dynamo.explain, ...): only a tpu compile gets a tpu package.
+            caller = sys._getframe(1).f_locals.get("self")
+            if _is_optimizer_step(fn) or not _tpu_backend(getattr(caller, "callback", None)):
                 return None
             try:
                 from torch._dynamo.eval_frame import innermost_fn
@@ -261,7 +280,6 @@ def _make_dynamo_cache():
                     counters["dynamo_cache"]["dynamo_cache_miss"] += 1
                     return None
                 entry = pickle.loads(blob)
-                import sys
 
                 if any(code.python_module not in sys.modules for code in entry.dynamo.codes):
                     # A module run without an entry in sys.modules (exec'd
@@ -312,6 +330,9 @@ def save() -> int:
         if all(code.bypassed for code in codes) or \
                 codes[0].python_module.startswith("torch.optim"):
             continue  # nothing to load (optimizer steps are never loaded)
+        if not entry.backends or not all(_is_tpu_entry(getattr(b, "content", None))
+                                         for b in entry.backends.values()):
+            continue  # another backend's (inductor, explain): theirs to keep
         try:
             blob = pickle.dumps(entry)
         except Exception as e:
@@ -370,11 +391,21 @@ def _patch() -> None:
     # 1. A frame whose package is bypassed (a compiled optimizer step) leaves
     #    no serialized guards, which PyTorch 2.13 then asserts on: record an
     #    empty state for the bypassed entry (bypassed entries are never loaded).
+    #    Also: the guards. See _guard_filter.
     init = guards.CheckFunctionManager.__init__
     if not getattr(init, "_torch_tpu", False):
+        sig = inspect.signature(init)
+
         def __init__(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            if kwargs.get("save_guards") and self.guards_state is None:
+            from torch._dynamo import config as dynamo_config
+
+            bound = sig.bind(self, *args, **kwargs)
+            graph = bound.arguments.get("output_graph")
+            bound.arguments["guard_filter_fn"] = _guard_filter(
+                bound.arguments.get("guard_filter_fn"), getattr(graph, "global_scope", None))
+            with dynamo_config.patch(caching_precompile=False):
+                init(*bound.args, **bound.kwargs)
+            if bound.arguments.get("save_guards") and self.guards_state is None:
                 self.guards_state = b""
 
         # (a marker on our wrapper, and a patched method of torch's class)
@@ -423,7 +454,9 @@ def _patch() -> None:
     if not getattr(install, "_torch_tpu", False):
         def _install(self, backends):
             try:
-                return install(self, backends)
+                out = install(self, backends)
+                _past_installed_names(self)
+                return out
             except Exception as e:
                 # Undo it, so that dynamo's fallback (a fresh package, traced
                 # again) can initialize this one anew.
@@ -442,10 +475,129 @@ def _patch() -> None:
         _install._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
         CompilePackage.install = _install  # type: ignore[method-assign]
 
+    # 4. A tensor in a frame's locals is pickled with its `.grad`; a `.grad`
+    #    no guard reads is pickled as PyTorch's `_Missing` placeholder, which
+    #    its loader then assigns to the new tensor's `.grad` and fails ("assigned
+    #    grad expected to be a Tensor or None"), so the package was not
+    #    installed. No guard reads it: load it as None.
+    #    (A classmethod of the same name: the pickles name it as an attribute
+    #    of GuardsStatePickler, in this process and the next.)
+    unpickle_tensor = guards.GuardsStatePickler._unpickle_tensor
+    if not getattr(unpickle_tensor, "_torch_tpu", False):
+        def _unpickle_tensor(cls, meta_tensor, device, pytype, dispatch_keys_raw, grad):
+            if isinstance(grad, guards._Missing):
+                grad = None
+            return unpickle_tensor(meta_tensor, device, pytype, dispatch_keys_raw, grad)
+
+        _unpickle_tensor._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        guards.GuardsStatePickler._unpickle_tensor = classmethod(  # type: ignore[method-assign,assignment]
+            _unpickle_tensor)
+
+    # 5. A frame whose code has no module (generated code, file "<string>":
+    #    JAX's dataclass `__init__`s, run by a torch_tpu op after a graph
+    #    break) cannot be named in a package, and PyTorch 2.13 raises
+    #    PackageError out of the user's call for it. Such a frame gets an
+    #    entry of its own that is bypassed and never saved: it is handled as
+    #    without precompile.
+    code_context = CompilePackage.code_context
+    if not getattr(code_context, "_torch_tpu", False):
+        @contextlib.contextmanager
+        def _code_context(self, code):
+            if code in self._codes or inspect.getmodule(code) is not None:
+                with code_context(self, code):
+                    yield
+                return
+            from torch._dynamo.package import _DynamoCodeCacheEntry
+
+            self._current_entry = _DynamoCodeCacheEntry(
+                python_code=None,  # type: ignore[arg-type]  # never saved
+                python_module="", function_names=[], guarded_codes=[], import_sources={},
+                backend_ids=[], code_source=None, install_to_global=False, bypassed=True)
+            try:
+                yield
+            finally:
+                self._current_entry = None
+
+        _code_context._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        CompilePackage.code_context = _code_context  # type: ignore[method-assign]
+
     for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in logger.filters):
             logger.addFilter(_DropNoise())
+
+
+_UNSERIALIZABLE = ("ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION", "NN_MODULE",
+                   "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH")
+
+
+def _torch_module(value: object) -> bool:
+    return isinstance(value, type(os)) and value.__name__.split(".", 1)[0] in ("torch",
+                                                                               "torch_tpu")
+
+
+def _torch_own(value: object) -> bool:
+    """A module, function or class of torch itself (or of torch_tpu)."""
+    if _torch_module(value):
+        return True
+    name = getattr(value, "__module__", None)
+    return (isinstance(name, str) and name.split(".", 1)[0] in ("torch", "torch_tpu")
+            and callable(value))
+
+
+def _guard_filter(user_filter, global_scope):
+    """The guards a frame keeps, live and in its package.
+
+    PyTorch 2.13's caching precompile drops from the *live* guards every
+    guard it cannot serialize (identity and closure matches, dict versions),
+    so a compiled function later called with another function or module
+    object would run the first one's graph. Here the only ones dropped are
+    on torch's own modules, functions and classes reached through a global
+    that is one of torch's modules (what an ordinary `nn.Module`'s frame
+    holds: `torch.nn.functional`, `F.relu`): rebinding an attribute of torch
+    itself is not noticed. Any other such guard stays, dynamo's serializer
+    refuses it and bypasses the frame's package: that frame is traced in
+    every process, as without precompile, and every packaged frame carries
+    all the other guards it had."""
+    from torch._dynamo.source import get_global_source_name
+
+    def droppable(e):
+        if not (e.guard_type in _UNSERIALIZABLE or "ID_MATCH" in e.derived_guard_types
+                or "DICT_VERSION" in e.derived_guard_types):
+            return False
+        root = get_global_source_name(e.orig_guard.originating_source)
+        return (root is not None and e.has_value and _torch_own(e.value)
+                and _torch_module((global_scope or {}).get(root)))
+
+    def keep(entries):
+        wanted = user_filter(entries) if user_filter is not None else [True] * len(entries)
+        return [bool(ok) and not droppable(e) for ok, e in zip(wanted, entries)]
+
+    return keep
+
+
+_NUMBERED = re.compile(r"^__.*_(\d{1,6})$")
+
+
+def _past_installed_names(package: Any) -> None:
+    """A loaded package puts the globals its cold process named into the
+    frame's module (`__builtins_dict___0`, compiled functions); those names
+    came from dynamo's process-wide counter, which starts again at 0 here, so
+    a frame of the same module traced later in this process (one whose
+    package was bypassed, or a new one) would pick an existing name and fail
+    ("Name ... already exists in scope"). Move the counter past them."""
+    from torch._dynamo import bytecode_transformation as bt
+
+    modules = set(getattr(package, "_installed_globals", {}))
+    for entry in getattr(package, "_codes", {}).values():
+        mod = sys.modules.get(getattr(entry, "python_module", ""))
+        if mod is not None:
+            modules.add(mod)
+    used = [int(m.group(1)) for mod in modules for name in list(vars(mod))
+            if (m := _NUMBERED.match(name))]
+    if used:
+        nxt = next(bt._unique_id_counter)
+        bt._unique_id_counter = itertools.count(max(nxt, max(used) + 1))
 
 
 def _output_code() -> type:
