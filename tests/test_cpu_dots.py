@@ -1,7 +1,12 @@
-"""Half-precision products `x @ W.T` on XLA:CPU are split along W's stored
-rows (ops/linalg._in_pieces, runtime/xla_flags.cpu_dot_piece_bytes): XLA:CPU
-would make a float32 transposed copy of all of W first (1 GB for a Llama LM
-head). Results are the same as the whole product's; only that form is split.
+"""Half-precision products `x @ W.T` on XLA:CPU (ops/linalg._against_stored).
+
+Without native bfloat16 dots (hosts without AMX-BF16, or
+TORCH_TPU_CPU_NATIVE_BF16_DOTS=0) they are split along W's stored rows
+(runtime/xla_flags.cpu_dot_piece_bytes): XLA:CPU would make a float32
+transposed copy of all of W first (1 GB for a Llama LM head). With them
+(AMX-BF16 hosts by default, or =1) a bfloat16 product is one dot reading W as
+stored, which XLA:CPU multiplies in bfloat16 without a float32 copy where the
+host can. Results are the same as the whole product's either way.
 
 The piece size is read when a program is traced and the in-process program
 cache does not key on it, so each case uses shapes no other case here uses.
@@ -17,6 +22,12 @@ from torch_tpu import debug
 from torch_tpu.runtime import platform
 
 pytestmark = pytest.mark.skipif(platform.platform() != "cpu", reason="XLA:CPU's dots only")
+
+
+@pytest.fixture(autouse=True)
+def _pieces_unless_native(monkeypatch):
+    """The piece tests test pieces on any host (AMX hosts default to native)."""
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "0")
 
 
 def _linear(x, w, piece_mb, monkeypatch):
@@ -74,3 +85,65 @@ def test_compiled_linear_splits_too(monkeypatch):
                if e.program is not None and e.kind == "graph")
     assert dots == 5, [(e.name, e.kind) for e in cap.compiles]
     torch.testing.assert_close(got, want.detach())
+
+
+def _native(x, w, on, monkeypatch, op="aten.mm.default"):
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "1" if on else "0")
+    monkeypatch.setenv("TORCH_TPU_CPU_DOT_PIECE_MB", "0")
+    with debug.Capture() as cap:
+        y = (x.to("tpu") @ w.to("tpu").transpose(-1, -2)).cpu()
+    [prog] = [e.program for e in cap.compiles if e.name == op]
+    return y, prog
+
+
+@pytest.mark.parametrize("rows, n, k", [(4, 2048 + 3, 512), (1, 256, 2048 + 5), (1, 2048 + 9, 256)])
+def test_native_bf16_dot_reads_the_weight_as_stored(rows, n, k, monkeypatch):
+    from torch_tpu.runtime.xla_flags import host_has_amx_bf16
+
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    want = (x.float() @ w.float().T).to(torch.bfloat16)
+    y, prog = _native(x, w, True, monkeypatch)
+    torch.testing.assert_close(y, want)
+    assert prog.optimized.count(" dot(") + prog.optimized.count("ynn_fusion =") >= 1
+    # the same product without (another shape: its own program)
+    x2 = torch.cat([x, x[:1]])
+    y2, prog2 = _native(x2, w, False, monkeypatch)
+    torch.testing.assert_close(y2[:rows], want)
+    if host_has_amx_bf16() and (rows > 1 or k >= n):
+        # bfloat16 into XNNPACK's fusion: no float32 copy of W
+        assert "ynn_fusion" in prog.optimized
+        assert prog.memory["temp_size_in_bytes"] < w.numel() * 4 / 3
+    if rows == 1 and n > k:  # a wide W's one row: XLA's fused loop, left as it was
+        assert prog.optimized.count("concatenate(") == 0
+
+
+def test_native_bf16_batched_product(monkeypatch):
+    q = torch.randn(6, 5, 64, dtype=torch.bfloat16)
+    kk = torch.randn(6, 33, 64, dtype=torch.bfloat16)
+    y, _ = _native(q, kk, True, monkeypatch, op="aten.bmm.default")
+    torch.testing.assert_close(y, (q.float() @ kk.float().transpose(-1, -2)).to(torch.bfloat16))
+
+
+def test_native_bf16_dots_follow_the_host_and_the_switches(monkeypatch):
+    from torch_tpu.runtime import xla_flags
+
+    monkeypatch.delenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS")
+    assert xla_flags.cpu_native_bf16_dots() == xla_flags.host_has_amx_bf16()
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "1")
+    assert xla_flags.cpu_native_bf16_dots()
+    monkeypatch.setenv("TORCH_TPU_CPU_XLA_DEFAULTS", "0")
+    assert not xla_flags.cpu_native_bf16_dots()
+    monkeypatch.delenv("TORCH_TPU_CPU_XLA_DEFAULTS")
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "sometimes")
+    with pytest.raises(ValueError, match="TORCH_TPU_CPU_NATIVE_BF16_DOTS"):
+        xla_flags.cpu_native_bf16_dots()
+
+
+def test_native_bf16_dots_are_in_the_graph_key(monkeypatch):
+    from torch_tpu.cache import graphs
+
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "1")
+    on = graphs.key_for("g")
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "0")
+    assert graphs.key_for("g") != on

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import index
 from .index import Index, executable
+from ..runtime.xla_flags import cpu_native_bf16_dots
 
 PREFIX = "torch_tpu-graph-v1:"
 
@@ -87,6 +88,7 @@ def _settings() -> str:
     # lowering choices read from the environment (runtime/xla_flags.py)
     values.append("cpu_defaults=" + os.environ.get("TORCH_TPU_CPU_XLA_DEFAULTS", ""))
     values.append("dot_piece=" + os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", ""))
+    values.append(f"native_bf16_dots={cpu_native_bf16_dots()}")  # resolved: auto follows the host
     return "\n".join(values)
 
 

@@ -46,36 +46,59 @@ def _matmul(a, b, acc=None, stored=None):
     def product(x, y):
         return jnp.matmul(x, y, precision=lax_precision(), preferred_element_type=acc)
 
-    if stored is not None and is_half(a.dtype):
-        return _in_pieces(a, b, stored, product)
+    if stored is not None and is_half(a.dtype) and _stored_transposed(a, b, stored):
+        return _against_stored(a, b, acc, product)
     return product(a, b)
 
 
-def _in_pieces(a, b, stored, product):
-    """product(a, b), a half-precision matrix product, split on XLA:CPU where
-    b is stored transposed (b = W.T, W's rows contiguous: a Linear's weight)
-    and large: along W's rows, in pieces of xla_flags.cpu_dot_piece_bytes()
-    of float32, concatenated.
-
-    XLA:CPU computes that form, when a has more than one row, by making a
-    float32 transposed copy of all of W first: 1 GB of scratch for a Llama
-    LM head on every call, and 2-3x the time of cache-sized pieces. Pieces of
-    W's rows remove both; pieces along the other axis, or of a b stored
-    row-major (which XLA:CPU reads without a copy), are slower than the
-    whole product (docs/benchmarks.md), so only this form is split. Each
-    output element's dot product is computed whole: results are unchanged."""
+def _stored_transposed(a, b, stored):
+    """Is b = W.T with W's rows contiguous (a Linear's weight), by its strides?"""
     if a.ndim < 2 or b.ndim < 2 or stored.dim() != b.ndim:
-        return product(a, b)
+        return False
     strides = stored.stride()
     k, n = b.shape[-2:]
-    if (a.shape[-2] < 2 or n < 2 or not all(isinstance(x, int) for x in strides[-2:])
-            or strides[-2] != 1 or strides[-1] < k):
+    return (n >= 2 and all(isinstance(x, int) for x in strides[-2:]) and strides[-2] == 1
+            and strides[-1] >= k)
+
+
+def _against_stored(a, b, acc, product):
+    """product(a, b), a half-precision product with b = W.T stored as W, in
+    the form XLA:CPU computes fastest on this host (platform "cpu" only).
+
+    - Hosts with AMX-BF16 (xla_flags.cpu_native_bf16_dots): XLA:CPU hands a
+      bfloat16 dot to its XNNPACK fusion, which multiplies bfloat16 natively,
+      only when the dot reads W as stored; `x @ W.T` as JAX writes it (a
+      transpose, then the dot) is computed on float32 copies instead. So the
+      dot contracts W's last axis directly: 10-16x faster for more than one
+      row, no scratch. One row is computed as two (a zero row added) where W
+      is wider than tall; otherwise XLA's fused loop over W is as fast.
+    - Other hosts: XLA:CPU makes a float32, transposed copy of all of W when
+      a has more than one row: 1 GB of scratch for a Llama LM head on every
+      call, and 2-3x the time of cache-sized pieces. Large products are split
+      along W's rows, in pieces of xla_flags.cpu_dot_piece_bytes() of
+      float32, concatenated; pieces along the other axis, or of a b stored
+      row-major (read without a copy), are slower than the whole product.
+
+    Each output element's dot product is computed whole in float32 either way
+    (docs/benchmarks.md, "Which bfloat16 dots get a float32 copy")."""
+    if platform.platform() != "cpu":
         return product(a, b)
+    k, n = b.shape[-2:]
+    rows = a.shape[-2]
+    if (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16 and a.ndim == b.ndim
+            and a.shape[:-2] == b.shape[:-2] and (rows >= 2 or k >= n)
+            and xla_flags.cpu_native_bf16_dots()):
+        w = jnp.swapaxes(b, -1, -2)  # W as stored (cancels the view's transpose)
+        x = a if rows >= 2 else jnp.concatenate([a, jnp.zeros_like(a)], axis=-2)
+        batch = tuple(range(a.ndim - 2))
+        out = lax.dot_general(x, w, (((a.ndim - 1,), (a.ndim - 1,)), (batch, batch)),
+                              precision=lax_precision(), preferred_element_type=acc)
+        return out if rows >= 2 else lax.slice_in_dim(out, 0, 1, axis=a.ndim - 2)
     piece = xla_flags.cpu_dot_piece_bytes()
-    if not piece or b.size * 4 <= piece or platform.platform() != "cpu":
+    if rows < 2 or not piece or b.size * 4 <= piece:
         return product(a, b)
     step = max(1, -(-n // _MAX_PIECES), n * piece // (b.size * 4))
-    w = jnp.swapaxes(b, -1, -2)  # W as stored (cancels the view's transpose)
+    w = jnp.swapaxes(b, -1, -2)
     outs = [product(a, jnp.swapaxes(lax.slice_in_dim(w, i, min(i + step, n), axis=w.ndim - 2),
                                     -1, -2))
             for i in range(0, n, step)]
