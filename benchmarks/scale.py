@@ -341,8 +341,27 @@ def jax_decoder(cfg):
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
         return w * xf.astype(x.dtype)
 
+    # The limit uses the bfloat16 dot forms XLA:CPU computes fastest on this
+    # host, as torch_tpu's lowering does (ops/linalg._against_stored): on an
+    # AMX-BF16 host, a dot reading W as stored (XNNPACK multiplies bfloat16),
+    # one row as two unless W is wider than tall (XLA's fused loop).
+    from torch_tpu.runtime.xla_flags import cpu_native_bf16_dots
+
+    native = jax.default_backend() == "cpu" and cpu_native_bf16_dots()
+
     def linear(x, w, b=None):
-        y = jnp.einsum("...i,oi->...o", x, w)
+        if not (native and x.dtype == jnp.bfloat16):
+            y = jnp.einsum("...i,oi->...o", x, w)
+        else:
+            x2 = x.reshape(-1, x.shape[-1])
+            one = x2.shape[0] == 1
+            if one and w.shape[0] > w.shape[1]:
+                y2 = jnp.matmul(x2, w.T, preferred_element_type=jnp.float32)
+            else:
+                xp = jnp.concatenate([x2, jnp.zeros_like(x2)]) if one else x2
+                y2 = jax.lax.dot_general(xp, w, (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32)[: x2.shape[0]]
+            y = y2.astype(x.dtype).reshape(*x.shape[:-1], w.shape[0])
         return y if b is None else y + b
 
     def rope(x, cos, sin):  # x [B, H, T, hd]; cos/sin [B, 1, T, hd]
