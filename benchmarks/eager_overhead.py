@@ -240,7 +240,14 @@ def large_matmuls(repeats):
         a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
         ja, jb = executor.value(a), executor.value(b)
         prec = "highest" if dtype is torch.float32 else None  # torch_tpu's float32 default
-        jit = jax.jit(lambda x, y, prec=prec: jnp.matmul(x, y, precision=prec))
+        # the same work as torch_tpu's: bfloat16 accumulated in float32, rounded once
+        # (a bfloat16-accumulating jnp.matmul takes a slower XLA:CPU path on AMX hosts)
+        acc = jnp.float32
+
+        def same_work(x, y, prec=prec, acc=acc):
+            return jnp.matmul(x, y, precision=prec, preferred_element_type=acc).astype(x.dtype)
+
+        jit = jax.jit(same_work)
         g_tpu = _gflops(lambda: _wait_tpu(a @ b), flops, repeats)
         g_jit = _gflops(lambda: _wait_jax(jit(ja, jb)), flops, repeats)
         # torch compiles nothing: no warm-up call (its bfloat16 kernel can take

@@ -275,14 +275,18 @@ def _(mo):
     (`benchmarks/results/llama-1b.json`; docs/benchmarks.md has the tables)
     or yours: `python benchmarks/scale.py --json my.json`, then its path below.
 
-    What to look for: on XLA:CPU, decoding is bound by reading the weights, so
-    one whole-model program (`torch.compile`, or the pure-JAX limit) gains
-    little over op-by-op eager; and that program needs float32 scratch copies
-    of the bfloat16 weights (this CPU has no bfloat16 dot), which is its
-    higher peak memory. Loading holds one allocated copy of the weights on
-    every path (the rest of the peak is the checkpoint's file pages, which
-    the kernel can drop). The committed run shared a loaded machine, paths one
-    after another: ratios between paths are good to about 1.5x.
+    What to look for: decoding reads every weight once per token, so its
+    speed is how fast the host streams 2.5 GB through bfloat16 dots. On a CPU
+    with AMX-BF16 (the committed run), XLA:CPU multiplies bfloat16 natively
+    when a dot reads the weight as stored, which torch_tpu's matrix products
+    arrange: compiled decoding is within a few percent of the pure-JAX limit
+    and faster than eager, whose op-by-op dispatch adds up over 16 layers. On
+    a CPU without bfloat16 arithmetic the same products run on float32
+    copies, several times slower (docs/benchmarks.md has both). Peak memory
+    while generating stays within 1.25x the weights plus the KV cache above
+    the runtime's own on every path, and loading holds one allocated copy of
+    the weights (the rest of the peak is the checkpoint's file pages, which
+    the kernel can drop).
     """)
     return
 
