@@ -344,7 +344,7 @@ def jax_decoder(cfg):
     # The limit uses the bfloat16 dot forms XLA:CPU computes fastest on this
     # host, as torch_tpu's lowering does (ops/linalg._against_stored): on an
     # AMX-BF16 host, a dot reading W as stored (XNNPACK multiplies bfloat16),
-    # one row as two unless W is wider than tall (XLA's fused loop).
+    # one row as two where W is wider than tall (a taller W: XLA's fused loop).
     from torch_tpu.runtime.xla_flags import cpu_native_bf16_dots
 
     native = jax.default_backend() == "cpu" and cpu_native_bf16_dots()

@@ -114,7 +114,7 @@ def test_native_bf16_dot_reads_the_weight_as_stored(rows, n, k, monkeypatch):
         # bfloat16 into XNNPACK's fusion: no float32 copy of W
         assert "ynn_fusion" in prog.optimized
         assert prog.memory["temp_size_in_bytes"] < w.numel() * 4 / 3
-    if rows == 1 and n > k:  # a wide W's one row: XLA's fused loop, left as it was
+    if rows == 1 and n > k:  # a tall W's one row: XLA's fused loop, left as it was
         assert prog.optimized.count("concatenate(") == 0
 
 
