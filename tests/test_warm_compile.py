@@ -19,6 +19,7 @@ import textwrap
 import warnings
 
 import pytest
+import torch
 
 from torch_tpu.compile.persist import artifacts
 from torch_tpu.cache import store as _store
@@ -367,3 +368,55 @@ def test_guards_and_graph_breaks_hold_cold_and_warm(tmp_path):
     # (a guard on the user's global function) is traced in every process.
     assert warm["stats"]["hits"] == 4, warm
     assert warm["stats"]["rejected"] == 0, warm
+
+
+# -- the guard policy and the backend check, in-process (fast) ----------------------
+
+
+def _entry(source, guard_type, value):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(guard_type=guard_type, derived_guard_types=(), has_value=True,
+                           value=value, orig_guard=SimpleNamespace(originating_source=source))
+
+
+def test_only_guards_on_torchs_own_objects_through_its_modules_are_dropped():
+    import torch.nn.functional as F
+    from torch._dynamo.source import AttrSource, GlobalSource, LocalSource
+
+    def act(x):
+        return x
+
+    scope = {"F": F, "act": act, "relu": torch.relu}
+    entries = [
+        _entry(AttrSource(GlobalSource("F"), "relu"), "CLOSURE_MATCH", F.relu),  # torch's, via F
+        _entry(GlobalSource("F"), "MODULE_MATCH", F),                           # the module itself
+        _entry(GlobalSource("act"), "CLOSURE_MATCH", act),                      # the user's global
+        _entry(GlobalSource("relu"), "ID_MATCH", torch.relu),  # torch's function, the user's name
+        _entry(LocalSource("fn"), "ID_MATCH", torch.relu),     # an argument: another call may differ
+        _entry(AttrSource(GlobalSource("F"), "relu"), "TENSOR_MATCH", F.relu),  # serializable
+    ]
+    keep = artifacts._guard_filter(None, scope)(entries)
+    assert keep == [False, False, True, True, True, True]
+    # a filter the user passed applies first (PyTorch's skip_guard_on_globals_unsafe, say)
+    keep = artifacts._guard_filter(lambda es: [False] + [True] * (len(es) - 1), scope)(entries)
+    assert keep == [False, False, True, True, True, True]
+    keep = artifacts._guard_filter(lambda es: [True, True, False, True, True, True], scope)(entries)
+    assert keep == [False, False, False, True, True, True]
+
+
+def test_packages_are_for_the_tpu_backend_only():
+    from types import SimpleNamespace
+
+    from torch_tpu.compile import backend
+
+    def wrapped(inner):  # dynamo's wrappers: CatchErrors -> ConvertFrame -> WrapBackendDebug
+        return SimpleNamespace(_torchdynamo_orig_backend=SimpleNamespace(
+            _torchdynamo_orig_backend=SimpleNamespace(compiler_fn=inner)))
+
+    def eager(gm, example_inputs):
+        return gm
+
+    assert artifacts._tpu_backend(wrapped(backend.tpu_backend))
+    assert not artifacts._tpu_backend(wrapped(eager))
+    assert not artifacts._tpu_backend(None)
