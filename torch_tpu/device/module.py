@@ -255,7 +255,10 @@ def memory_stats(device=None) -> dict:
 
 
 def empty_cache() -> None:
-    _memory.empty_cache()
+    """As torch.cuda.empty_cache. On XLA:CPU it first waits for dispatched
+    work, as synchronize() (raising its deferred errors), then returns the
+    process heap's freed memory to the system (device/memory.empty_cache)."""
+    _memory.empty_cache(synchronize if loading.is_loaded() else None)
 
 
 def memory_reserved(device=None) -> int:
