@@ -98,13 +98,15 @@ def _kind_of(name: str) -> str:
     return "other"
 
 
-def _tier() -> str:
+def _tier(known: str | None = None) -> str:
+    """`known` (the executor says where the program came from), else a guess:
+    "disk" if the disk tier counted a hit since the last event. The counter
+    is read either way, so a guess after known events starts from them."""
     global _disk_hits_seen
     hits = _metrics.DISK_CACHE["hits"]
-    if hits != _disk_hits_seen:
-        _disk_hits_seen = hits
-        return "disk"
-    return "compile"
+    hit = hits != _disk_hits_seen
+    _disk_hits_seen = hits
+    return known or ("disk" if hit else "compile")
 
 
 def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=None,
@@ -132,7 +134,7 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
             reason = None
         ev = CompileEvent(
             seq=_seq, name=name, key_hash=key_hash(key), kind=kind,
-            tier=tier or _tier(), seconds=float(seconds), program_bytes=len(text),
+            tier=_tier(tier), seconds=float(seconds), program_bytes=len(text),
             time=time.time(), program=program, reason=reason)
         _events.append(ev)
         TOTALS["compiles"] += 1
@@ -156,8 +158,10 @@ def _on_compile(name, key, seconds, compiled):
     lowered = _PENDING_LOWERED.pop(id(key), None) if _PENDING_LOWERED else None
     if lowered is not None and lowered[0] is not key:
         lowered = None
+    source = getattr(compiled, "_torch_tpu_source", None)  # runtime.programs.mark_source
     record(str(name), key, seconds, compiled,
-           lowered=lowered[1] if lowered is not None else None)
+           lowered=lowered[1] if lowered is not None else None,
+           tier=None if source is None else ("disk" if source == "disk" else "compile"))
 
 
 def _on_lowered(name, key, lowered):

@@ -265,6 +265,7 @@ def compile_pending(p: PendingExecutable, name: str, key: Any, lowered: Any, lev
         programs.STATS.compile_seconds += seconds
         if source == "disk":
             programs.STATS.disk_loads += 1
+    programs.mark_source(compiled, source)
     for listener in programs.COMPILE_LISTENERS:
         try:
             listener(name, key, seconds, compiled)

@@ -902,8 +902,19 @@ def record_compile(name: str, key: Any, seconds: float, compiled: Any, source: s
         STATS.compiles_per_op[name] += 1
         if source == "disk":
             STATS.disk_loads += 1
+    mark_source(compiled, source)
     for listener in COMPILE_LISTENERS:
         listener(name, key, seconds, compiled)
+
+
+def mark_source(compiled: Any, source: str) -> None:
+    """Where the executable came from ("compiled", "disk", ...), on itself for the
+    listeners (debug's compile log): programs compile and load on several threads
+    at once, so a shared counter cannot say which one a disk hit was."""
+    try:
+        compiled._torch_tpu_source = source
+    except AttributeError:  # an executable type without a __dict__
+        pass
 
 
 def get_or_compile(key: tuple, fn: Callable, args: Any, name: str | None = None) -> Any:
