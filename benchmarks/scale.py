@@ -261,9 +261,10 @@ def _memory_ratio(out, base, cfg, cache_len, wbytes):
     """Issue 34's memory bound: the run's peak RSS above the started runtime
     (torch, JAX, the model's code; measured before the model is built) over
     the weights plus the KV cache. Decoding's activations are a few MB."""
-    held = wbytes + kv_cache_bytes(cfg, cache_len)
+    cache = kv_cache_bytes(cfg, cache_len)
+    held = wbytes + cache
     out["runtime_rss_gb"] = base / GB
-    out["kv_cache_gb"] = kv_cache_bytes(cfg, cache_len) / GB
+    out["kv_cache_gb"] = cache / GB
     out["peak_over_model"] = (out["run_peak_rss_gb"] * GB - base) / held
     out["timed_peak_over_model"] = (out["timed_peak_rss_gb"] * GB - base) / held
 

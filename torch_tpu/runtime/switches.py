@@ -21,3 +21,15 @@ def switch_on(name: str) -> bool:
 def switch_set(name: str) -> bool:
     """Is the off-by-default switch `name` turned on?"""
     return os.environ.get(name, "").strip().lower() in _ON
+
+
+def switch_auto(name: str) -> bool | None:
+    """A switch whose default is decided elsewhere: True or False when `name`
+    is set to one of the spellings above, None when it is unset or `auto`;
+    any other value raises ValueError naming the variable."""
+    text = os.environ.get(name, "").strip().lower()
+    if text in ("", "auto"):
+        return None
+    if text in _ON or text in _OFF:
+        return text in _ON
+    raise ValueError(f"{name}={text!r}: expected auto, 1 or 0")

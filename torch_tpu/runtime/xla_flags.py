@@ -38,9 +38,10 @@ float32 copies (`cpu_native_bf16_dots`, TORCH_TPU_CPU_NATIVE_BF16_DOTS).
 
 from __future__ import annotations
 
+import functools
 import os
 
-from .switches import switch_on
+from .switches import switch_auto, switch_on
 
 CPU_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 DOT_PIECE_MB = 16
@@ -59,38 +60,27 @@ def cpu_dot_piece_bytes() -> int:
     return max(0, int(mb * 2**20))
 
 
+@functools.cache
 def host_has_amx_bf16() -> bool:
     """Does this host's CPU have AMX-BF16 (Linux: /proc/cpuinfo's flags)?"""
-    global _AMX
-    if _AMX is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((line for line in f if line.startswith("flags")), "")
-            _AMX = "amx_bf16" in flags.split()
-        except OSError:
-            _AMX = False
-    return _AMX
-
-
-_AMX: bool | None = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_bf16" in flags.split()
 
 
 def cpu_native_bf16_dots() -> bool:
     """Compute bfloat16 `x @ W.T` products against W as stored, so that XLA:CPU
     multiplies bfloat16 natively (ops/linalg._against_stored)?
     TORCH_TPU_CPU_NATIVE_BF16_DOTS: `auto` (default: where the host has
-    AMX-BF16, the only kind measured faster), `1`, `0`. Read when a program
+    AMX-BF16, the only kind measured faster), on or off. Read when a program
     is traced."""
     if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
         return False
-    text = os.environ.get("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "auto").strip().lower() or "auto"
-    if text == "auto":
-        return host_has_amx_bf16()
-    if text in ("1", "true", "on"):
-        return True
-    if text in ("0", "false", "off"):
-        return False
-    raise ValueError(f"TORCH_TPU_CPU_NATIVE_BF16_DOTS={text!r}: expected auto, 1 or 0")
+    choice = switch_auto("TORCH_TPU_CPU_NATIVE_BF16_DOTS")
+    return host_has_amx_bf16() if choice is None else choice
 
 
 def add_cpu_defaults() -> None:

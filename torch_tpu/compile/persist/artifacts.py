@@ -223,7 +223,7 @@ def _tpu_backend(callback: object) -> bool:
         if inner is None or inner is callback:
             break
         callback = inner
-    return str(getattr(callback, "__module__", None)).split(".", 1)[0] == "torch_tpu"
+    return _in_packages(getattr(callback, "__module__", None), ("torch_tpu",))
 
 
 def _package_key(source_id: str, code: Any) -> str:
@@ -527,22 +527,21 @@ def _patch() -> None:
             logger.addFilter(_DropNoise())
 
 
-_UNSERIALIZABLE = ("ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION", "NN_MODULE",
-                   "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH")
+_TORCH = ("torch", "torch_tpu")
+
+
+def _in_packages(module_name: object, packages: tuple = _TORCH) -> bool:
+    return isinstance(module_name, str) and module_name.split(".", 1)[0] in packages
 
 
 def _torch_module(value: object) -> bool:
-    return isinstance(value, type(os)) and value.__name__.split(".", 1)[0] in ("torch",
-                                                                               "torch_tpu")
+    return isinstance(value, type(os)) and _in_packages(value.__name__)
 
 
 def _torch_own(value: object) -> bool:
     """A module, function or class of torch itself (or of torch_tpu)."""
-    if _torch_module(value):
-        return True
-    name = getattr(value, "__module__", None)
-    return (isinstance(name, str) and name.split(".", 1)[0] in ("torch", "torch_tpu")
-            and callable(value))
+    return _torch_module(value) or (callable(value)
+                                    and _in_packages(getattr(value, "__module__", None)))
 
 
 def _guard_filter(user_filter, global_scope):
@@ -559,10 +558,13 @@ def _guard_filter(user_filter, global_scope):
     refuses it and bypasses the frame's package: that frame is traced in
     every process, as without precompile, and every packaged frame carries
     all the other guards it had."""
+    from torch._dynamo.guards import CheckFunctionManager
     from torch._dynamo.source import get_global_source_name
 
+    unserializable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+
     def droppable(e):
-        if not (e.guard_type in _UNSERIALIZABLE or "ID_MATCH" in e.derived_guard_types
+        if not (e.guard_type in unserializable or "ID_MATCH" in e.derived_guard_types
                 or "DICT_VERSION" in e.derived_guard_types):
             return False
         root = get_global_source_name(e.orig_guard.originating_source)
