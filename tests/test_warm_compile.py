@@ -183,9 +183,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _run(cache_dir, background=False):
+def _run(cache_dir, background=False, code=_CHILD):
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir, TORCH_TPU_PRECOMPILE="1")
-    argv = [sys.executable, "-c", _CHILD]
+    argv = [sys.executable, "-c", code]
     if background:
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -349,13 +349,7 @@ _SEMANTICS = textwrap.dedent("""
 @pytest.mark.slow
 def test_guards_and_graph_breaks_hold_cold_and_warm(tmp_path):
     d = _private(tmp_path / "c")
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=d, TORCH_TPU_PRECOMPILE="1")
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _SEMANTICS], env=env, capture_output=True,
-                             text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = [_run(d, code=_SEMANTICS) for _ in range(2)]
     cold, warm = runs
     for r in runs:
         assert r["ok"] == [True] * 7, r
