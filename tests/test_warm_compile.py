@@ -9,6 +9,7 @@ and gets the same results, two cold processes at once, and a warm process
 after the artifacts were corrupted.
 """
 
+import enum
 import json
 import os
 import stat
@@ -16,6 +17,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 
 import pytest
@@ -133,9 +135,13 @@ def test_bad_entries_are_ignored_with_one_warning(tmp_path, fresh_warnings, dama
     assert s.get("dynamo:k") == payload
 
 
-def test_off_by_default(monkeypatch):
+def test_on_by_default_with_a_disk_tier(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_TPU_PRECOMPILE", raising=False)
-    assert not artifacts.enabled()
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path))
+    assert artifacts.enabled()
+    for off in ("0", "off", "No"):
+        monkeypatch.setenv("TORCH_TPU_PRECOMPILE", off)
+        assert not artifacts.enabled()
     monkeypatch.setenv("TORCH_TPU_PRECOMPILE", "1")
     monkeypatch.setenv("TORCH_TPU_CACHE_DIR", "")
     assert not artifacts.enabled()  # no disk tier, nowhere to keep them
@@ -183,8 +189,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _run(cache_dir, background=False, code=_CHILD):
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir, TORCH_TPU_PRECOMPILE="1")
+def _run(cache_dir, background=False, code=_CHILD, **more_env):
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir, **more_env)
+    env.pop("TORCH_TPU_PRECOMPILE", None)  # on by default
     argv = [sys.executable, "-c", code]
     if background:
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -268,13 +275,15 @@ def test_a_graph_that_cannot_be_pickled_runs_and_is_not_saved():
 
 
 # Each fix in artifacts._patch, in one script run cold then warm: guards
-# on the user's objects stay live (another function or module argument, a
-# rebound global: PyTorch's caching precompile dropped them, and the first
-# graph ran for all), a frame that is then not packaged traced beside
-# loaded ones in one module (dynamo's global names), `backward()` inside a
-# compiled function (JAX's generated code under a graph break), a training
-# step whose tensors carry `.grad` (PyTorch's `_Missing` placeholder), and
-# `torch._dynamo.explain` (another backend: never handed a tpu package).
+# on the user's objects stay live and are packaged (another function or
+# module argument, a rebound global: PyTorch's caching precompile dropped
+# them, and the first graph ran for all), a global function that is another
+# one in the warm process (its graph must not run there), a frame traced
+# beside loaded ones in one module (dynamo's global names), `backward()`
+# inside a compiled function (JAX's generated code under a graph break), a
+# training step whose tensors carry `.grad` (PyTorch's `_Missing`
+# placeholder), and `torch._dynamo.explain` (another backend: never handed a
+# tpu package).
 _SEMANTICS = textwrap.dedent("""
     import json, warnings
     import torch, torch_tpu
@@ -294,6 +303,17 @@ _SEMANTICS = textwrap.dedent("""
 
     def through_arg(x, fn):
         return fn(x) + 1
+
+    import os
+    if os.environ.get("VARIANT") == "warm":  # another function by the same name
+        def edited(x):
+            return x.cos()
+    else:
+        def edited(x):
+            return x.sin()
+
+    def through_edited(x):
+        return edited(x) + 3
 
     def through_module(x, mod):
         return mod(x)
@@ -325,6 +345,8 @@ _SEMANTICS = textwrap.dedent("""
         def act(x):  # noqa: F811  rebinding the global through_global calls
             return x.tanh()
         ok.append(torch.allclose(g(x).cpu(), xc.tanh() * 2))
+        want = xc.cos() if os.environ.get("VARIANT") == "warm" else xc.sin()
+        ok.append(torch.allclose(torch.compile(through_edited, backend="tpu")(x).cpu(), want + 3))
         ok.append(torch.allclose(h(x, torch.nn.ReLU()).cpu(), xc.relu()))
         ok.append(torch.allclose(h(x, torch.nn.Tanh()).cpu(), xc.tanh()))
         unsafe = {"guard_filter_fn": torch.compiler.skip_guard_on_globals_unsafe}
@@ -349,54 +371,78 @@ _SEMANTICS = textwrap.dedent("""
 @pytest.mark.slow
 def test_guards_and_graph_breaks_hold_cold_and_warm(tmp_path):
     d = _private(tmp_path / "c")
-    runs = [_run(d, code=_SEMANTICS) for _ in range(2)]
+    runs = [_run(d, code=_SEMANTICS, VARIANT=variant) for variant in ("cold", "warm")]
     cold, warm = runs
     for r in runs:
-        assert r["ok"] == [True] * 7, r
+        assert r["ok"] == [True] * 8, r
         assert r["breaks"] == 1, r
         assert r["warnings"] == [], r
     assert warm["losses"] == cold["losses"]
     assert cold["stats"]["hits"] == 0
-    # Loaded: through_arg, through_module, step_with_backward and, its guard
-    # on a global dropped by the user's filter, through_helper; through_global
-    # (a guard on the user's global function) is traced in every process.
-    assert warm["stats"]["hits"] == 4, warm
+    # All six loaded, guards on the user's global functions included; in
+    # through_edited's package the graph of the other `edited` never runs (its
+    # fingerprint differs), and the function is traced again for this one.
+    assert warm["stats"]["hits"] == 6, warm
     assert warm["stats"]["rejected"] == 0, warm
 
 
-# -- the guard policy and the backend check, in-process (fast) ----------------------
+# -- identity guards and the backend check, in-process (fast) -------------------------
 
 
-def _entry(source, guard_type, value):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(guard_type=guard_type, derived_guard_types=(), has_value=True,
-                           value=value, orig_guard=SimpleNamespace(originating_source=source))
+class Color(enum.Enum):
+    RED = 1
 
 
-def test_only_guards_on_torchs_own_objects_through_its_modules_are_dropped():
+def module_level(x):
+    return x + 1
+
+
+def test_identity_guards_are_kept_for_objects_found_by_name():
+    import pickle
+
     import torch.nn.functional as F
-    from torch._dynamo.source import AttrSource, GlobalSource, LocalSource
 
-    def act(x):
+    def local(x):
         return x
 
-    scope = {"F": F, "act": act, "relu": torch.relu}
-    entries = [
-        _entry(AttrSource(GlobalSource("F"), "relu"), "CLOSURE_MATCH", F.relu),  # torch's, via F
-        _entry(GlobalSource("F"), "MODULE_MATCH", F),                           # the module itself
-        _entry(GlobalSource("act"), "CLOSURE_MATCH", act),                      # the user's global
-        _entry(GlobalSource("relu"), "ID_MATCH", torch.relu),  # torch's function, the user's name
-        _entry(LocalSource("fn"), "ID_MATCH", torch.relu),     # an argument: another call may differ
-        _entry(AttrSource(GlobalSource("F"), "relu"), "TENSOR_MATCH", F.relu),  # serializable
-    ]
-    keep = artifacts._guard_filter(None, scope)(entries)
-    assert keep == [False, False, True, True, True, True]
-    # a filter the user passed applies first (PyTorch's skip_guard_on_globals_unsafe, say)
-    keep = artifacts._guard_filter(lambda es: [False] + [True] * (len(es) - 1), scope)(entries)
-    assert keep == [False, False, True, True, True, True]
-    keep = artifacts._guard_filter(lambda es: [True, True, False, True, True, True], scope)(entries)
-    assert keep == [False, False, False, True, True, True]
+    named = [module_level, F.relu, torch.relu, torch.nn.Linear, enumerate, Color.RED,
+             torch.Tensor.add]
+    for value in named:
+        ref = artifacts._by_name(value)
+        assert ref is not None and pickle.loads(ref) is value, value
+    for value in (local, lambda x: x, torch.nn.Linear(2, 2), object(), [1]):
+        assert artifacts._by_name(value) is None, value
+
+    # The fingerprint follows the code, not the name.
+    def other(x):
+        return x + 2
+
+    same = types.FunctionType(module_level.__code__, globals(), "module_level")
+    assert artifacts._fingerprint(same) == artifacts._fingerprint(module_level)
+    assert artifacts._fingerprint(other) != artifacts._fingerprint(module_level)
+    assert artifacts._fingerprint(torch.nn.Linear) != artifacts._fingerprint(torch.nn.Conv1d)
+
+
+def test_a_guard_state_naming_a_changed_function_is_marked_stale(monkeypatch):
+    import pickle
+
+    class State:
+        pass
+
+    def load(blob):
+        assert blob == b"inner"
+        return State()
+
+    ref = artifacts._by_name(module_level)
+    good = artifacts._PINNED + pickle.dumps(([(ref, artifacts._fingerprint(module_level))],
+                                             b"inner"))
+    assert not hasattr(artifacts._load_guards_state(load, good), "_torch_tpu_stale")
+    bad = artifacts._PINNED + pickle.dumps(([(ref, "another fingerprint")], b"inner"))
+    assert artifacts._load_guards_state(load, bad)._torch_tpu_stale == "module_level"
+    gone = artifacts._PINNED + pickle.dumps(([(b"not a pickle", "x")], b"inner"))
+    assert hasattr(artifacts._load_guards_state(load, gone), "_torch_tpu_stale")
+    # dynamo's own states (no pins) pass through
+    assert isinstance(artifacts._load_guards_state(load, b"inner"), State)
 
 
 def test_packages_are_for_the_tpu_backend_only():

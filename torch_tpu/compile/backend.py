@@ -163,14 +163,19 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
         partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )
+    from torch._functorch import config as functorch_config
+
     try:
         if packaged:
-            with _artifacts.aot_context():
+            # The backward is compiled now, not at the first backward call:
+            # AOTAutograd bundles the pair into the frame's package while
+            # precompile is on, which is only during this frame's compile
+            # (artifacts._scope_to_tpu_compiles).
+            with _artifacts.aot_context(), \
+                    functorch_config.patch(force_non_lazy_backward_lowering=True):
                 return aot(gm, example_inputs)
         if not prebuild:
             return aot(gm, example_inputs)
-        from torch._functorch import config as functorch_config
-
         with functorch_config.patch(force_non_lazy_backward_lowering=True):
             compiled = aot(gm, example_inputs)
         assert made is not None  # prebuild

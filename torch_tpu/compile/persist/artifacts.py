@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import enum
 import hashlib
 import inspect
 import itertools
@@ -49,11 +50,13 @@ import platform
 import re
 import sys
 import threading
+import types
 from typing import Any, NoReturn
 
 from ...cache import disk_store
 from ...cache import store as _store
 from ...cache.graphs import source_fingerprint
+from ...runtime.switches import switch_on
 
 MAGIC = b"TTPUPK01"
 SUFFIX = ".tpk"
@@ -80,10 +83,8 @@ STATS = _Stats()
 
 
 def enabled() -> bool:
-    """Is TORCH_TPU_PRECOMPILE on (and the disk tier configured)?"""
-    if os.environ.get("TORCH_TPU_PRECOMPILE", "0").strip().lower() not in ("1", "true", "on"):
-        return False
-    return _store.configured_dir() is not None
+    """Is TORCH_TPU_PRECOMPILE on (the default) and the disk tier configured?"""
+    return switch_on("TORCH_TPU_PRECOMPILE") and _store.configured_dir() is not None
 
 
 def stats() -> dict:
@@ -216,7 +217,12 @@ def _is_optimizer_step(fn: object) -> bool:
 
 
 def _tpu_backend(callback: object) -> bool:
-    """Is torch_tpu's backend the one under dynamo's wrappers of `callback`?"""
+    """Is torch_tpu's backend the one under dynamo's wrappers of `callback`
+    (or named by it, as in ``backend="tpu"``)?"""
+    if isinstance(callback, str):
+        from torch._dynamo.backends.registry import _COMPILER_FNS
+
+        callback = _COMPILER_FNS.get(callback)
     for _ in range(16):
         inner = getattr(callback, "_torchdynamo_orig_backend", None) or \
             getattr(callback, "compiler_fn", None)
@@ -391,7 +397,6 @@ def _patch() -> None:
     # 1. A frame whose package is bypassed (a compiled optimizer step) leaves
     #    no serialized guards, which PyTorch 2.13 then asserts on: record an
     #    empty state for the bypassed entry (bypassed entries are never loaded).
-    #    Also: the guards. See _guard_filter.
     init = guards.CheckFunctionManager.__init__
     if not getattr(init, "_torch_tpu", False):
         sig = inspect.signature(init)
@@ -400,9 +405,9 @@ def _patch() -> None:
             from torch._dynamo import config as dynamo_config
 
             bound = sig.bind(self, *args, **kwargs)
-            graph = bound.arguments.get("output_graph")
-            bound.arguments["guard_filter_fn"] = _guard_filter(
-                bound.arguments.get("guard_filter_fn"), getattr(graph, "global_scope", None))
+            # Off while the guards are built: PyTorch's precompile would drop
+            # from the live guards every guard it cannot serialize (see
+            # _serialize_guards for what is done with them here).
             with dynamo_config.patch(caching_precompile=False):
                 init(*bound.args, **bound.kwargs)
             if bound.arguments.get("save_guards") and self.guards_state is None:
@@ -461,6 +466,7 @@ def _patch() -> None:
                 # Undo it, so that dynamo's fallback (a fresh package, traced
                 # again) can initialize this one anew.
                 with contextlib.suppress(Exception):
+                    _past_installed_names(self)
                     self.uninstall()
                 self._initialized = False
                 self._codes = {}
@@ -521,61 +527,224 @@ def _patch() -> None:
         _code_context._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
         CompilePackage.code_context = _code_context  # type: ignore[method-assign]
 
+    # 6. Identity guards (a global function the frame calls, a module it
+    #    reads, a function passed as an argument): serialized, where their
+    #    object can be found again by name, with a fingerprint checked on
+    #    load. See _serialize_guards.
+    serialize = guards.CheckFunctionManager.serialize_guards
+    if not getattr(serialize, "_torch_tpu", False):
+        def serialize_guards(self, builder, sorted_guards, output_graph):
+            return _serialize_guards(serialize, self, builder, sorted_guards, output_graph)
+
+        serialize_guards._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        guards.CheckFunctionManager.serialize_guards = serialize_guards  # type: ignore[method-assign]
+    from torch._dynamo import package as dynamo_package
+
+    load_state = dynamo_package.load_guards_state
+    if not getattr(load_state, "_torch_tpu", False):
+        def load_guards_state(blob):
+            return _load_guards_state(load_state, blob)
+
+        load_guards_state._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        dynamo_package.load_guards_state = load_guards_state
+    load_manager = dynamo_package.load_guard_manager
+    if not getattr(load_manager, "_torch_tpu", False):
+        def load_guard_manager(guards_state, target_code, runtime_global_scope):
+            manager = load_manager(guards_state, target_code, runtime_global_scope)
+            stale = getattr(guards_state, "_torch_tpu_stale", None)
+            if stale is not None:
+                # Another object of that name now: this graph never runs here.
+                manager.root.add_lambda_guard(
+                    lambda _: False, [f"torch_tpu: {stale} changed since it was compiled"], None)
+            return manager
+
+        load_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        dynamo_package.load_guard_manager = load_guard_manager
+
+    # 7. Precompile for tpu compiles only (PyTorch's switch is process-wide).
+    _scope_to_tpu_compiles()
+
     for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in logger.filters):
             logger.addFilter(_DropNoise())
 
 
-_TORCH = ("torch", "torch_tpu")
+def _scope_to_tpu_compiles() -> None:
+    """Caching precompile for `torch.compile(..., backend="tpu")` only.
+
+    PyTorch 2.13 has one process-wide switch (``caching_precompile``), read
+    when `torch.compile` wraps a function (make a package, load it), after
+    each frame is compiled (record the package) and by AOTAutograd (bundle
+    the graphs). Here the switch stays off; a tpu compile gets its package at
+    wrap time and the switch is on only while that compile wraps its
+    function and compiles its frames, so another backend in the same process
+    (inductor, eager, `torch._dynamo.explain`) compiles as without torch_tpu.
+    """
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo import convert_frame, eval_frame
+    from torch._dynamo.package import CompilePackage
+
+    optimize = eval_frame._optimize
+    if not getattr(optimize, "_torch_tpu", False):
+        def _optimize(rebuild_ctx, backend="inductor", **kwargs):
+            if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
+                    _tpu_backend(backend):
+                kwargs["package"] = CompilePackage(fn=None, dynamo=None,
+                                                   ignore_inlined_sources=False)
+            return optimize(rebuild_ctx, backend, **kwargs)
+
+        _optimize._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
+        eval_frame._optimize = _optimize
+
+    wrap = eval_frame._TorchDynamoContext.__call__
+    if not getattr(wrap, "_torch_tpu", False):
+        def __call__(self, fn):
+            if getattr(self, "_package", None) is None or dynamo_config.caching_precompile:
+                return wrap(self, fn)
+            with dynamo_config.patch(caching_precompile=True):
+                return wrap(self, fn)
+
+        __call__._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
+        eval_frame._TorchDynamoContext.__call__ = __call__  # type: ignore[method-assign]
+
+    convert = convert_frame.ConvertFrameAssert.__call__
+    if not getattr(convert, "_torch_tpu", False):
+        def convert_call(self, frame, cache_entry, hooks, frame_state, *, skip=0):
+            if self._package is None or dynamo_config.caching_precompile:
+                return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+            with dynamo_config.patch(caching_precompile=True):
+                return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+
+        convert_call._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
+        convert_frame.ConvertFrameAssert.__call__ = convert_call  # type: ignore[method-assign]
 
 
-def _in_packages(module_name: object, packages: tuple = _TORCH) -> bool:
+def _in_packages(module_name: object, packages: tuple) -> bool:
     return isinstance(module_name, str) and module_name.split(".", 1)[0] in packages
 
 
-def _torch_module(value: object) -> bool:
-    return isinstance(value, type(os)) and _in_packages(value.__name__)
+# -- identity guards in packages -------------------------------------------------------
+
+# Guards that match an object by identity. PyTorch 2.13 refuses to serialize
+# them (a frame holding one is not packaged: traced in every process), yet
+# every `nn.Module.forward` that calls a module-level helper or reads a module
+# holds them. An object a pickle names (a module-level function or class, a
+# builtin, an enum member) is the same object in the next process if what
+# bears that name there has the same code; a module is found by name.
+_IDENTITY_GUARDS = frozenset(("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH",
+                              "CLOSURE_MATCH"))
+_PINNED = b"TTPUPIN1"
+_BY_NAME_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+                  types.WrapperDescriptorType, types.ClassMethodDescriptorType, type, enum.Enum)
 
 
-def _torch_own(value: object) -> bool:
-    """A module, function or class of torch itself (or of torch_tpu)."""
-    return _torch_module(value) or (callable(value)
-                                    and _in_packages(getattr(value, "__module__", None)))
+def _code_digest(code: types.CodeType, h: Any) -> None:
+    h.update(code.co_code)
+    for part in (code.co_qualname, *code.co_names, *code.co_varnames, *code.co_freevars,
+                 *code.co_cellvars, f"{code.co_argcount}/{code.co_kwonlyargcount}/{code.co_flags}"):
+        h.update(part.encode() + b"\0")
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(const, h)
+        else:
+            h.update(f"{type(const).__qualname__}:{const!r}".encode("utf-8", "replace") + b"\0")
 
 
-def _guard_filter(user_filter, global_scope):
-    """The guards a frame keeps, live and in its package.
+def _fingerprint(value: object) -> str:
+    """What must hold for a guard on `value`'s identity, rebuilt in another
+    process against the object of the same name, to mean the same: its kind
+    and, for Python code, its bytecode (a class: its methods')."""
+    h = hashlib.sha256(type(value).__qualname__.encode() + b"\0")
+    if isinstance(value, types.FunctionType):
+        _code_digest(value.__code__, h)
+    elif isinstance(value, type):
+        for name, attr in sorted(vars(value).items()):
+            fn = getattr(attr, "__func__", attr)
+            if isinstance(fn, types.FunctionType):
+                h.update(name.encode() + b"\0")
+                _code_digest(fn.__code__, h)
+    return h.hexdigest()
 
-    PyTorch 2.13's caching precompile drops from the *live* guards every
-    guard it cannot serialize (identity and closure matches, dict versions),
-    so a compiled function later called with another function or module
-    object would run the first one's graph. Here the only ones dropped are
-    on torch's own modules, functions and classes reached through a global
-    that is one of torch's modules (what an ordinary `nn.Module`'s frame
-    holds: `torch.nn.functional`, `F.relu`): rebinding an attribute of torch
-    itself is not noticed. Any other such guard stays, dynamo's serializer
-    refuses it and bypasses the frame's package: that frame is traced in
-    every process, as without precompile, and every packaged frame carries
-    all the other guards it had."""
+
+def _by_name(value: object) -> bytes | None:
+    """A pickle that names `value` (module and qualified name) if loading it
+    gives back this very object; None for anything pickled by value."""
+    if not isinstance(value, _BY_NAME_TYPES) or \
+            "<locals>" in (getattr(value, "__qualname__", None) or ""):
+        return None
+    try:
+        ref = pickle.dumps(value)
+        return ref if pickle.loads(ref) is value else None
+    except Exception:
+        return None
+
+
+def _serialize_guards(serialize: Any, manager: Any, builder: Any, sorted_guards: list,
+                      output_graph: Any) -> bytes:
+    """dynamo's serialize_guards, accepting identity guards on objects found
+    by name; their names and fingerprints travel with the guards."""
     from torch._dynamo.guards import CheckFunctionManager
-    from torch._dynamo.source import get_global_source_name
 
-    unserializable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    pins = set()
+    for guard in sorted_guards:
+        kinds = {guard.create_fn_name(), *(guard.guard_types or ())}
+        if not kinds.intersection(unsupported):
+            continue
+        if not kinds.intersection(unsupported) <= _IDENTITY_GUARDS:
+            return serialize(manager, builder, sorted_guards, output_graph)  # PackageError
+        try:
+            value = builder.get(guard)
+        except Exception:
+            return serialize(manager, builder, sorted_guards, output_graph)
+        _keep_builtin(manager, guard.originating_source, output_graph)
+        if inspect.ismodule(value):
+            continue  # dynamo's pickler names modules; import finds the same one
+        ref = _by_name(value)
+        if ref is None:
+            return serialize(manager, builder, sorted_guards, output_graph)
+        pins.add((ref, _fingerprint(value)))
+    CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = tuple(
+        t for t in unsupported if t not in _IDENTITY_GUARDS)
+    try:
+        state = serialize(manager, builder, sorted_guards, output_graph)
+    finally:
+        CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = unsupported
+    if not pins:
+        return state
+    return _PINNED + pickle.dumps((sorted(pins), state))
 
-    def droppable(e):
-        if not (e.guard_type in unserializable or "ID_MATCH" in e.derived_guard_types
-                or "DICT_VERSION" in e.derived_guard_types):
-            return False
-        root = get_global_source_name(e.orig_guard.originating_source)
-        return (root is not None and e.has_value and _torch_own(e.value)
-                and _torch_module((global_scope or {}).get(root)))
 
-    def keep(entries):
-        wanted = user_filter(entries) if user_filter is not None else [True] * len(entries)
-        return [bool(ok) and not droppable(e) for ok, e in zip(wanted, entries)]
+def _keep_builtin(manager: Any, source: Any, output_graph: Any) -> None:
+    """dynamo saves only the builtins its BUILTIN_MATCH guards read; a class
+    guard on one (``enumerate``) needs it in the package too."""
+    from torch._dynamo.source import DictGetItemSource, GlobalSource
 
-    return keep
+    builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
+    if isinstance(source, DictGetItemSource) and isinstance(source.base, GlobalSource) and \
+            source.base.global_name == builtins_name and isinstance(source.index, str):
+        manager.used_builtin_vars.add(source.index)
+
+
+def _load_guards_state(load: Any, blob: bytes) -> Any:
+    """dynamo's load_guards_state; guards whose objects changed (another
+    function now bears the name) are marked, so that their graph never runs."""
+    if not blob.startswith(_PINNED):
+        return load(blob)
+    pins, blob = pickle.loads(blob[len(_PINNED):])
+    state = load(blob)
+    for ref, fingerprint in pins:
+        try:
+            value = pickle.loads(ref)
+            same = _fingerprint(value) == fingerprint
+        except Exception:
+            value, same = None, False
+        if not same:
+            name = getattr(value, "__qualname__", None) or "an object a guard names"
+            object.__setattr__(state, "_torch_tpu_stale", str(name))
+            break
+    return state
 
 
 _NUMBERED = re.compile(r"^__.*_(\d{1,6})$")
@@ -644,12 +813,10 @@ def install() -> bool:
         return False
     if not artifact_store().usable:
         return False
-    import torch._dynamo.config as dynamo_config
     from torch._dynamo import package
 
     _patch()
     package.DynamoCache = _make_dynamo_cache()
-    dynamo_config.caching_precompile = True
     atexit.register(_save_at_exit)
     STATE["installed"] = True
     return True
