@@ -460,3 +460,25 @@ def test_packages_are_for_the_tpu_backend_only():
     assert artifacts._tpu_backend(wrapped(backend.tpu_backend))
     assert not artifacts._tpu_backend(wrapped(eager))
     assert not artifacts._tpu_backend(None)
+
+
+def test_other_backends_compile_as_without_torch_tpu():
+    # PyTorch's switch is process-wide; here only tpu compiles are packaged.
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.package import CompilePackage
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    def on_eager(x):
+        return x.sin() + 1
+
+    def on_tpu(x):
+        return x.cos() + 1
+
+    x = torch.randn(3)
+    assert torch.allclose(torch.compile(on_eager, backend="eager")(x), x.sin() + 1)
+    assert not dynamo_config.caching_precompile
+    assert torch.allclose(torch.compile(on_tpu, backend="tpu")(x.to("tpu")).cpu(), x.cos() + 1)
+    assert not dynamo_config.caching_precompile
+    recorded = PrecompileContext._dynamo_cache_entries
+    assert CompilePackage.source_id_from_fn(on_eager) not in recorded
+    assert CompilePackage.source_id_from_fn(on_tpu) in recorded

@@ -25,6 +25,7 @@ compile/graph.py's docstring.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -153,7 +154,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
     # Static training graphs: AOTAutograd hands over the backward graph at
     # once (not at the first backward call), so that its program compiles
     # in the background from the forward's first call (_prebuild_backward).
-    prebuild = not packaged and prebuild_enabled()
+    # A packaged frame's backward is always lowered at once: AOTAutograd
+    # bundles the pair into the package while precompile is on, which is
+    # only during this frame's compile (artifacts._scope_to_tpu_compiles).
+    prebuild = prebuild_enabled()
     made: list[CompiledGraph] | None = [] if prebuild else None
     aot = aot_autograd(
         fw_compiler=_compiler("forward", options, packaged, made),
@@ -166,21 +170,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
     from torch._functorch import config as functorch_config
 
     try:
-        if packaged:
-            # The backward is compiled now, not at the first backward call:
-            # AOTAutograd bundles the pair into the frame's package while
-            # precompile is on, which is only during this frame's compile
-            # (artifacts._scope_to_tpu_compiles).
-            with _artifacts.aot_context(), \
-                    functorch_config.patch(force_non_lazy_backward_lowering=True):
-                return aot(gm, example_inputs)
-        if not prebuild:
+        if not (prebuild or packaged):
             return aot(gm, example_inputs)
-        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        with (_artifacts.aot_context() if packaged else contextlib.nullcontext()), \
+                functorch_config.patch(force_non_lazy_backward_lowering=True):
             compiled = aot(gm, example_inputs)
-        assert made is not None  # prebuild
-        kinds = [g.kind for g in made]
-        if kinds == ["forward", "backward"] and not made[0].symbolic:
+        kinds = [g.kind for g in made or ()]
+        if made and kinds == ["forward", "backward"] and not made[0].symbolic:
             made[0].backward_graph = made[1]
         return compiled
     finally:

@@ -3,7 +3,7 @@
 - `steps`: `compile_step`'s traced graphs as JSON, so a warm process skips
   the trace (``TORCH_TPU_STEP_CACHE``);
 - `artifacts`: PyTorch's own compile artifacts (dynamo precompile packages,
-  opt-in with ``TORCH_TPU_PRECOMPILE=1``) under the directory's trust check,
+  on by default, ``TORCH_TPU_PRECOMPILE=0`` off) under the directory's trust check,
   and the `ArtifactStore` both use;
 - `_output_code`: a compiled tpu graph in the form AOTAutograd's bundled
   cache pickles.

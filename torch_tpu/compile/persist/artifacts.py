@@ -1,6 +1,7 @@
 """PyTorch's own compile artifacts (dynamo precompile packages) in the cache directory.
 
-Opt-in: ``TORCH_TPU_PRECOMPILE=1``. A process that compiled a function with
+On by default (``TORCH_TPU_PRECOMPILE=0`` turns it off; no disk tier, no
+packages). A process that compiled a function with
 ``torch.compile(backend="tpu")`` leaves, in ``<cache dir>/torch-v1/``, the
 dynamo package of each compiled function (its guards, transformed bytecode
 and, bundled by AOTAutograd, the forward/backward graphs). A later process
@@ -9,7 +10,7 @@ time: it skips dynamo's tracing and AOTAutograd, and the graph tier
 (`torch_tpu.cache.graphs`) loads each graph's executable without lowering
 it. This is PyTorch's "caching precompile"
 (``torch._dynamo.config.caching_precompile``) with its storage replaced by
-this module's.
+this module's, scoped to tpu compiles, and with the guards kept.
 
 Trust model. These artifacts are pickles: loading one runs code chosen by
 whoever wrote it. They are therefore only read from a directory that this
@@ -25,14 +26,25 @@ torch/JAX/torch_tpu) is ignored with one warning, and the function is traced
 and compiled as in a cold process. Writers replace entries atomically, so
 processes warming one directory at once all succeed.
 
-Why opt-in (PyTorch 2.13): caching precompile is process-wide; compiled
-``optimizer.step`` frames are never packaged (their graph holds the
-parameters by address), so they are traced in every process; and the first
-process computes AOTAutograd's cache key, which imports parts of inductor.
-PyTorch's own precompile also drops, from the live guards, the guards it
-cannot serialize; here those stay unless they are on torch's own modules
-and functions (_guard_filter), and the patches below mend what PyTorch 2.13
-gets wrong when packaging this backend's frames. See docs/troubleshooting.md.
+Guards (PyTorch 2.13). PyTorch's precompile drops from the *live* guards
+every guard it cannot serialize, identity guards included, so a compiled
+function called with another function, or calling a global the user
+rebound, would run the first graph. Here every guard stays live; an identity
+guard on an object a pickle can name (a module-level function or class, a
+builtin, an enum member, a module) is serialized with the object's name and
+a fingerprint of its code, and a graph whose guard names an object that is
+different in the loading process (same name, other code) never runs there
+(_serialize_guards). A frame with any other unserializable guard (a lambda,
+an instance matched by identity) is not packaged: it is traced in every
+process, as without precompile.
+
+Scope. PyTorch's switch is process-wide; here it is on only while a tpu
+compile wraps its function and compiles its frames (_scope_to_tpu_compiles),
+so inductor and other backends in the same process compile as without
+torch_tpu. A compiled ``optimizer.step`` is never packaged by PyTorch (its
+graph holds the parameters by address): it is traced in every process. The
+patches in _patch mend what PyTorch 2.13 gets wrong when packaging this
+backend's frames. See docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ import re
 import sys
 import threading
 import types
+import uuid
 from typing import Any, NoReturn
 
 from ...cache import disk_store
@@ -88,7 +101,8 @@ def enabled() -> bool:
 
 
 def stats() -> dict:
-    return {"enabled": STATE["installed"], "hits": STATS.hits, "misses": STATS.misses,
+    on = STATE["installed"] and artifact_store().usable
+    return {"enabled": on, "hits": STATS.hits, "misses": STATS.misses,
             "writes": STATS.writes, "rejected": STATS.rejected}
 
 
@@ -322,14 +336,16 @@ def save() -> int:
         return 0
     from torch._dynamo.precompile_context import PrecompileContext
 
-    s = artifact_store()
-    if not (s.usable and s.writable):
-        return 0
     n = 0
     try:
         entries, _ = PrecompileContext.create_cache_entries()
     except Exception as e:  # pragma: no cover - PyTorch could not assemble them
         _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
+        return 0
+    if not entries:
+        return 0  # (no tpu compile: the store, which imports JAX, is not opened)
+    s = artifact_store()
+    if not (s.usable and s.writable):
         return 0
     for key, entry in entries.items():
         codes = entry.dynamo.codes
@@ -561,6 +577,26 @@ def _patch() -> None:
         load_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
         dynamo_package.load_guard_manager = load_guard_manager
 
+    # 8. AOTAutograd's cache key: its hash of the graph's inductor settings
+    #    imports inductor's code generators (about a second, once a process),
+    #    and a tpu graph is never looked up by it (see aot_context; it is
+    #    found through the package). Only the check that the graph can be
+    #    cached runs.
+    from torch._functorch._aot_autograd import autograd_cache
+
+    cache_key = autograd_cache.autograd_cache_key
+    if not getattr(cache_key, "_torch_tpu", False):
+        def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+            if not getattr(_local, "tpu", False):
+                return cache_key(mod, example_inputs, config, compiler_config_extra)
+            gm = getattr(mod, "gm", mod)  # dynamo's GmWrapper or the module
+            with autograd_cache.sanitize_gm_for_cache(gm):
+                autograd_cache.check_cacheable(gm)
+            return f"{autograd_cache.AOTAUTOGRAD_CACHE_PREFIX}tpu{uuid.uuid4().hex}", []
+
+        autograd_cache_key._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
+        autograd_cache.autograd_cache_key = autograd_cache_key
+
     # 7. Precompile for tpu compiles only (PyTorch's switch is process-wide).
     _scope_to_tpu_compiles()
 
@@ -589,7 +625,7 @@ def _scope_to_tpu_compiles() -> None:
     if not getattr(optimize, "_torch_tpu", False):
         def _optimize(rebuild_ctx, backend="inductor", **kwargs):
             if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
-                    _tpu_backend(backend):
+                    _tpu_backend(backend) and artifact_store().usable:
                 kwargs["package"] = CompilePackage(fn=None, dynamo=None,
                                                    ignore_inlined_sources=False)
             return optimize(rebuild_ctx, backend, **kwargs)
@@ -806,12 +842,13 @@ def serializable_compiler(compile_graph):
 
 
 def install() -> bool:
-    """Turn caching precompile on with this module's storage (when enabled())."""
+    """Turn caching precompile on for tpu compiles, with this module's
+    storage (when enabled()). The directory's trust check runs at the first
+    tpu compile (it needs JAX's versions), not here: this runs at any
+    backend's first `torch.compile`."""
     if STATE["installed"]:
         return True
     if not enabled():
-        return False
-    if not artifact_store().usable:
         return False
     from torch._dynamo import package
 
