@@ -482,3 +482,33 @@ def test_other_backends_compile_as_without_torch_tpu():
     recorded = PrecompileContext._dynamo_cache_entries
     assert CompilePackage.source_id_from_fn(on_eager) not in recorded
     assert CompilePackage.source_id_from_fn(on_tpu) in recorded
+
+
+def test_a_static_graphs_values_travel_as_plain_data():
+    from torch._subclasses import FakeTensorMode
+
+    from torch_tpu.compile.persist import _output_code as oc
+
+    mode = FakeTensorMode()
+    with mode:
+        base = torch.empty(6, 4, device="tpu", requires_grad=True)
+        vals = [base, base.t(), base[1:, 2:], torch.empty(0, 3), (torch.empty(2), 3), None,
+                torch.tensor(1.5, dtype=torch.bfloat16)]
+    for val in vals:
+        back = oc._make(oc._describe(val), FakeTensorMode())
+        for a, b in zip(val if isinstance(val, tuple) else [val],
+                        back if isinstance(back, tuple) else [back]):
+            if isinstance(a, torch.Tensor):
+                assert (b.shape, b.stride(), b.storage_offset(), b.dtype, b.device,
+                        b.requires_grad) == (a.shape, a.stride(), a.storage_offset(), a.dtype,
+                                             a.device, a.requires_grad)
+            else:
+                assert a == b
+    # a symbolic size is not plain data: GraphPickler keeps such graphs' values
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env):
+        sym = torch.empty(shape_env.create_unbacked_symint(), 2)
+    with pytest.raises(TypeError):
+        oc._describe(sym)

@@ -31,8 +31,10 @@ class TpuOutputCode(OutputCode):
         # places (the lazy backward, under no_dispatch) where fake tensors
         # cannot be described.
         try:
+            vals = _static_vals(graph.gm)
+            gm = GraphPickler.dumps(graph.gm, _WITHOUT_VALS if vals is not None else None)
             self._state: dict[str, Any] | None = {
-                "gm": GraphPickler.dumps(graph.gm), "kind": graph.kind,
+                "gm": gm, "vals": vals, "kind": graph.kind,
                 "options": dict(graph.options), "n_user_outputs": graph.n_user_outputs}
         except Exception as e:  # a graph GraphPickler cannot describe: runs, is not saved
             self._state = None
@@ -52,7 +54,10 @@ class TpuOutputCode(OutputCode):
         if s is None:  # only an unpickled graph is rebuilt, and pickling needs the state
             raise RuntimeError("torch_tpu: a tpu graph without its saved state cannot be rebuilt")
         # loads() is typed as object; what was dumped is the graph's GraphModule.
-        gm = cast(GraphModule, GraphPickler.loads(s["gm"], FakeTensorMode(shape_env=ShapeEnv())))
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = cast(GraphModule, GraphPickler.loads(s["gm"], mode))
+        if s.get("vals") is not None:
+            _restore_vals(gm, s["vals"], mode)
         gm.recompile()
         examples = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
         self._graph = CompiledGraph(gm, examples, s["kind"], s["options"],
@@ -85,3 +90,84 @@ class TpuOutputCode(OutputCode):
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
+
+
+# -- node values in a compact form ----------------------------------------------
+
+# GraphPickler describes each node's fake tensor in full (view chains,
+# storages, symbolic sizes), and rebuilding ~50 of them was most of a warm
+# process's first compiled step. A static graph's values need only shape,
+# strides, offset, dtype, device and requires_grad (all the backend reads):
+# those are saved beside the graph, which is pickled without them.
+
+
+def _keep_meta(key: str) -> bool:
+    return key not in ("val", "tensor_meta", "example_value", "source_fn_stack",
+                       "nn_module_stack", "fwd_source_fn_stack")
+
+
+def _without_vals() -> Any:
+    from torch.fx._graph_pickler import Options
+
+    return Options(node_metadata_key_filter=_keep_meta)
+
+
+_WITHOUT_VALS = _without_vals()
+
+
+def _describe(val: Any) -> Any:
+    """A static value as plain data; raises TypeError for anything else."""
+    import torch
+
+    if val is None or isinstance(val, (bool, int, float)) and not isinstance(val, torch.SymInt):
+        return ("c", val)
+    if isinstance(val, torch.Tensor):
+        if val.is_sparse or val.layout != torch.strided or type(val).__name__ not in (
+                "FakeTensor", "Tensor"):
+            raise TypeError("not a plain strided tensor")
+        shape, stride = tuple(val.shape), tuple(val.stride())
+        if not all(type(d) is int for d in shape + stride):
+            raise TypeError("symbolic")
+        return ("t", shape, stride, int(val.storage_offset()), val.dtype, str(val.device),
+                bool(val.requires_grad))
+    if isinstance(val, (list, tuple)):
+        return ("l" if isinstance(val, list) else "u", [_describe(v) for v in val])
+    raise TypeError(type(val).__name__)
+
+
+def _static_vals(gm: GraphModule) -> list | None:
+    """Each node's "val" as plain data, or None (then GraphPickler keeps them)."""
+    try:
+        return [_describe(n.meta.get("val")) for n in gm.graph.nodes]
+    except TypeError:
+        return None
+
+
+def _make(desc: Any, mode: Any) -> Any:
+    """A fake tensor from its description: a meta tensor of that layout,
+    wrapped as fake (no dispatch through the modes active at the first call,
+    which cost a millisecond a tensor)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    kind = desc[0]
+    if kind == "c":
+        return desc[1]
+    if kind in ("l", "u"):
+        items = [_make(d, mode) for d in desc[1]]
+        return items if kind == "l" else tuple(items)
+    _, shape, stride, offset, dtype, device, requires_grad = desc
+    extent = offset if 0 in shape else \
+        offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    with _disable_current_modes():
+        meta = torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        if requires_grad:
+            meta.requires_grad_(True)
+        return FakeTensor(mode, meta, torch.device(device))
+
+
+def _restore_vals(gm: GraphModule, vals: list, mode: Any) -> None:
+    for node, desc in zip(gm.graph.nodes, vals):
+        if desc != ("c", None):
+            node.meta["val"] = _make(desc, mode)
