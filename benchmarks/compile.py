@@ -24,10 +24,11 @@ SGD. A training step is forward + backward + the SGD update.
    (empty cache directory). Target: >= 10x faster. Each side is the median
    of --warm-runs whole processes (default 5): a cold run gets a fresh
    directory, the warm run after it uses the directory that cold run filled.
-   ``--warm-only`` runs just this part. It runs without and with
-   ``TORCH_TPU_PRECOMPILE=1`` (``--precompile``), which also loads the
-   dynamo packages at the ``torch.compile(...)`` calls: the comparison is
-   of those calls plus the first step. Besides the phases below, "gc" is the
+   ``--warm-only`` runs just this part. It runs with the default
+   (precompile on: the warm process also loads the dynamo packages at the
+   ``torch.compile(...)`` calls) and with ``TORCH_TPU_PRECOMPILE=0``
+   (``--precompile``): the comparison is of those calls plus the first step.
+   Besides the phases below, "gc" is the
    cyclic garbage collector's share of the first step (gc.callbacks), and
    ``--profile-warm`` prints the top functions of one warm first step
    (cProfile, cumulative). "second step" is the wall time of the next
@@ -453,7 +454,7 @@ def _warm_runs(args):
     for on in {"off": [False], "on": [True], "both": [False, True]}[args.precompile]:
         cold, warm = warm_start(args.precision, args.warm_runs, args.profile_warm, on,
                                 not args.eager_optimizer)
-        label = "TORCH_TPU_PRECOMPILE=1" if on else "default"
+        label = "default (precompile)" if on else "TORCH_TPU_PRECOMPILE=0"
         if args.eager_optimizer:
             label += ", optimizer step eager (not compiled)"
         out.append(_warm_lines(cold, warm, label))
@@ -484,13 +485,13 @@ def main(argv=None):
     p.add_argument("--profile-warm", action="store_true",
                    help="also profile one warm first step (cProfile, top functions)")
     p.add_argument("--precompile", default="both", choices=["off", "on", "both"],
-                   help="warm start without and/or with TORCH_TPU_PRECOMPILE=1 (dynamo "
-                        "packages in the cache dir)")
+                   help="warm start with TORCH_TPU_PRECOMPILE=0 (off) and/or with the "
+                        "default (on: dynamo packages in the cache dir)")
     p.add_argument("--no-whole-step", action="store_true",
                    help="skip the torch_tpu.compile_step rows (the whole step as one program)")
     p.add_argument("--eager-optimizer", action="store_true",
                    help="warm start: run optimizer.step eagerly (PyTorch never packages a "
-                        "compiled one, so with --precompile it is traced in every process)")
+                        "compiled one, so it is traced in every process)")
     args = p.parse_args(argv)
     n = 30 if args.quick else 100
     if args.warm_only:

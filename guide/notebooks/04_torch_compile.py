@@ -168,7 +168,7 @@ def _(Block, batch, dbg, dim, time, torch):
     print(f"          its {len(first_graphs)} graph programs: {first_programs_s * 1e3:.1f} ms "
           f"({_from_disk} loaded from disk, {len(first_graphs) - _from_disk} compiled); the other "
           f"{max(compiled_times[0] - first_programs_s, 0.0) * 1e3:.1f} ms: tracing (dynamo, "
-          "AOTAutograd) and the run")
+          "AOTAutograd; none when its package was loaded) and the run")
     print(f"loss eager {eager_loss:.6f} vs compiled {compiled_loss:.6f}")
     return (block, block_inputs, compiled_block, compiled_loss, compiled_times, eager_loss,
             eager_times, first_graphs, first_programs_s, train_step)
@@ -193,17 +193,18 @@ def plot_compile_vs_step(compiled_times, eager_times, plt):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Why the compiled first step is slow even on a warm cache.** Run this
-    notebook a second time: its graph programs then come from the disk cache
-    in milliseconds (the line above says how many were loaded), yet the first
-    compiled step stays far longer than those loads. The difference is dynamo
-    and AOTAutograd tracing `train_step`'s Python code again in the new process:
-    the executables are cached, the traces are not. Eager mode has no trace
-    to redo, so its first step is short once its op programs are cached.
-    Keeping the traces as well is PyTorch's caching precompile
-    (`TORCH_TPU_PRECOMPILE=1`): opt-in, because it drops the guards it cannot
-    save, and it cannot yet package every step (this block's backward is one
-    it refuses; the docs' troubleshooting page lists what it skips).
+    **What a warm cache saves.** Run this notebook a second time: its graph
+    programs then come from the disk cache in milliseconds (the line above
+    says how many were loaded), and dynamo's package for `Block.forward` (its
+    guards, its transformed bytecode, AOTAutograd's forward and backward
+    graphs) is loaded at the `torch.compile(...)` call, so the first compiled
+    step traces nothing and comes close to the steady ones. This is PyTorch's
+    caching precompile, on by default for `backend="tpu"`
+    (`TORCH_TPU_PRECOMPILE=0` turns it off; then every new process traces
+    again). Every guard stays: a helper function that is different in the
+    new process makes its graph unused there, not wrong. The docs'
+    troubleshooting page lists what cannot be packaged (a compiled
+    `optimizer.step`, a frame guarded on a lambda).
     """)
     return
 

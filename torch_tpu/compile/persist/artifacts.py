@@ -617,6 +617,7 @@ def _scope_to_tpu_compiles() -> None:
     function and compiles its frames, so another backend in the same process
     (inductor, eager, `torch._dynamo.explain`) compiles as without torch_tpu.
     """
+    import torch
     import torch._dynamo.config as dynamo_config
     from torch._dynamo import convert_frame, eval_frame
     from torch._dynamo.package import CompilePackage
@@ -638,6 +639,14 @@ def _scope_to_tpu_compiles() -> None:
         def __call__(self, fn):
             if getattr(self, "_package", None) is None or dynamo_config.caching_precompile:
                 return wrap(self, fn)
+            target = eval_frame.innermost_fn(fn.forward if isinstance(fn, torch.nn.Module)
+                                             else fn)
+            if not hasattr(target, "__code__"):
+                # A builtin (`torch.compile(torch.linalg.inv)`): no code to
+                # package, and PyTorch 2.13 fails making one. Compiled as
+                # without precompile.
+                _drop_package(self)
+                return wrap(self, fn)
             with dynamo_config.patch(caching_precompile=True):
                 return wrap(self, fn)
 
@@ -654,6 +663,20 @@ def _scope_to_tpu_compiles() -> None:
 
         convert_call._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
         convert_frame.ConvertFrameAssert.__call__ = convert_call  # type: ignore[method-assign]
+
+
+def _drop_package(context: Any) -> None:
+    """Detach a tpu compile's package from its context and from the frame
+    converters under it (dynamo's CatchErrors -> ConvertFrame -> ConvertFrameAssert)."""
+    context._package = None
+    obj = getattr(context, "callback", None)
+    for _ in range(8):
+        if obj is None:
+            break
+        if hasattr(obj, "_package"):
+            obj._package = None
+        obj = getattr(obj, "_inner_convert", None) or \
+            getattr(obj, "_torchdynamo_orig_backend", None)
 
 
 def _in_packages(module_name: object, packages: tuple) -> bool:
