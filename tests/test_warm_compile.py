@@ -512,3 +512,14 @@ def test_a_static_graphs_values_travel_as_plain_data():
         sym = torch.empty(shape_env.create_unbacked_symint(), 2)
     with pytest.raises(TypeError):
         oc._describe(sym)
+
+
+def test_a_functions_fingerprint_is_the_same_in_another_process():
+    # (string hashing differs by process: a set constant's order must not matter)
+    code = ("from torch_tpu.compile.persist import artifacts\n"
+            "def f(x):\n    return x in {'relu', 'gelu', 'tanh', 'silu'}\n"
+            "print(artifacts._fingerprint(f))")
+    prints = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONHASHSEED=str(seed)),
+                             timeout=300).stdout.strip() for seed in (1, 2, 3)}
+    assert len(prints) == 1 and len(prints.pop()) == 64

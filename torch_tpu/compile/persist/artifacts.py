@@ -577,7 +577,7 @@ def _patch() -> None:
         load_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
         dynamo_package.load_guard_manager = load_guard_manager
 
-    # 8. AOTAutograd's cache key: its hash of the graph's inductor settings
+    # 7. AOTAutograd's cache key: its hash of the graph's inductor settings
     #    imports inductor's code generators (about a second, once a process),
     #    and a tpu graph is never looked up by it (see aot_context; it is
     #    found through the package). Only the check that the graph can be
@@ -597,7 +597,7 @@ def _patch() -> None:
         autograd_cache_key._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
         autograd_cache.autograd_cache_key = autograd_cache_key
 
-    # 7. Precompile for tpu compiles only (PyTorch's switch is process-wide).
+    # 8. Precompile for tpu compiles only (PyTorch's switch is process-wide).
     _scope_to_tpu_compiles()
 
     for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
@@ -706,6 +706,8 @@ def _code_digest(code: types.CodeType, h: Any) -> None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code_digest(const, h)
+        elif isinstance(const, frozenset):  # (`x in {"a", "b"}`: its order varies by process)
+            h.update(("frozenset:" + "|".join(sorted(map(repr, const)))).encode() + b"\0")
         else:
             h.update(f"{type(const).__qualname__}:{const!r}".encode("utf-8", "replace") + b"\0")
 
