@@ -706,10 +706,19 @@ def _code_digest(code: types.CodeType, h: Any) -> None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code_digest(const, h)
-        elif isinstance(const, frozenset):  # (`x in {"a", "b"}`: its order varies by process)
-            h.update(("frozenset:" + "|".join(sorted(map(repr, const)))).encode() + b"\0")
         else:
-            h.update(f"{type(const).__qualname__}:{const!r}".encode("utf-8", "replace") + b"\0")
+            h.update(_const_text(const).encode("utf-8", "replace") + b"\0")
+
+
+def _const_text(const: object) -> str:
+    """A constant as text that is the same in every process: a set's
+    elements sorted (`x in {"a", "b"}`; string hashing, and so a frozenset's
+    order, differs by process)."""
+    if isinstance(const, frozenset):
+        return "frozenset:{" + "|".join(sorted(_const_text(c) for c in const)) + "}"
+    if isinstance(const, tuple):
+        return "tuple:(" + "|".join(_const_text(c) for c in const) + ")"
+    return f"{type(const).__qualname__}:{const!r}"
 
 
 def _fingerprint(value: object) -> str:
