@@ -22,23 +22,34 @@ from ..graph import CompiledGraph
 class TpuOutputCode(OutputCode):
     """A `CompiledGraph` that AOTAutograd can bundle into its cache entry."""
 
-    def __init__(self, graph):
-        from torch.fx._graph_pickler import GraphPickler
-
+    def __init__(self, graph: Any, frozen: dict | str) -> None:
+        """`frozen`: `freeze(gm)` of the graph as AOTAutograd handed it over,
+        taken before `CompiledGraph` rewrote it (effects.hoist moves
+        linalg's error checks out of the graph, and a rebuilt graph must
+        find them again); a string says why it could not be."""
         self._graph = graph
         self._boxed_call = True
-        # Serialized now: AOTAutograd copies and pickles the result later, in
-        # places (the lazy backward, under no_dispatch) where fake tensors
-        # cannot be described.
+        if isinstance(frozen, str):  # a graph GraphPickler cannot describe: runs, is not saved
+            self._state: dict[str, Any] | None = None
+            self._unpicklable = frozen
+        else:
+            self._state = {**frozen, "kind": graph.kind, "options": dict(graph.options),
+                           "n_user_outputs": graph.n_user_outputs}
+
+    @staticmethod
+    def freeze(gm: GraphModule) -> dict | str:
+        """The graph as bytes (and its node values as plain data where it is
+        static), or why it cannot be: taken at once, since AOTAutograd copies
+        and pickles the result later, in places (the lazy backward, under
+        no_dispatch) where fake tensors cannot be described."""
+        from torch.fx._graph_pickler import GraphPickler
+
         try:
-            vals = _static_vals(graph.gm)
-            gm = GraphPickler.dumps(graph.gm, _WITHOUT_VALS if vals is not None else None)
-            self._state: dict[str, Any] | None = {
-                "gm": gm, "vals": vals, "kind": graph.kind,
-                "options": dict(graph.options), "n_user_outputs": graph.n_user_outputs}
-        except Exception as e:  # a graph GraphPickler cannot describe: runs, is not saved
-            self._state = None
-            self._unpicklable = f"{type(e).__name__}: {e}"
+            vals = _static_vals(gm)
+            return {"gm": GraphPickler.dumps(gm, _WITHOUT_VALS if vals is not None else None),
+                    "vals": vals}
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
 
     def __call__(self, inputs: Any) -> Any:
         if self._graph is None:

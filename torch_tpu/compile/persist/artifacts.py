@@ -626,7 +626,7 @@ def _scope_to_tpu_compiles() -> None:
     if not getattr(optimize, "_torch_tpu", False):
         def _optimize(rebuild_ctx, backend="inductor", **kwargs):
             if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
-                    _tpu_backend(backend) and artifact_store().usable:
+                    _tpu_backend(backend) and enabled() and artifact_store().usable:
                 kwargs["package"] = CompilePackage(fn=None, dynamo=None,
                                                    ignore_inlined_sources=False)
             return optimize(rebuild_ctx, backend, **kwargs)
@@ -841,7 +841,7 @@ def _past_installed_names(package: Any) -> None:
         bt._unique_id_counter = itertools.count(max(nxt, max(used) + 1))
 
 
-def _output_code() -> type:
+def _output_code() -> Any:
     """TpuOutputCode (imports torch._inductor's output code: only where
     precompile entries are read or written)."""
     from ._output_code import TpuOutputCode  # lazy: torch._inductor, for precompile only
@@ -870,7 +870,8 @@ def serializable_compiler(compile_graph):
     TpuOutputCode = _output_code()
 
     def compile_output_code(gm, example_inputs):
-        return TpuOutputCode(compile_graph(gm, example_inputs))
+        frozen = TpuOutputCode.freeze(gm)  # before CompiledGraph rewrites gm
+        return TpuOutputCode(compile_graph(gm, example_inputs), frozen)
 
     return SerializableAOTDispatchCompiler(TpuOutputCode, compile_output_code)
 
