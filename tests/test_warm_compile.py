@@ -170,6 +170,8 @@ _CHILD = textwrap.dedent("""
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         loss_fn = torch.compile(forward_loss, backend="tpu")
+        from torch_tpu.compile.persist import _output_code
+        paired = len(_output_code._UNBUILT)  # loaded backward graphs, each paired
         losses = []
         for _ in range(3):
             opt.zero_grad()
@@ -181,6 +183,7 @@ _CHILD = textwrap.dedent("""
         "losses": losses,
         "captured": counters["stats"]["calls_captured"],
         "aot": counters["aot_autograd"]["total"],
+        "paired": paired, "unbuilt": len(_output_code._UNBUILT),
         "stats": artifacts.stats(),
         "warnings": [str(w.message) for w in record
                      if "compile artifact" in str(w.message)
@@ -228,6 +231,8 @@ def test_cold_then_warm_process_skips_dynamo_and_aot(tmp_path):
     assert warm["aot"] == 0, warm       # nor did AOTAutograd run
     assert warm["losses"] == colds[0]["losses"]
     assert warm["warnings"] == []
+    # The backward graph was rebuilt with the forward, at its first call.
+    assert warm["paired"] == 1 and warm["unbuilt"] == 0, warm
 
     # Corrupted entries: one warning, traced again, the same results.
     for path in _entries(d):

@@ -114,7 +114,7 @@ def _partition_fn(options):
     return partitioners.default_partition
 
 
-def _compiler(kind, options, packaged=False, made=None):
+def _compiler(kind, options, packaged=False, made=None, pending=None):
     def compile_graph(gm, example_inputs):
         graph = CompiledGraph(gm, example_inputs, kind, options)
         if made is not None:
@@ -123,7 +123,7 @@ def _compiler(kind, options, packaged=False, made=None):
 
     if packaged:
         # TORCH_TPU_PRECOMPILE: graphs AOTAutograd can bundle into packages.
-        return _artifacts.serializable_compiler(compile_graph)
+        return _artifacts.serializable_compiler(compile_graph, pending)
     return compile_graph
 
 
@@ -159,9 +159,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
     # only during this frame's compile (artifacts._scope_to_tpu_compiles).
     prebuild = prebuild_enabled()
     made: list[CompiledGraph] | None = [] if prebuild else None
+    pending: list[Any] = []  # (packaged: pairs the frame's forward and backward)
     aot = aot_autograd(
-        fw_compiler=_compiler("forward", options, packaged, made),
-        bw_compiler=_compiler("backward", options, packaged, made),
+        fw_compiler=_compiler("forward", options, packaged, made, pending),
+        bw_compiler=_compiler("backward", options, packaged, made, pending),
         inference_compiler=_compiler("inference", options, packaged),
         decompositions=decompositions(),
         partition_fn=_partition_fn(options),

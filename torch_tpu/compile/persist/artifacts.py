@@ -862,16 +862,26 @@ def packaged(gm: object) -> bool:
     return STATE["installed"] and getattr(gm, "_backend_id", None) is not None
 
 
-def serializable_compiler(compile_graph):
+def serializable_compiler(compile_graph: Any, pending: list | None = None) -> Any:
     """`compile_graph` (gm, example_inputs) -> CompiledGraph, as the
-    serializable compiler AOTAutograd bundles into packages."""
+    serializable compiler AOTAutograd bundles into packages. The forward
+    and backward compilers of one frame share `pending`: a backward is
+    paired with the forward before it (TpuOutputCode.pair_with), before
+    AOTAutograd saves the two."""
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
     TpuOutputCode = _output_code()
 
     def compile_output_code(gm, example_inputs):
         frozen = TpuOutputCode.freeze(gm)  # before CompiledGraph rewrites gm
-        return TpuOutputCode(compile_graph(gm, example_inputs), frozen)
+        graph = compile_graph(gm, example_inputs)
+        code = TpuOutputCode(graph, frozen)
+        if pending is not None:
+            if graph.kind == "forward":
+                pending[:] = [code]
+            elif graph.kind == "backward" and pending:
+                pending.pop().pair_with(code)
+        return code
 
     return SerializableAOTDispatchCompiler(TpuOutputCode, compile_output_code)
 
