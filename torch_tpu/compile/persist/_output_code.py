@@ -63,11 +63,10 @@ class TpuOutputCode(OutputCode):
 
     def __call__(self, inputs: Any) -> Any:
         if self._graph is None:
-            self._graph = _graph_of(self._state)
-            pair = self._state.get("pair") if self._state is not None else None
-            if pair is not None and self._state is not None and \
-                    self._state["kind"] == "forward":
-                backward = _UNBUILT.pop(pair, None)
+            self._graph = _graph_of(self._state)  # (raises without a state)
+            assert self._state is not None
+            if self._state["kind"] == "forward" and "pair" in self._state:
+                backward = _UNBUILT.pop(self._state["pair"], None)
                 if backward is not None:
                     _graph_of(backward)
         return self._graph(inputs)
@@ -142,8 +141,10 @@ def _graph_of(state: dict | None) -> CompiledGraph:
 
 
 def _keep_meta(key: str) -> bool:
-    return key not in ("val", "tensor_meta", "example_value", "source_fn_stack",
-                       "nn_module_stack", "fwd_source_fn_stack")
+    from torch.fx._graph_pickler import _node_metadata_key_filter_safe
+
+    return key not in ("val", "tensor_meta", "example_value") and \
+        _node_metadata_key_filter_safe(key)  # (GraphPickler's default filter)
 
 
 def _without_vals() -> Any:
@@ -159,7 +160,7 @@ def _describe(val: Any) -> Any:
     """A static value as plain data; raises TypeError for anything else."""
     import torch
 
-    if val is None or isinstance(val, (bool, int, float)) and not isinstance(val, torch.SymInt):
+    if val is None or isinstance(val, (bool, int, float)):  # (SymInt/SymFloat are neither)
         return ("c", val)
     if isinstance(val, torch.Tensor):
         if val.is_sparse or val.layout != torch.strided or type(val).__name__ not in (

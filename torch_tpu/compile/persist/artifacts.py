@@ -756,25 +756,10 @@ def _serialize_guards(serialize: Any, manager: Any, builder: Any, sorted_guards:
     by name; their names and fingerprints travel with the guards."""
     from torch._dynamo.guards import CheckFunctionManager
 
+    pins = _identity_pins(manager, builder, sorted_guards, output_graph)
+    if pins is None:  # dynamo refuses them (PackageError): the frame is not packaged
+        return serialize(manager, builder, sorted_guards, output_graph)
     unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-    pins = set()
-    for guard in sorted_guards:
-        kinds = {guard.create_fn_name(), *(guard.guard_types or ())}
-        if not kinds.intersection(unsupported):
-            continue
-        if not kinds.intersection(unsupported) <= _IDENTITY_GUARDS:
-            return serialize(manager, builder, sorted_guards, output_graph)  # PackageError
-        try:
-            value = builder.get(guard)
-        except Exception:
-            return serialize(manager, builder, sorted_guards, output_graph)
-        _keep_builtin(manager, guard.originating_source, output_graph)
-        if inspect.ismodule(value):
-            continue  # dynamo's pickler names modules; import finds the same one
-        ref = _by_name(value)
-        if ref is None:
-            return serialize(manager, builder, sorted_guards, output_graph)
-        pins.add((ref, _fingerprint(value)))
     CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = tuple(
         t for t in unsupported if t not in _IDENTITY_GUARDS)
     try:
@@ -784,6 +769,34 @@ def _serialize_guards(serialize: Any, manager: Any, builder: Any, sorted_guards:
     if not pins:
         return state
     return _PINNED + pickle.dumps((sorted(pins), state))
+
+
+def _identity_pins(manager: Any, builder: Any, sorted_guards: list,
+                   output_graph: Any) -> set | None:
+    """(by-name pickle, fingerprint) of each object an identity guard names,
+    or None if a guard dynamo cannot serialize is on anything else."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    pins = set()
+    for guard in sorted_guards:
+        kinds = {guard.create_fn_name(), *(guard.guard_types or ())}.intersection(unsupported)
+        if not kinds:
+            continue
+        if not kinds <= _IDENTITY_GUARDS:
+            return None
+        try:
+            value = builder.get(guard)
+        except Exception:
+            return None
+        _keep_builtin(manager, guard.originating_source, output_graph)
+        if inspect.ismodule(value):
+            continue  # dynamo's pickler names modules; import finds the same one
+        ref = _by_name(value)
+        if ref is None:
+            return None
+        pins.add((ref, _fingerprint(value)))
+    return pins
 
 
 def _keep_builtin(manager: Any, source: Any, output_graph: Any) -> None:
