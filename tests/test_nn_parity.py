@@ -23,6 +23,10 @@ import torch.nn.functional as F
 from torch_tpu.runtime import asserts
 from torch_tpu.runtime.context import CONTEXT
 
+# The CPU fallback off, and no fallback counted, in every test: an op without
+# a lowering would otherwise compare CPU with CPU.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 CL = torch.channels_last
 CL3 = torch.channels_last_3d
 
@@ -288,17 +292,29 @@ def test_fractional_max_pool_to_size_zero(mod, shape):
 # -- sparse gradients -------------------------------------------------------------------
 
 
-def test_sparse_embedding_grads_accumulate_uncoalesced():
-    def grads(device):
-        torch.manual_seed(0)
-        e = nn.Embedding(10, 3, sparse=True).to(device)
-        t = torch.tensor([7, 1, 3], device=device)
+def _sparse_embedding_grad(device, backwards):
+    """(is_coalesced, indices, values) of a sparse Embedding's weight gradient
+    after `backwards` backward passes over the same indices."""
+    torch.manual_seed(0)
+    e = nn.Embedding(10, 3, sparse=True).to(device)
+    t = torch.tensor([7, 1, 3], device=device)
+    for _ in range(backwards):
         e(t).sum().backward()
-        e(t).sum().backward()
-        g = e.weight.grad
-        return g.is_coalesced(), g._indices().cpu(), g._values().cpu()
+    g = e.weight.grad
+    return g.is_coalesced(), g._indices().cpu(), g._values().cpu()
 
-    (c_want, i_want, v_want), (c_got, i_got, v_got) = grads("cpu"), grads("tpu")
+
+@pytest.mark.parametrize("backwards", [
+    1,
+    pytest.param(2, marks=pytest.mark.xfail(
+        strict=True, raises=NotImplementedError,
+        reason="the second backward accumulates with sparse add_, which has no tpu lowering "
+               "(sparse ops other than to_sparse/to_dense/coalesce/sparse_mask run through "
+               "the CPU fallback: docs/porting.md, Sparse tensors)")),
+])
+def test_sparse_embedding_grads_accumulate_uncoalesced(backwards):
+    (c_want, i_want, v_want) = _sparse_embedding_grad("cpu", backwards)
+    (c_got, i_got, v_got) = _sparse_embedding_grad("tpu", backwards)
     assert c_got == c_want
-    assert i_got.tolist() == i_want.tolist()  # [[7, 1, 3, 7, 1, 3]] on CPU
+    assert i_got.tolist() == i_want.tolist()  # [[7, 1, 3, 7, 1, 3]] on CPU after two
     torch.testing.assert_close(v_got, v_want)

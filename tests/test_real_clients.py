@@ -13,6 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+# The CPU fallback off, and no fallback counted, in every test: an op without
+# a lowering would otherwise compare CPU with CPU.
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
 
 class TiedLM(nn.Module):
     """An embedding and an output head sharing one weight, plus a buffer."""
@@ -426,7 +430,9 @@ def test_quantized_tensors_raise_not_implemented_naming_quantization(case):
             run()
 
 
-@pytest.mark.filterwarnings("ignore:The operator:UserWarning")  # it may use the CPU fallback
+@pytest.mark.xfail(strict=True, raises=NotImplementedError,
+                   reason="aten.fake_quantize_per_tensor_affine_cachemask has no tpu lowering "
+                          "(it runs through the CPU fallback)")
 def test_fake_quantization_is_an_ordinary_float_op():
     x = torch.randn(8)
     got = torch.fake_quantize_per_tensor_affine(x.to("tpu"), 0.1, 0, -128, 127)
