@@ -1,0 +1,98 @@
+"""Shrink a failing program to a minimal one that fails the same way.
+
+Greedy passes, repeated until none helps (or the budget of tries is spent):
+drop steps (with every later step that reads what they defined), drop
+inputs nothing reads, make layouts contiguous, shrink each dimension (to 1,
+then by one), and replace special values with ordinary ones (all of an
+input's at once, then one by one). A candidate is kept when `fails` says it
+still fails the same way (the runner: same path, same kind of mismatch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+
+from .generator import ORDINARY, Input, Program, defs, uses
+
+
+def _drop_step(prog: Program, k: int) -> Program:
+    """`prog` without step k and the later steps that read what it defined."""
+    gone = set(defs(prog.steps[k]))
+    kept = []
+    for i, s in enumerate(prog.steps):
+        if i == k:
+            continue
+        if uses(s) & gone:
+            gone |= set(defs(s))
+            continue
+        kept.append(s)
+    return dataclasses.replace(prog, steps=tuple(kept))
+
+
+def _with_input(prog: Program, k: int, inp: Input) -> Program:
+    inputs = list(prog.inputs)
+    inputs[k] = inp
+    return dataclasses.replace(prog, inputs=tuple(inputs))
+
+
+def _reshaped(inp: Input, shape: tuple[int, ...]) -> Input:
+    """`inp` with another shape: its values cut (or padded with ordinary ones)."""
+    n = math.prod(shape)
+    vals = tuple(inp.values[:n]) + (ORDINARY[inp.dtype],) * max(0, n - len(inp.values))
+    layout = inp.layout
+    if (layout == "channels_last" and len(shape) != 4) or (layout == "transposed" and len(shape) < 2):
+        layout = "contiguous"
+    return dataclasses.replace(inp, shape=shape, values=vals, layout=layout)
+
+
+def _is_ordinary(v, dtype: str) -> bool:
+    if dtype == "bool":
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v) and (v == 0 and math.copysign(1, v) > 0 or 1e-3 <= abs(v) <= 1e3)
+    return -1000 <= v <= 1000
+
+
+def candidates(prog: Program) -> Iterator[Program]:
+    """Smaller variants of `prog`, the biggest cuts first."""
+    for k in reversed(range(len(prog.steps))):
+        yield _drop_step(prog, k)
+    used = set().union(*(uses(s) for s in prog.steps)) if prog.steps else set()
+    for k, inp in enumerate(prog.inputs):
+        if inp.name not in used:
+            yield dataclasses.replace(prog, inputs=prog.inputs[:k] + prog.inputs[k + 1:])
+    for k, inp in enumerate(prog.inputs):
+        if inp.layout != "contiguous":
+            yield _with_input(prog, k, dataclasses.replace(inp, layout="contiguous"))
+        for d, size in enumerate(inp.shape):
+            for new in sorted({1, size - 1}):
+                if 0 < new < size:
+                    shape = inp.shape[:d] + (new,) + inp.shape[d + 1:]
+                    yield _with_input(prog, k, _reshaped(inp, shape))
+        special = [i for i, v in enumerate(inp.values) if not _is_ordinary(v, inp.dtype)]
+        ordinary = ORDINARY[inp.dtype]
+        if len(special) > 1:
+            vals = tuple(ordinary if i in special else v for i, v in enumerate(inp.values))
+            yield _with_input(prog, k, dataclasses.replace(inp, values=vals))
+        for i in special:
+            vals = inp.values[:i] + (ordinary,) + inp.values[i + 1:]
+            yield _with_input(prog, k, dataclasses.replace(inp, values=vals))
+
+
+def shrink(prog: Program, fails: Callable[[Program], bool], budget: int = 200) -> Program:
+    """The smallest variant of `prog` the greedy passes reach for which
+    `fails` holds (`fails(prog)` is assumed); at most `budget` calls."""
+    tries = 0
+    progress = True
+    while progress and tries < budget:
+        progress = False
+        for cand in candidates(prog):
+            if tries >= budget:
+                break
+            tries += 1
+            if fails(cand):
+                prog, progress = cand, True
+                break
+    return prog
