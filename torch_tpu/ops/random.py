@@ -15,6 +15,8 @@ program on CPU. Half types draw in float32 and round.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +25,7 @@ from jax import lax
 
 from . import core
 from .opmath import opmath, opmath_dtype, upcast
-from .registry import LOWERINGS, lower, out_dtype, out_meta
+from .registry import LOWERINGS, lower, out_dtype, out_meta, out_torch_dtype
 from ..runtime import rng as tpu_random
 from ..runtime.rng import jax_key
 from ..runtime import executor, programs
@@ -174,9 +176,8 @@ def bernoulli_tensor(x, p, *, generator=None, rng_key):
 
 
 def _randint(key, shape, lo, span, dtype):
-    """lo + (64 random bits mod span), like PyTorch's random_from_to."""
-    if span <= 0:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got span {span}")
+    """lo + (64 random bits mod span), like PyTorch's random_from_to; span in [1, 2**64]
+    (`_random_range` checked it)."""
     bits = jax.random.bits(key, shape, jnp.uint64)
     if span < (1 << 64):
         bits = bits % np.uint64(span)
@@ -193,6 +194,126 @@ def _digits_bound(dtype):
     return int(jnp.iinfo(dtype).max)
 
 
+# -- random_'s argument checks: CPU's (ATen's DistributionTemplates.h), in its order and words.
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+# caffe2::TypeMeta's names of the dtypes, which random_'s bound messages print.
+_TYPEMETA_NAMES = {
+    torch.bool: "bool", torch.uint8: "unsigned char", torch.int8: "signed char",
+    torch.int16: "short int", torch.int32: "int", torch.int64: "long int",
+    torch.uint16: "short unsigned int", torch.uint32: "unsigned int",
+    torch.uint64: "long unsigned int", torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16", torch.float32: "float", torch.float64: "double",
+}
+
+
+def _through_dtype(v, dtype):
+    """static_cast<int64_t>(static_cast<dtype>(v)): v rounded to the float dtype; a result
+    past int64 reads as INT64_MIN, what x86's conversion gives."""
+    v = (v - _I64_MIN) % (1 << 64) + _I64_MIN  # int64 arithmetic wraps
+    r = float(np.asarray(v, np.int64).astype(dtype))
+    return int(r) if -2.0 ** 63 <= r < 2.0 ** 63 else _I64_MIN
+
+
+def _update_from(from_, dtype, digits):
+    """ATen's update_from: the smallest from that survives the cast to a float dtype."""
+    from_plus_1 = _through_dtype(from_ + 1, dtype)
+    if from_plus_1 < from_:
+        n = max(abs(from_ + 1).bit_length() - 1, 0)
+        from_ = from_plus_1 + (1 << (n - digits + 1))
+    return from_
+
+
+def _update_to(to, dtype, digits):
+    """ATen's update_to: the largest to that survives the cast to a float dtype."""
+    to_minus_1 = _through_dtype(to - 1, dtype)
+    if to_minus_1 >= to:
+        n = max(abs(to - 1).bit_length() - 1, 0)
+        to = to_minus_1 - (1 << (n - digits + 1))
+    return to
+
+
+def _digits(tdt):
+    """std::numeric_limits<dtype>::digits of a float dtype (the significand's bits)."""
+    return jnp.finfo(st.jax_dtype(tdt)).nmant + 1
+
+
+def _check_in_range(from_, to_inc, tdt):
+    """ATen's check_from_to_in_range: both ends representable in the dtype (an error), and
+    for floats within the exactly representable integers (a warning)."""
+    name = _TYPEMETA_NAMES.get(tdt, str(tdt))
+    if tdt.is_floating_point:
+        lo, hi = float(torch.finfo(tdt).min), float(torch.finfo(tdt).max)
+    elif tdt == torch.bool:
+        lo, hi = 0, 1
+    elif tdt == torch.uint64:
+        lo, hi = 0, _I64_MAX
+    elif not tdt.is_complex:
+        lo, hi = torch.iinfo(tdt).min, torch.iinfo(tdt).max
+    else:
+        raise RuntimeError("check_random_bounds handles only integral, floating-point and "
+                           "boolean types")
+    for what, v in (("from", from_), ("to - 1", to_inc)):
+        if not lo <= v <= hi:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
+    if tdt.is_floating_point:
+        digits = _digits(tdt)
+        for what, v in (("from", from_), ("to - 1", to_inc)):
+            if not -(1 << digits) <= v <= 1 << digits:
+                warnings.warn(
+                    f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision "
+                    f"limitations {name} can support discrete uniform distribution only within "
+                    "this range. This warning will become an error in version 1.7 release, "
+                    "please fix the code in advance", UserWarning, stacklevel=2)
+
+
+def _check_full_range(tdt):
+    """The dtypes CPU's random_(-2**63, None) (every int64) takes, and its errors for others."""
+    kernel = "random_full_64_bits_range_kernel_cpu"
+    if tdt in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        raise RuntimeError(f"{kernel} handles only int64, double, float and bfloat16")
+    if tdt not in (torch.int64, torch.float32, torch.float64, torch.bfloat16):
+        raise NotImplementedError(f'"{kernel}" not implemented for '
+                                  f"'{executor.dtype_name(tdt)}'")
+
+
+def _random_range(tdt, from_, to):
+    """(low, span) of random_(from_, to) on a `tdt` tensor, after CPU's checks
+    (random_from_to_impl); `to` None draws up to the dtype's largest value."""
+    jdt = st.jax_dtype(tdt)
+    digits = _digits(tdt) if tdt.is_floating_point else 0
+    if to is not None:
+        if from_ >= to:
+            raise RuntimeError("random_ expects 'from' to be less than 'to', but got "
+                               f"from={from_} >= to={to}")
+        if digits:
+            from_, to = _update_from(from_, jdt, digits), _update_to(to, jdt, digits)
+            if from_ >= to:
+                raise RuntimeError("random_ expects 'from' casted to dtype to be less than "
+                                   "'to' casted to dtype, but got "
+                                   f"from={from_} >= to={to}")
+        _check_in_range(from_, to - 1, tdt)
+        return from_, to - from_
+    if from_ == _I64_MIN:
+        _check_full_range(tdt)
+        return from_, 1 << 64  # every int64, cast to the dtype, as CPU draws them
+    if digits:
+        to_inc = min(1 << digits, _I64_MAX)
+        from_ = _update_from(from_, jdt, digits)
+        if from_ >= to_inc:
+            raise RuntimeError("random_ expects 'from' casted to dtype to be less than or "
+                               "equal to 'to_inc' casted to dtype, but got "
+                               f"from={from_} > to_inc={to_inc}")
+    elif tdt.is_complex:
+        raise RuntimeError("random_from_to_impl handles only integral, floating-point and "
+                           "boolean types")
+    else:
+        to_inc = _digits_bound(jdt)
+    _check_in_range(from_, to_inc, tdt)
+    return from_, to_inc - from_ + 1
+
+
 @lower(aten.random.default, random=True)
 def random_default(x, *, generator=None, rng_key):
     return _randint(jax_key(rng_key), x.shape, 0, _digits_bound(x.dtype) + 1, x.dtype)
@@ -200,18 +321,13 @@ def random_default(x, *, generator=None, rng_key):
 
 @lower(aten.random.to, random=True)
 def random_to(x, to, *, generator=None, rng_key):
-    return _randint(jax_key(rng_key), x.shape, 0, to, x.dtype)
+    lo, span = _random_range(out_torch_dtype(), 0, to)
+    return _randint(jax_key(rng_key), x.shape, lo, span, x.dtype)
 
 
 def random_from(x, from_, to=None, *, generator=None, rng_key):
-    if to is None:
-        if from_ == -(1 << 63) and x.dtype == jnp.int64:
-            span = 1 << 64
-        else:
-            span = _digits_bound(x.dtype) - from_ + 1
-    else:
-        span = to - from_
-    return _randint(jax_key(rng_key), x.shape, from_, span, x.dtype)
+    lo, span = _random_range(out_torch_dtype(), from_, to)
+    return _randint(jax_key(rng_key), x.shape, lo, span, x.dtype)
 
 
 lower(getattr(aten.random, "from"), random=True)(random_from)
@@ -220,13 +336,15 @@ lower(getattr(aten.random, "from"), random=True)(random_from)
 @lower(aten.randint.default, aten.randint.generator, random=True)
 def randint(high, size, *, generator=None, dtype=None, layout=None, device=None,
             pin_memory=None, rng_key):
-    return _randint(jax_key(rng_key), tuple(size), 0, high, out_dtype())
+    lo, span = _random_range(out_torch_dtype(), 0, high)
+    return _randint(jax_key(rng_key), tuple(size), lo, span, out_dtype())
 
 
 @lower(aten.randint.low, aten.randint.low_generator, random=True)
 def randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None,
                 pin_memory=None, rng_key):
-    return _randint(jax_key(rng_key), tuple(size), low, high - low, out_dtype())
+    lo, span = _random_range(out_torch_dtype(), low, high)
+    return _randint(jax_key(rng_key), tuple(size), lo, span, out_dtype())
 
 
 @lower(aten.randperm.default, aten.randperm.generator, random=True)
