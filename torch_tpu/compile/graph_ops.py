@@ -172,14 +172,14 @@ def _randn(g, a):
 def _bernoulli_p(g, a):
     x = a["self"]
     keep = jax.random.uniform(_key(g), x.shape, jnp.float32) < a["p"]
-    return keep.astype(x.dtype)
+    return st.from_bool(keep, x.dtype)
 
 
 @graph_op(aten.bernoulli.default)
 def _bernoulli(g, a):
     x = a["self"]
     keep = jax.random.uniform(_key(g), x.shape, jnp.float32) < x.astype(jnp.float32)
-    return keep.astype(x.dtype)
+    return st.from_bool(keep, x.dtype)
 
 
 @graph_op(aten.native_dropout.default)
@@ -187,11 +187,12 @@ def _native_dropout(g, a):
     x, p, train = a["input"], a["p"], a["train"]
     if train is False or p == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
-    if p >= 1:
-        return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
+    if p >= 1:  # x * 0, as CPU's kernel: an inf or NaN input gives NaN
+        return x * jnp.zeros((), x.dtype), jnp.zeros(x.shape, jnp.bool_)
     keep = jax.random.uniform(_key(g), x.shape, jnp.float32) >= p
     scale = 1.0 / (1.0 - p)
-    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+    # CPU's kernel multiplies by the mask: a dropped inf or NaN gives NaN.
+    return x * st.from_bool(keep, x.dtype) * jnp.asarray(scale, x.dtype), keep
 
 
 # -- views -----------------------------------------------------------------------

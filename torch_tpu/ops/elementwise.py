@@ -33,7 +33,7 @@ from torch._prims_common import elementwise_dtypes
 
 from . import core
 from .registry import lower
-from ..runtime.storage import torch_dtype
+from ..runtime.storage import from_bool, torch_dtype
 from ..runtime.storage import TORCH_TO_JAX
 from .reductions import reject
 from .reductions import type_name
@@ -80,12 +80,7 @@ def _as(x, dtype):
         return None
     x = jnp.asarray(x)
     if x.dtype == jnp.bool_ and not jnp.issubdtype(dtype, jnp.bool_):
-        x = x.astype(dtype)
-        if not jnp.issubdtype(dtype, jnp.integer) and x.ndim:
-            # XLA rewrites convert(pred) * y into select(pred, y, 0), which
-            # loses 0 * inf = nan (and 0 / 0 = nan); keep the convert opaque.
-            x = lax.optimization_barrier(x)
-        return x
+        return from_bool(x, dtype)  # not convert(pred): see from_bool
     if jnp.issubdtype(dtype, jnp.bool_) and x.dtype != jnp.bool_:
         return x != 0
     return x.astype(dtype) if x.dtype != dtype else x

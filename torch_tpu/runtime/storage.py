@@ -105,11 +105,26 @@ def convert(x: jax.Array, dtype: torch.dtype) -> jax.Array:
         if dtype in _FLOAT8_NAN_BITS and x.dtype != jnp.bool_:
             x = _to_float8(x, dtype)
         else:
-            x = x != 0 if want == jnp.bool_ else x.astype(want)
+            x = x != 0 if want == jnp.bool_ else from_bool(x, want)
     if dtype is torch.complex32:
         x = lax.complex(jnp.real(x).astype(jnp.float16).astype(jnp.float32),
                         jnp.imag(x).astype(jnp.float16).astype(jnp.float32))
     return x
+
+
+def from_bool(x: jax.Array, want: Any) -> jax.Array:
+    """`x` as jax dtype `want`; a bool `x` becomes a select of 1 and 0.
+
+    XLA's algebraic simplifier rewrites `convert(pred) * y` into
+    `select(pred, y, 0)` (and `convert(pred) / c` for a constant c into that
+    product by 1/c), which drops 0 * inf = nan and 0 / 0 = nan wherever the
+    cast and the arithmetic meet in one program (fused and compiled code). A
+    select of 1 and 0 is the same value without that pattern, and fuses as well.
+    """
+    x = jnp.asarray(x)
+    if x.dtype != jnp.bool_ or jnp.issubdtype(want, jnp.integer) or want == jnp.bool_:
+        return x.astype(want)
+    return lax.select(x, lax.full(x.shape, 1, want), lax.full(x.shape, 0, want))
 
 
 # NaN's encoding in each float8 type, as c10 writes it (the sign bit is ORed in

@@ -10,6 +10,7 @@ import torch
 from ..opmath import opmath, upcast
 from ..registry import lower
 from ...runtime import rng as tpu_random
+from ...runtime.storage import from_bool
 from .. import core
 
 aten = torch.ops.aten
@@ -30,7 +31,7 @@ def native_dropout(input, p, train, *, rng_key):
     keep = jax.random.bernoulli(_jax_key(rng_key), 1.0 - p, input.shape)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
     x = upcast(input)
-    return x * keep.astype(x.dtype) * scale, keep
+    return x * from_bool(keep, x.dtype) * scale, keep
 
 
 @lower(aten.rrelu_with_noise.default, mutates=("noise",), random=True)
@@ -85,4 +86,4 @@ def rrelu_with_noise_backward(grad_output, self, noise, lower, upper, training, 
 @opmath("grad_output")
 def native_dropout_backward(grad_output, mask, scale):
     g = grad_output
-    return g * mask.astype(g.dtype) * scale
+    return g * from_bool(mask, g.dtype) * scale

@@ -1,0 +1,105 @@
+"""Values that once differed from CPU with no error (issue 48, item 2).
+
+Each reproducer runs on the three paths (strict eager, `torch_tpu.fused()`,
+`torch.compile(backend="tpu")`) and is compared with the same function on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_tpu
+
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
+
+PATHS = ("eager", "fused", "compiled")
+INF, NAN = math.inf, math.nan
+
+
+def on_path(path, fn, *args):
+    """fn(*args) with every tensor argument moved to `tpu`, run on `path`, back on CPU."""
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    if path == "compiled":
+        torch._dynamo.reset()
+        return _cpu(torch.compile(fn, backend="tpu", fullgraph=True)(*moved))
+    if path == "fused":
+        with torch_tpu.fused():
+            out = fn(*moved)
+        return _cpu(out)
+    return _cpu(fn(*moved))
+
+
+def _cpu(out):
+    return tuple(_cpu(o) for o in out) if isinstance(out, tuple) else out.cpu()
+
+
+def assert_like_cpu(path, fn, *args):
+    """fn on `path` equals fn on CPU: dtype, shape, values, NaN where CPU has NaN."""
+    want, got = _tuple(fn(*args)), _tuple(on_path(path, fn, *args))
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+# -- NaN from 0 * inf and 0 / 0 where a bool was cast ---------------------------
+#
+# XLA's algebraic simplifier rewrites convert(pred) * y into select(pred, y, 0)
+# (and convert(pred) / c into that product by 1/c), losing the NaN; any bool
+# cast to a float that meets arithmetic in one program could hit it.
+
+
+def _float_div_zero(b):
+    return b.float() / torch.zeros((), device=b.device)
+
+
+def _div_long_zero(b):
+    return b / torch.zeros((), dtype=torch.long, device=b.device)
+
+
+NAN_CASES = {
+    "float_div_zero": (_float_div_zero, torch.tensor(False)),
+    "div_long_zero": (_div_long_zero, torch.tensor(False)),
+    "div_long_zero_2": (_div_long_zero, torch.tensor([False, True])),
+    "bool_times_inf": (lambda b, x: b * x, torch.tensor(False), torch.tensor(INF)),
+    "float_times_inf": (lambda b, x: b.float() * x, torch.tensor([False, True]),
+                        torch.tensor([INF, INF])),
+    "inf_times_half": (lambda b, x: x * b.half(), torch.tensor([False, True]),
+                       torch.tensor([INF, NAN], dtype=torch.half)),
+    "bf16_div_zero": (lambda b: b.bfloat16() / torch.zeros((), dtype=torch.bfloat16,
+                                                           device=b.device),
+                      torch.tensor([False])),
+    "complex_times_nan": (lambda b, x: b.to(torch.complex64) * x, torch.tensor(False),
+                          torch.tensor(complex(NAN, 0))),
+    "scalar_false_times_inf": (lambda x: x * False, torch.tensor([INF, -INF])),
+    "zero_times_inf": (lambda x: x * 0, torch.tensor([INF, NAN, 1.0])),
+    "inf_minus_inf": (lambda x: x - x, torch.tensor([INF, -INF, 2.0])),
+    "float_div_zero_dtypes": (lambda x, y: (x / y, x.half() / y, x.bfloat16() / y),
+                              torch.tensor([0.0, 1.0, -1.0]), torch.zeros(())),
+    "int_true_div_zero": (lambda x: x / torch.zeros((), dtype=x.dtype, device=x.device),
+                          torch.tensor([0, 3, -2])),
+    "mask_where_sum": (lambda b, x: (x * (b > 0).float()).sum(), torch.tensor([0, 1]),
+                       torch.tensor([INF, 1.0])),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(NAN_CASES))
+def test_nan_from_cast_bool_kept(path, case):
+    fn, *args = NAN_CASES[case]
+    assert_like_cpu(path, fn, *args)
+
+
+def test_dropout_of_inf_is_nan_like_cpu_on_every_path():
+    """CPU's dropout multiplies by its mask: a dropped inf is NaN, a kept one inf."""
+    x = torch.full((4096,), INF)
+    for path in PATHS:
+        out = on_path(path, lambda t: torch.nn.functional.dropout(t, 0.5, training=True), x)
+        assert out.isnan().any() and out.isinf().any(), path
+        assert (out.isnan() | (out == INF)).all(), path
