@@ -15,7 +15,10 @@ pressing anything waits until the cells have run. Then:
 
 Set-up: the browser packages are installed with `apt-get` when they are
 missing (as root, or through passwordless `sudo`); the test is skipped, with
-the reason, when that is impossible. selenium comes from pip (the `dev` and
+the reason, only where that is impossible (no apt-get, no root nor
+passwordless sudo, the package archive unreachable) or the `browser` extra
+(selenium, marimo) is not installed; an apt-get install that runs and fails
+otherwise is an error. selenium comes from pip (the `dev` and
 `browser` extras) and is pointed at /usr/bin/chromium and
 /usr/bin/chromedriver, so selenium-manager never downloads a browser or a
 driver. Marked slow: `python -m pytest -q -p no:xdist -m slow tests/test_browser.py`.
@@ -80,7 +83,11 @@ def artifact_dir() -> Path:
 
 
 def _apt_install(packages) -> str | None:
-    """Install `packages` with apt-get; None on success, else why not."""
+    """Install `packages` with apt-get: None on success; the reason where this
+    system cannot install them (no apt-get, no root nor passwordless sudo,
+    the archive unreachable), the documented conditions for a skip. An
+    install that ran and failed otherwise raises: a broken set-up, not a
+    reason to skip."""
     apt = shutil.which("apt-get")
     if apt is None:
         return "apt-get is not available (not a Debian/Ubuntu system)"
@@ -98,8 +105,17 @@ def _apt_install(packages) -> str | None:
         subprocess.run([*prefix, apt, "update", "-q"], capture_output=True, text=True, env=env)
         proc = subprocess.run(install, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        return f"`apt-get install {' '.join(packages)}` failed:\n{(proc.stdout + proc.stderr)[-1500:]}"
+        text = f"`apt-get install {' '.join(packages)}` failed:\n{(proc.stdout + proc.stderr)[-1500:]}"
+        if any(s in proc.stdout + proc.stderr for s in _APT_OFFLINE):
+            return "the package archive cannot be reached (offline): " + text
+        raise RuntimeError(text)
     return None
+
+
+# apt-get's words for an archive it cannot reach: an offline machine, which
+# cannot install Chromium (a skip), unlike a failing install (an error).
+_APT_OFFLINE = ("Temporary failure resolving", "Could not resolve", "Failed to fetch",
+                "Unable to fetch", "Network is unreachable", "Could not connect")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import torch
 
 from torch_tpu.runtime import executor, fastpath, programs, storage
 from torch_tpu.runtime.context import CONTEXT
+from torch_tpu.runtime.switches import switch_on
 
 aten = torch.ops.aten
 FORCED_PURE = os.environ.get("TORCH_TPU_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
@@ -62,8 +63,29 @@ def test_native_extension_is_loaded_and_on_the_hot_path():
     assert torch.equal(c.cpu(), torch.full((3, 3), 2.0))
 
 
-kernel = pytest.mark.skipif(FORCED_PURE or NO_KERNEL or not fastpath.KERNEL,
-                            reason="the native kernel is off")
+def _switched_off(*variables):
+    """A decorator: skip where one of `variables` is set to off (an explicit
+    choice of the run, named in the reason); otherwise the test runs, and the
+    parts they switch must have loaded (_native_loaded), or it fails."""
+    off = [v for v in variables if not switch_on(v)]
+
+    def mark(fn):
+        fn = pytest.mark.usefixtures("_native_loaded")(fn)
+        return pytest.mark.skipif(bool(off), reason=f"{', '.join(off)}: switched off")(fn)
+    return mark
+
+
+@pytest.fixture
+def _native_loaded():
+    """The native kernel, its unboxed kernels and its memo are on wherever no
+    variable switches them off: one that failed to load fails the test (a skip
+    would hide it)."""
+    assert fastpath.KERNEL, f"the native kernel is not installed: {fastpath.REASON}"
+    assert fastpath.UNBOXED or not switch_on("TORCH_TPU_NATIVE_UNBOXED")
+    assert fastpath.MEMO or not switch_on("TORCH_TPU_NATIVE_MEMO")
+
+
+kernel = _switched_off("TORCH_TPU_NATIVE", "TORCH_TPU_NATIVE_KERNEL")
 
 
 def _hits_and_runs(op_name, fn, n=4):
@@ -462,11 +484,10 @@ def test_contiguous_empty_strided_is_a_plain_storage():
     assert storage.layout_of(y, storage.data_of(y)) is None and torch.equal(y.cpu(), x)
 
 
-UNBOXED_OFF = not fastpath.UNBOXED
+unboxed = _switched_off("TORCH_TPU_NATIVE", "TORCH_TPU_NATIVE_KERNEL", "TORCH_TPU_NATIVE_UNBOXED")
 
 
-@kernel
-@pytest.mark.skipif(UNBOXED_OFF, reason="TORCH_TPU_NATIVE_UNBOXED=0 keeps boxed kernels only")
+@unboxed
 @pytest.mark.parametrize("case", ["add", "add_alpha", "add_number", "mul", "matmul", "relu",
                                   "sum", "sum_dtype", "mul_scalar"])
 def test_common_signatures_take_the_unboxed_kernel(case):
@@ -492,8 +513,7 @@ def test_common_signatures_take_the_unboxed_kernel(case):
     assert out.dtype == fn(xc, yc).dtype and out.shape == fn(xc, yc).shape
 
 
-@kernel
-@pytest.mark.skipif(UNBOXED_OFF, reason="TORCH_TPU_NATIVE_UNBOXED=0 keeps boxed kernels only")
+@unboxed
 def test_unboxed_kernel_hands_errors_to_the_python_kernel():
     x = torch.randn(6, 5, device="tpu")
     (x + x).cpu()
@@ -530,9 +550,7 @@ def test_switched_off_parts_give_the_same_results(switch, check):
     xc = torch.arange(12.).reshape(3, 4)
     assert float(r.stdout.strip()) == (torch.add(xc, xc, alpha=2) * xc).relu().sum().item()
 
-MEMO_OFF = not fastpath.MEMO
-memo = pytest.mark.skipif(FORCED_PURE or NO_KERNEL or MEMO_OFF or not fastpath.KERNEL,
-                          reason="the native kernel's memo is off")
+memo = _switched_off("TORCH_TPU_NATIVE", "TORCH_TPU_NATIVE_KERNEL", "TORCH_TPU_NATIVE_MEMO")
 
 
 def _memo_calls(fn, n=3):
