@@ -13,7 +13,6 @@ namespace torch_tpu::native {
 extern PyObject* g_compiled_type;  // jax.stages.Compiled, given by setup_call()
 extern PyObject* g_scalar_array;   // fastpath._scalar_array, given by setup_call()
 extern PyObject* g_scalars;        // fastpath.SCALAR_ARRAYS: {(type, value, device): array}
-constexpr Py_ssize_t kMaxScalars = 4096;  // fastpath.SCALAR_ARRAYS_MAX
 
 // The device array a jitted call would make of Python scalar `v` on
 // `device` (same aval: weak type and all), or a new reference to `v` itself
@@ -37,19 +36,10 @@ inline PyObject* device_scalar(PyObject* v, PyObject* device) {
     Py_DECREF(key);
     return nullptr;
   }
-  PyObject* made = PyObject_CallFunctionObjArgs(g_scalar_array, v, device, nullptr);
-  if (!made) {
-    Py_DECREF(key);
-    return nullptr;
-  }
-  if (PyDict_GET_SIZE(g_scalars) >= kMaxScalars) PyDict_Clear(g_scalars);
-  int rc = PyDict_SetItem(g_scalars, key, made);
+  // A miss: fastpath._scalar_array makes the array and remembers it in the
+  // bounded table (fastpath.ScalarArrays: its eviction policy lives there).
   Py_DECREF(key);
-  if (rc < 0) {
-    Py_DECREF(made);
-    return nullptr;
-  }
-  return made;
+  return PyObject_CallFunctionObjArgs(g_scalar_array, v, device, nullptr);
 }
 
 }  // namespace torch_tpu::native

@@ -108,9 +108,10 @@ PyMODINIT_FUNC PyInit__native() {
     return nullptr;
   }
   // The module's Python API version: runtime/fastpath.py uses a build only
-  // with the one it calls (3: setup_call takes the scalar cache it shares;
+  // with the one it calls (4: scalar_array remembers what it makes, call()
+  // only reads the scalar cache; 3: setup_call takes the scalar cache it shares;
   // 2: setup_kernel takes the eager context object).
-  if (m && PyModule_AddIntConstant(m, "KERNEL_API", 3) < 0) {
+  if (m && PyModule_AddIntConstant(m, "KERNEL_API", 4) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

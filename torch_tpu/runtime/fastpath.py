@@ -22,7 +22,7 @@ from .switches import switch_on
 
 NATIVE: ModuleType | None = None
 REASON = ""
-NATIVE_API = 3  # csrc/fastpath.cpp's KERNEL_API: the signatures this module calls
+NATIVE_API = 4  # csrc/fastpath.cpp's KERNEL_API: the signatures this module calls
 
 if not switch_on("TORCH_TPU_NATIVE"):
     REASON = "TORCH_TPU_NATIVE=0"
@@ -99,28 +99,60 @@ def set_device_index(index: int) -> None:
 JAX_DEVICE: list = []
 
 
+class ScalarArrays:
+    """A bounded table of Python scalars as device arrays: {key: array}.
+
+    Eager ops take their Python numbers as device scalars made once per
+    value (a transfer per call otherwise). A program that makes a new float
+    every step (an optimizer's bias corrections, a schedule's learning rate)
+    would keep one 0-dim device buffer per value for the life of the
+    process, so the table holds at most `limit` entries and evicts the
+    oldest first: live buffers stay flat at `limit` (device bytes at most
+    16 x `limit`, a complex128 each). First in, first out rather than least
+    recently used: the native call reads `arrays` (a plain dict) directly on
+    every hit and must not pay for bookkeeping there; a value evicted while
+    still in use is made again, one transfer.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.arrays: dict = {}  # insertion order is age: the first key is the oldest
+
+    def put(self, key: object, array: object) -> object:
+        """Remember `array` under `key`, evicting the oldest entries beyond the limit."""
+        arrays = self.arrays
+        arrays.pop(key, None)
+        while len(arrays) >= self.limit:
+            del arrays[next(iter(arrays))]
+        arrays[key] = array
+        return array
+
+
 # Python scalars as the device arrays a jitted call makes of them, by
-# (type, value, device index): filled by the native `call` (through
-# _scalar_array) and by fused programs (fused._device_scalars), read by both;
-# emptied when it reaches SCALAR_ARRAYS_MAX (csrc/call.h's kMaxScalars). Floats
-# equal to zero are keyed by their text (-0.0), and the native call caches
-# none (it cannot tell the sign apart). scalars.weak32's 32-bit arrays are
-# another value of the same number and stay in their own table.
-SCALAR_ARRAYS: dict = {}
-SCALAR_ARRAYS_MAX = 4096
+# (type, value, device index): filled through _scalar_array (the native
+# `call` asks it on a miss) and by fused programs (fused._device_scalars),
+# read by both. Floats equal to zero are keyed by their text (-0.0), and the
+# native call caches none (it cannot tell the sign apart). scalars.weak32's
+# 32-bit arrays are another value of the same number and have their own table.
+SCALARS = ScalarArrays(1024)
+SCALAR_ARRAYS = SCALARS.arrays
 
 
 def _scalar_array(value: object, index: int) -> object:
     """`value`, a Python scalar input of an executable, as the device array a
-    jitted call makes of it on tpu:index (same aval, weak type included), which
-    the native `call` caches; `value` itself when no such array exists."""
+    jitted call makes of it on tpu:index (same aval, weak type included),
+    remembered in SCALARS for the native `call`'s next lookup; `value` itself
+    (remembered too) when no such array exists."""
     import jax
 
     try:
         array = jax.device_put(value, JAX_DEVICE[0](index))
     except (OverflowError, TypeError, ValueError):
-        return value
-    return array if jax.typeof(array) == jax.typeof(value) else value
+        array = value
+    else:
+        if jax.typeof(array) != jax.typeof(value):
+            array = value
+    return SCALARS.put((type(value), value, index), array)
 
 
 if NATIVE is not None:

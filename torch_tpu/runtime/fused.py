@@ -575,7 +575,7 @@ def _zero(device: int) -> jax.Array:
     k = (np.int32, 0, device)
     a = fastpath.SCALAR_ARRAYS.get(k)
     if a is None:
-        a = fastpath.SCALAR_ARRAYS[k] = jax.device_put(_ZERO, platform.jax_device(device))
+        a = fastpath.SCALARS.put(k, jax.device_put(_ZERO, platform.jax_device(device)))
     return a
 
 
@@ -611,8 +611,6 @@ def _device_scalars(dyns: list, device: int) -> list:
     if missing:
         # Values new to the cache (an optimizer's per-step bias corrections,
         # a changed learning rate): one batched device_put for all of them.
-        if len(cache) + len(missing) > fastpath.SCALAR_ARRAYS_MAX:
-            cache.clear()
         keys = list(missing)
         vals = [places[0][0][places[0][1]] for places in missing.values()]
         try:
@@ -626,7 +624,7 @@ def _device_scalars(dyns: list, device: int) -> list:
                     arrays.append(v)
         for k, a in zip(keys, arrays):
             if type(a) not in _SCALAR_TYPES:
-                cache[k] = a
+                fastpath.SCALARS.put(k, a)
             for conv, i in missing[k]:
                 conv[i] = a
     return out

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import torch
 
-from . import platform
+from . import fastpath, platform
 
 _WIDE = (torch.float64, torch.complex128)
 
@@ -55,7 +55,9 @@ def are_narrow(vals: Any, results: Any) -> bool:
     return True
 
 
-_WEAK32: dict = {}  # (type, value, device index) -> a weak 32-bit scalar array there
+# (type, value, device index) -> a weak 32-bit scalar array there (bounded, as
+# fastpath.SCALARS: a new float per step must not keep a buffer per value)
+_WEAK32 = fastpath.ScalarArrays(1024)
 
 
 def weak32(v: Any, device: int) -> Any:
@@ -68,14 +70,11 @@ def weak32(v: Any, device: int) -> Any:
     such scalars would run there)."""
     t = type(v)
     key = (t, v, device) if v == v and v != 0 else (t, str(v), device)  # NaN, -0.0
-    a = _WEAK32.get(key)
+    a = _WEAK32.arrays.get(key)
     if a is None:
         # beyond float32's range is inf, as PyTorch's cast of the scalar: no warning
         with jax.enable_x64(False), np.errstate(over="ignore"):
-            a = jax.device_put(v, platform.jax_device(device))
-        if len(_WEAK32) >= 4096:
-            _WEAK32.clear()
-        _WEAK32[key] = a
+            a = _WEAK32.put(key, jax.device_put(v, platform.jax_device(device)))
     return a
 
 
