@@ -772,7 +772,7 @@ def test_clear_removes_everything_it_does_not_recognise(cache_dir, monkeypatch, 
 def test_write_failure_stops_writing_for_the_process(cache_dir, monkeypatch, err):
     calls = []
 
-    def failing_write(fname, blob):
+    def failing_write(fname, blob, where=None):
         calls.append(fname)
         raise OSError(err, os.strerror(err))
 

@@ -31,40 +31,57 @@ def main(argv: list[str] | None = None) -> int:
     clear_p.add_argument("--dir", help="clear this directory instead")
     args = parser.parse_args(argv)
 
-    # The store alone: no JAX backend or device is needed to inspect files.
-
+    # The store alone: no JAX backend or device is needed to inspect files. It
+    # creates nothing (a missing directory is reported) and reads, lists and
+    # removes only through the checked directories (torch_tpu.cache.trust).
     root = args.dir or configured_dir()
-    store = DiskStore(root) if root else None
+    store = DiskStore(root, create=False) if root else None
     if args.command == "info":
-        if store is None:
-            data: dict[str, Any] = {"enabled": False, "dir": None, "status": "disabled (TORCH_TPU_CACHE_DIR='')",
-                    "entries": 0, "bytes": 0}
-        else:
-            full = store.info()
-            data = {k: full[k] for k in ("enabled", "writable", "dir", "status", "entries",
-                                          "bytes", "max_bytes", "other_files", "shared_dir",
-                                          "shared_status", "shared_entries", "shared_bytes")}
-        if args.json:
-            print(json.dumps(data, indent=2))
-        else:
-            print(f"directory : {data['dir'] or '-'}")
-            print(f"status    : {data['status']}")
-            print(f"entries   : {data['entries']}")
-            print(f"size      : {_human(data['bytes'])}"
-                  + (f" (cap {_human(data['max_bytes'])})" if data.get("max_bytes") else ""))
-            if data.get("other_files"):
-                print(f"other     : {data['other_files']} unrecognised item(s) ('clear' removes them)")
-            if data.get("shared_dir"):
-                print(f"shared    : {data['shared_dir']} ({data['shared_status']}; "
-                      f"{data['shared_entries']} entries, {_human(data['shared_bytes'])})")
-        return 0
-    if store is None or not store.enabled:
+        return _info(store, args.json)
+    if store is None:
         print("the disk cache is disabled; nothing to clear")
         return 0
-    n = store.clear()
-    print(f"removed {n} cached program(s) from {store.root}")
+    if store.path is None:
+        if store.reason == "it does not exist":
+            print(f"{root} does not exist; nothing to clear")
+            return 0
+        print(f"refused to clear {root} ({store.reason}); nothing was removed",
+              file=sys.stderr)
+        return 1
+    removed, left, why = store.clear_report()
+    print(f"removed {removed} cached program(s) from {store.root}")
+    if left:
+        print(f"could not remove {left} item(s) ({why})", file=sys.stderr)
+        return 1
     return 0
 
+
+def _info(store: DiskStore | None, as_json: bool) -> int:
+    """Print what the store holds; 1 if its directory is refused (untrusted or unusable)."""
+    if store is None:
+        data: dict[str, Any] = {"enabled": False, "dir": None,
+                                "status": "disabled (TORCH_TPU_CACHE_DIR='')",
+                                "entries": 0, "bytes": 0}
+    else:
+        full = store.info()
+        data = {k: full[k] for k in ("enabled", "writable", "dir", "status", "entries",
+                                      "bytes", "max_bytes", "other_files", "shared_dir",
+                                      "shared_status", "shared_entries", "shared_bytes")}
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"directory : {data['dir'] or '-'}")
+        print(f"status    : {data['status']}")
+        print(f"entries   : {data['entries']}")
+        print(f"size      : {_human(data['bytes'])}"
+              + (f" (cap {_human(data['max_bytes'])})" if data.get("max_bytes") else ""))
+        if data.get("other_files"):
+            print(f"other     : {data['other_files']} unrecognised item(s) ('clear' removes them)")
+        if data.get("shared_dir"):
+            print(f"shared    : {data['shared_dir']} ({data['shared_status']}; "
+                  f"{data['shared_entries']} entries, {_human(data['shared_bytes'])})")
+    refused = store is not None and store.path is None and store.reason != "it does not exist"
+    return 1 if refused else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,25 +38,31 @@ Trust model: a serialized executable is machine code for the host or the
 accelerator, so loading one is running code from the cache directory. No
 pickle is involved (the payload is only handed to XLA's own executable
 deserializer after its checksum matched), but the checksum protects against
-accidents, not against an attacker who can write the directory. The
-directory is therefore created private (mode 0700), and a directory owned by
-another user or writable by others is refused (memory-only, one warning).
-A directory that is only read-only serves what it holds and writes nothing.
+accidents, not against an attacker who can write the directory. Every tier
+therefore uses a directory only if no other user can change it, checked
+from ``/`` down to each entry and held open so that the check cannot be
+raced (`torch_tpu.cache.trust` has the exact rule): the directories are
+created private (mode 0700); one owned by another user, writable by others,
+or a symbolic link in the tier's place is refused (memory-only, one
+warning); entries are opened relative to the held directory, never through
+a link, and must be regular files of this user's or root's. A directory
+that is only read-only serves what it holds and writes nothing.
 
 Shared tier: ``TORCH_TPU_SHARED_CACHE_DIR`` names a second, read-only
 directory of the same layout (a cache another process wrote, e.g. in CI,
 mounted or copied here). `get` asks the local directory, then the shared
 one; `put`, eviction and `clear` only ever touch the local one, and reading
 a shared entry does not even update its time stamp. The shared directory
-and each entry read from it must be owned by this user or root and not
-writable by group or others; anything else is ignored with one warning.
+passes the same check (owned by this user or root, as is the path to it);
+anything else is ignored with one warning.
 
 Directory faults: an entry file is opened without blocking and must be a
-regular file (a directory, FIFO or socket in its place is removed from the
-local directory and the entry written again); `info` counts only regular
-entry files and `clear` removes everything in the directory. After any
-failed write the process stops writing (reads go on), as its one warning
-says; a directory removed under a running process is created again.
+regular file (a directory, FIFO, socket or link in its place is removed from
+the local directory and the entry written again); `info` counts only regular
+entry files and `clear` removes everything in the directory (a link is
+removed, never followed). After any failed write the process stops writing
+(reads go on), as its one warning says; a directory removed under a running
+process is created again.
 
 Writers write a temporary file in the same directory and `os.replace` it
 into place, so concurrent writers of one entry both succeed and readers see
@@ -78,6 +84,7 @@ import warnings
 from typing import Any
 
 from .._version import __version__
+from .trust import TrustedDir
 
 MAGIC = b"TTPUXC01"
 SUFFIX = ".tpx"
@@ -201,9 +208,11 @@ class DiskStore:
     """JAX's cache interface (get/put of executable bytes) over our directory."""
 
     def __init__(self, root: str | None = None, max_bytes: int | None = None,
-                 shared: str | None | bool = True):
+                 shared: str | None | bool = True, create: bool = True):
         """`root`: the local directory (None: none); `shared`: the read-only
-        shared directory (True: TORCH_TPU_SHARED_CACHE_DIR; None: none)."""
+        shared directory (True: TORCH_TPU_SHARED_CACHE_DIR; None: none);
+        `create=False`: a missing directory is reported, not made (the
+        command line's `info` and `clear`)."""
         self._lock = threading.RLock()
         self.stats = _Stats()
         self._local = _Local()
@@ -211,6 +220,8 @@ class DiskStore:
         self._env_blob: bytes | None = None
         self.root: str | None = None
         self.path: str | None = None
+        self._dir: TrustedDir | None = None      # self.path, held open and checked
+        self._shared: TrustedDir | None = None   # self.shared_path, likewise
         self.writable = False
         self.reason = "not configured"
         self.shared_root: str | None = None
@@ -218,7 +229,7 @@ class DiskStore:
         self.shared_reason = "not configured"
         self.max_bytes = configured_max_bytes() if max_bytes is None else int(max_bytes)
         self._bytes_estimate: int | None = None
-        self.set_dir(root)
+        self.set_dir(root, create=create)
         self.set_shared_dir(configured_shared_dir() if shared is True else (shared or None))
 
     @property
@@ -237,33 +248,63 @@ class DiskStore:
 
     # -- configuration -----------------------------------------------------
 
-    def set_dir(self, root: str | None) -> None:
-        """Use `root` (None or "" disables the disk tier)."""
+    def set_dir(self, root: str | None, create: bool = True) -> None:
+        """Use `root` (None or "" disables the disk tier) if it passes the
+        trust check (`torch_tpu.cache.trust`); `create`: make it if missing."""
         with self._lock:
             self.root = root or None
             self.path = None
+            self._dir = None
             self.writable = False
             self._bytes_estimate = None
             if not root:
                 self.reason = "disabled"
                 return
-            path = os.path.join(root, SUBDIR)
-            problem = prepare_dir(path)
-            if problem == "not writable" and check_readable(path) is None:
+            d, problem = TrustedDir.open(root, SUBDIR, create=create)
+            if d is None:
+                self.reason = problem or "refused"
+                if create:
+                    warn_once(f"dir:{root}", f"cannot use {root!r} ({problem}); compiled "
+                                             "programs are kept in memory only")
+                return
+            self._dir, self.path = d, d.path
+            self.writable = d.writable()
+            self.reason = "ok" if self.writable else "read-only"
+            if not self.writable:
                 # A read-only directory still serves what it holds.
-                self.path = path
-                self.reason = "read-only"
-                warn_once(f"dir:{path}", f"{root!r} is read-only: programs cached in it are "
+                warn_once(f"dir:{root}", f"{root!r} is read-only: programs cached in it are "
                                          "loaded, new ones are kept in memory only")
-                return
-            if problem is not None:
-                self.reason = problem
-                warn_once(f"dir:{path}", f"cannot use {root!r} ({problem}); compiled "
-                                         "programs are kept in memory only")
-                return
-            self.path = path
-            self.writable = True
-            self.reason = "ok"
+
+    def _checked(self, shared: bool) -> TrustedDir | None:
+        """The local (or shared) directory, checked again from ``/`` if its path
+        no longer leads to the directory held open (renamed away, replaced,
+        removed): a replacement is used only if it passes the check, else the
+        tier is dropped with one warning and programs are compiled."""
+        d = self._shared if shared else self._dir
+        if d is None or not d.moved():
+            return d
+        with self._lock:
+            if d is not (self._shared if shared else self._dir):
+                return self._shared if shared else self._dir  # another thread did it
+            new, problem = TrustedDir.open(d.root, SUBDIR, create=not shared)
+            if new is not None:
+                if shared:
+                    self._shared = new
+                else:
+                    self._dir, self.writable = new, self.writable and new.writable()
+                    self._bytes_estimate = None
+                return new
+            tier = "shared" if shared else "local"
+            warn_once(f"moved:{d.path}", f"the {tier} cache directory {d.path!r} was replaced "
+                                         f"while this process ran and is refused ({problem}); "
+                                         "programs are compiled")
+            if shared:
+                self._shared, self.shared_path = None, None
+                self.shared_reason = problem or "refused"
+            else:
+                self._dir, self.path, self.writable = None, None, False
+                self.reason = problem or "refused"
+            return None
 
     def set_shared_dir(self, root: str | None) -> None:
         """Serve hits from `root` too, read-only, after the local directory (None: none).
@@ -277,20 +318,20 @@ class DiskStore:
         with self._lock:
             self.shared_root = root or None
             self.shared_path = None
+            self._shared = None
             if not root:
                 self.shared_reason = "disabled"
                 return
-            path = os.path.join(root, SUBDIR)
-            if self.path is not None and _same_dir(path, self.path):
-                self.shared_reason = "same as the local directory"
-                return
-            problem = check_readable(root) or check_readable(path)
-            if problem is not None:
-                self.shared_reason = problem
-                warn_once(f"shared:{path}", f"cannot use the shared directory {root!r} "
+            d, problem = TrustedDir.open(root, SUBDIR)
+            if d is None:
+                self.shared_reason = problem or "refused"
+                warn_once(f"shared:{root}", f"cannot use the shared directory {root!r} "
                                             f"({problem}); it serves no programs")
                 return
-            self.shared_path = path
+            if self._dir is not None and d.ident == self._dir.ident:
+                self.shared_reason = "same as the local directory"
+                return
+            self._shared, self.shared_path = d, d.path
             self.shared_reason = "ok (read-only)"
 
     def set_max_bytes(self, max_bytes: int) -> None:
@@ -364,18 +405,18 @@ class DiskStore:
         if not self.enabled:
             return None
         name = self._name_for(key)
-        for path, shared in ((self.path, False), (self.shared_path, True)):
-            if path is None:
+        for shared in (False, True):
+            d = self._checked(shared)
+            if d is None:
                 continue
-            fname = os.path.join(path, name)
-            blob, problem = read_entry(fname, shared)
+            blob, problem = d.read(name)
             if blob is None:
                 if problem is not None:
-                    self._bad_entry(fname, problem, shared)
+                    self._bad_entry(d, name, problem, shared)
                 continue  # no such entry, or an unreadable one
             payload, problem = self._decode(blob, key)
             if problem is not None:
-                self._bad_entry(fname, problem, shared)
+                self._bad_entry(d, name, problem, shared)
                 continue
             if count:
                 with self._lock:
@@ -385,28 +426,25 @@ class DiskStore:
                         self.stats.shared_hits += 1
                 self._event("hit", key)
             if not shared:
-                try:
-                    os.utime(fname)  # least-recently-used order for eviction
-                except OSError:
-                    pass
+                d.touch(name)  # least-recently-used order for eviction
             return payload
         if count:
             self._miss(key)
         return None
 
-    def _bad_entry(self, fname, problem, shared):
+    def _bad_entry(self, d: TrustedDir, name: str, problem: str, shared: bool) -> None:
         """An entry that cannot be used: counted, reported once, removed if local."""
         if problem.startswith("cannot read"):
-            warn_once("read", f"{problem} ({fname}); recompiling")
+            warn_once("read", f"{problem} ({os.path.join(d.path, name)}); recompiling")
             return
         with self._lock:
             self.stats.corrupt += 1
         where = "the shared directory's" if shared else "a"
         warn_once("shared-corrupt" if shared else "corrupt",
-                  f"ignored {where} bad cache entry {os.path.basename(fname)} ({problem}); "
+                  f"ignored {where} bad cache entry {name} ({problem}); "
                   "the program is recompiled")
         if not shared and self.writable:
-            remove(fname)
+            d.remove(name)
             self._bytes_estimate = None
 
     def put(self, key: str, value: bytes, count: bool = True) -> None:
@@ -417,7 +455,8 @@ class DiskStore:
         on. An entry path taken by something else (a directory) is replaced,
         and a directory removed under a running process is created again.
         """
-        if not (self.path is not None and self.writable):
+        d = self._checked(False)
+        if not (d is not None and self.writable):
             return
         value = bytes(value)
         self._environment_blob()  # the versions go in the header (a put may come first)
@@ -425,10 +464,11 @@ class DiskStore:
         fname = self.file_for(key)
         for attempt in (0, 1):
             try:
-                write_atomic(fname, blob)
+                write_atomic(fname, blob, d)
                 break
             except OSError as e:
-                if attempt == 0 and self._heal(fname, e):
+                if attempt == 0 and self._heal(d, fname, e):
+                    d = self._dir or d
                     continue
                 self._write_failed(e)
                 return
@@ -442,16 +482,21 @@ class DiskStore:
             self._event("write", key)
         self._evict(len(blob))
 
-    def _heal(self, fname: str, e: OSError) -> bool:
+    def _heal(self, d: TrustedDir, fname: str, e: OSError) -> bool:
         """Remove what made writing `fname` fail, if it can be; True to retry."""
         if e.errno == errno.ENOENT:
             # The directory went away (removed by hand): make it again.
-            return prepare_dir(os.path.dirname(fname)) is None
-        if os.path.lexists(fname) and not _is_file(fname):
+            return self._checked(False) not in (None, d)
+        name = os.path.basename(fname)
+        try:
+            st = os.stat(name, dir_fd=d.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
             # A directory (or other non-file) sits at the entry's path.
             with self._lock:
                 self.stats.corrupt += 1
-            return remove(fname)
+            return d.remove(name)[0]
         return False
 
     def _write_failed(self, e: OSError) -> None:
@@ -474,45 +519,34 @@ class DiskStore:
 
     # -- size, eviction, clearing ---------------------------------------------
 
-    def _scan(self, path):
-        """([(path, size, mtime)] of the entries, [paths of anything else]) in `path`.
+    @staticmethod
+    def _scan(d: TrustedDir | None
+              ) -> tuple[list[tuple[str, int, float]], list[tuple[str, float | None]]]:
+        """([(name, size, mtime)] of the entries, [(name, mtime or None) of
+        anything else]) in `d`.
 
-        An entry is a regular file named like one; anything else (a directory
-        or a foreign file in its place, a temporary file of a killed writer)
-        is not counted.
+        An entry is a regular file named like one; anything else (a directory,
+        a link or a foreign file in its place, a temporary file of a killed
+        writer) is not counted.
         """
         out: list[tuple[str, int, float]] = []
-        other: list[str] = []
-        if path is None:
-            return out, other
-        try:
-            listing = list(os.scandir(path))
-        except OSError:
-            return out, other
-        for de in listing:
-            try:
-                st = de.stat() if de.is_file() else None
-            except OSError:
-                continue
-            if st is not None and de.name.endswith(SUFFIX):
-                out.append((de.path, st.st_size, st.st_mtime))
+        other: list[tuple[str, float | None]] = []
+        for name, st in d.scan() if d is not None else ():
+            if st is not None and name.endswith(SUFFIX):
+                out.append((name, st.st_size, st.st_mtime))
             else:
-                other.append(de.path)
+                other.append((name, st.st_mtime if st is not None else None))
         return out, other
 
     def entries(self):
-        """[(path, size, mtime)] of the entries in the local directory."""
-        out, other = self._scan(self.path)
-        if self.writable:
+        """[(name, size, mtime)] of the entries in the local directory."""
+        d = self._dir
+        out, other = self._scan(d)
+        if d is not None and self.writable:
             now = time.time()
-            for full in other:
-                name = os.path.basename(full)
-                try:
-                    old = now - os.lstat(full).st_mtime > 3600
-                except OSError:
-                    continue
-                if ".tmp-" in name and old:
-                    _unlink(full)  # left behind by a killed writer
+            for name, mtime in other:
+                if ".tmp-" in name and mtime is not None and now - mtime > 3600:
+                    d.unlink(name)  # left behind by a killed writer
         return out
 
     def disk_bytes(self) -> int:
@@ -526,13 +560,14 @@ class DiskStore:
                 return
             entries = self.entries()
             total = sum(size for _, size, _ in entries)
-            if total > self.max_bytes:
+            d = self._dir
+            if total > self.max_bytes and d is not None:
                 # Oldest first, down to 90% of the cap so that eviction is rare.
                 target = int(self.max_bytes * 0.9)
-                for full, size, _ in sorted(entries, key=lambda e: e[2]):
+                for name, size, _ in sorted(entries, key=lambda e: e[2]):
                     if total <= target:
                         break
-                    if _unlink(full):
+                    if d.unlink(name):
                         total -= size
                         self.stats.evictions += 1
             self._bytes_estimate = total
@@ -542,26 +577,36 @@ class DiskStore:
         is not a valid entry (directories or foreign files under entry names,
         temporary files), and the compile packages beside it. The shared
         directory is never touched. Returns the number of items removed."""
-        n = 0
+        return self.clear_report()[0]
+
+    def clear_report(self) -> tuple[int, int, str | None]:
+        """`clear`, returning (items removed, items left, why the first one was
+        left). Everything is removed through the checked directories' held
+        descriptors: a link is removed, never followed; a tier directory that
+        fails the trust check (``torch-v1`` too) is left alone, and counted."""
+        removed, left, why = 0, 0, None
         with self._lock:
-            entries, other = self._scan(self.path)
-            for full in [e[0] for e in entries] + other:
-                if remove(full):
-                    n += 1
-            self._bytes_estimate = None
+            local = self._checked(False)
+            tiers = [local] if local is not None else []
             # PyTorch's compile packages (torch_tpu.compile.persist.artifacts) beside it.
-            if self.path is not None and self.root:
-                packages = os.path.join(self.root, "torch-v1")
-                try:
-                    names = os.listdir(packages)
-                except OSError:
-                    names = []
-                n += sum(remove(os.path.join(packages, name)) for name in names)
-        return n
+            if local is not None and self.root:
+                packages, problem = TrustedDir.open(self.root, "torch-v1")
+                if packages is not None:
+                    tiers.append(packages)
+                elif problem != "it does not exist":
+                    left, why = left + 1, f"torch-v1: {problem}"
+            for d in tiers:
+                for name, _ in d.scan():
+                    gone, error = d.remove(name)
+                    removed += gone
+                    if not gone and error is not None:
+                        left, why = left + 1, why or error
+            self._bytes_estimate = None
+        return removed, left, why
 
     def info(self) -> dict:
-        entries, other = self._scan(self.path)
-        shared, _ = self._scan(self.shared_path)
+        entries, other = self._scan(self._dir)
+        shared, _ = self._scan(self._shared)
         s = self.stats
         return {
             "enabled": self.enabled,
@@ -584,41 +629,6 @@ class DiskStore:
             "shared_bytes": sum(size for _, size, _ in shared),
             "shared_hits": s.shared_hits,
         }
-
-
-def prepare_dir(path: str) -> str | None:
-    """Create `path` (private) and check it is ours; the problem, or None
-    (compile.persist's artifact stores prepare their directories with it)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as e:
-        return f"cannot create it: {e.strerror or e}"
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        return f"cannot stat it: {e.strerror or e}"
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a directory"
-    if hasattr(os, "getuid"):
-        if st.st_uid != os.getuid():
-            return "owned by another user"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return "writable by other users"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return "not writable"
-    return None
-
-
-def _owner_ok(st: os.stat_result) -> str | None:
-    """The problem with who may change `st`'s file, or None (this user or root,
-    not writable by group or others)."""
-    if not hasattr(os, "getuid"):
-        return None
-    if st.st_uid not in (os.getuid(), 0):
-        return "owned by another user"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "writable by other users"
-    return None
 
 
 def encode_entry(key: str, env: dict, payload: bytes, *, magic: bytes = MAGIC,
@@ -667,75 +677,12 @@ def decode_entry(blob: bytes, key: str, env: dict, *, magic: bytes = MAGIC,
     return payload, None
 
 
-def check_readable(path: str) -> str | None:
-    """Check an existing directory that is only read; the problem, or None
-    (also compile.persist's read-only artifact stores)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "it does not exist"
-    except OSError as e:
-        return f"cannot stat it: {e.strerror or e}"
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a directory"
-    problem = _owner_ok(st)
-    if problem is not None:
-        return problem
-    if not os.access(path, os.R_OK | os.X_OK):
-        return "not readable"
-    return None
-
-
-def _same_dir(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def read_entry(fname: str, shared: bool) -> tuple[bytes | None, str | None]:
-    """(bytes, None), (None, None) when there is no entry, or (None, the problem);
-    compile.persist reads its artifact entries with it too.
-
-    Opened without blocking (a FIFO in an entry's place must not hang the
-    process) and checked to be a regular file; a shared entry must also be
-    owned by this user or root and not writable by group or others.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(fname, flags)
-    except FileNotFoundError:
-        return None, None
-    except IsADirectoryError:
-        return None, "not a file"
-    except OSError as e:
-        if e.errno in (errno.ENXIO, errno.ELOOP):  # a socket, a symlink loop
-            return None, "not a file"
-        return None, f"cannot read it ({e.strerror or e})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "not a file"
-        if shared:
-            problem = _owner_ok(st)
-            if problem is not None:
-                return None, problem
-        chunks = []
-        while True:
-            chunk = os.read(fd, max(st.st_size, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks), None
-    except OSError as e:
-        return None, f"cannot read it ({e.strerror or e})"
-    finally:
-        os.close(fd)
-
-
-def write_atomic(fname: str, blob: bytes) -> None:
-    """Write `blob` to a temporary file beside `fname`, then rename it into place
-    (compile.persist writes its artifact entries with it too)."""
+def write_atomic(fname: str, blob: bytes, where: TrustedDir | None = None) -> None:
+    """Write `blob` to a temporary file beside `fname`, then rename it into place;
+    relative to `where`'s held descriptor when given (the tiers' writes)."""
+    if where is not None:
+        where.write(os.path.basename(fname), blob)
+        return
     tmp = f"{fname}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -745,13 +692,6 @@ def write_atomic(fname: str, blob: bytes) -> None:
     except BaseException:
         _unlink(tmp)
         raise
-
-
-def _is_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 def remove(path: str) -> bool:

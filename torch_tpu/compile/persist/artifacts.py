@@ -68,6 +68,7 @@ from typing import Any, NoReturn
 
 from ...cache import disk_store
 from ...cache import store as _store
+from ...cache.trust import TrustedDir
 from ...cache.graphs import source_fingerprint
 from ...runtime.switches import switch_on
 
@@ -128,25 +129,32 @@ class ArtifactStore:
         self.problem: str | None = None if root else "no cache directory"
         self.writable = False
         self._env: dict | None = None
+        self._dir: TrustedDir | None = None
         if root:
-            self._check(root, os.path.join(root, SUBDIR))
+            self._check(root)
 
-    def _check(self, root: str, path: str) -> None:
-        problem = _store.prepare_dir(path)
-        if problem == "not writable":
-            problem = None  # read-only: serves what it holds
-        else:
-            self.writable = problem is None
-        # The same rule as the shared tier: this user or root, not writable
-        # by group or others; the directory above too (it could be replaced).
-        problem = problem or _store.check_readable(root) or _store.check_readable(path)
+    def _check(self, root: str) -> None:
+        """The trust check of every tier (`torch_tpu.cache.trust`): each directory
+        from ``/`` to ``torch-v1`` owned by this user or root and not writable
+        by others, no link in the tier's place; the directory is then held
+        open and every entry is read through it. A read-only one serves what
+        it holds."""
+        d, problem = TrustedDir.open(root, SUBDIR, create=True)
+        self._dir, self.problem = d, problem
+        self.writable = d is not None and d.writable()
         if problem is not None:
-            self.problem = problem
-            self.writable = False
             _store.warn_once(f"artifacts:{self.path}",
                              f"not using PyTorch compile artifacts in {self.root!r} "
                              f"({problem}); torch.compile and compile_step trace "
                              "every function again")
+
+    def _checked(self) -> TrustedDir | None:
+        """The held directory, checked again if its path now leads elsewhere."""
+        d = self._dir
+        if d is not None and d.moved() and self.root:
+            self._check(self.root)  # a replacement is used only if it passes
+            d = self._dir
+        return d
 
     @property
     def usable(self) -> bool:
@@ -164,11 +172,12 @@ class ArtifactStore:
 
     def get(self, key: str) -> bytes | None:
         """The payload stored under `key` if it is sound and trusted, else None."""
-        if not self.usable:
+        d = self._checked() if self.usable else None
+        if d is None:
             return None
         fname = self.file_for(key)
-        # shared=True: the entry file must pass the owner/mode check too.
-        blob, problem = _store.read_entry(fname, shared=True)
+        # Relative to the held directory, no link followed, owner and mode checked.
+        blob, problem = d.read(os.path.basename(fname))
         if blob is None:
             if problem is not None:
                 self._reject(fname, problem)
@@ -189,16 +198,18 @@ class ArtifactStore:
         _store.warn_once("artifact-bad", f"ignored the PyTorch compile artifact "
                                          f"{os.path.basename(fname)} ({problem}); the function "
                                          "is traced and compiled again")
-        if self.writable and not problem.startswith(("owned by", "writable by", "cannot read")):
-            _store.remove(fname)
+        if self.writable and self._dir is not None and not problem.startswith(
+                ("owned by", "writable by", "cannot read")):
+            self._dir.remove(os.path.basename(fname))
 
     def put(self, key: str, payload: bytes) -> bool:
-        if not (self.usable and self.writable):
+        d = self._checked() if self.usable else None
+        if not (d is not None and self.writable):
             return False
         try:
             _store.write_atomic(self.file_for(key),
                                 _store.encode_entry(key, self.environment(), payload,
-                                                    magic=MAGIC))
+                                                    magic=MAGIC), d)
         except OSError as e:
             _store.warn_once("artifact-write", f"cannot write PyTorch compile artifacts in "
                                                f"{self.root!r} ({e.strerror or e})")
