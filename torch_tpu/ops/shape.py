@@ -292,12 +292,25 @@ def repeat_interleave(repeats, *, output_size=None):
     return _repeat_interleave(repeats, output_size)
 
 
+def _repeats_total(repeats):
+    """The output length of repeat_interleave(repeats), with CPU's checks in its order
+    (repeat_interleave_common). The length is data: one device-to-host read, as on CUDA,
+    which also brings the smallest repeat for CPU's negative check (at the op)."""
+    torch._check(repeats.dim() == 1, lambda: "repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise NotImplementedError('"repeat_interleave_tpu" not implemented for '
+                                  f"'{executor.dtype_name(repeats.dtype)}'")
+    if not repeats.numel():
+        return 0
+    total, low = torch.stack((repeats.sum(), repeats.min().long())).tolist()
+    if low < 0:
+        raise RuntimeError("repeats can not be negative")
+    return total
+
+
 def _repeat_interleave_kernel(repeats, *, output_size=None):
     if output_size is None:
-        torch._check(repeats.dim() <= 1, lambda: "repeat_interleave only accept 1D vector as repeat")
-        # The output length is data: one device-to-host read, as on CUDA.
-        output_size = int(repeats.sum().item()) if repeats.numel() else 0
-
+        output_size = _repeats_total(repeats)
     return executor.runner_for(aten.repeat_interleave.Tensor)(repeats, output_size=output_size)
 
 

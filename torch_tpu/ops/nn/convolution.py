@@ -11,7 +11,7 @@ import torch
 from jax import lax
 
 from ..opmath import opmath, upcast
-from ..registry import lower
+from ..registry import lower, out_meta
 from ._common import expand_param, matmul_precision
 
 aten = torch.ops.aten
@@ -53,7 +53,8 @@ def _conv_forward(x, w, stride, padding, dilation, transposed, output_padding, g
         precision=prec)
 
 
-def _check_conv_params(stride, padding, dilation, transposed, output_padding, groups):
+def _check_conv_params(weight_shape, stride, padding, dilation, transposed, output_padding,
+                       groups):
     """PyTorch CPU's convolution parameter checks (ConvUtils.h check_shape_forward)
     that its meta kernel does not make: RuntimeError, as on CPU. Host values only."""
     op = "aten.convolution"
@@ -69,14 +70,32 @@ def _check_conv_params(stride, padding, dilation, transposed, output_padding, gr
         raise RuntimeError(f"{op}: dilation should be greater than zero")
     if groups <= 0:
         raise RuntimeError(f"{op}: non-positive groups is not supported")
+    w = list(weight_shape)
+    if w[0] < groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be at least {groups} at "
+                           f"dimension 0, but got weight of size {w} instead")
+    if w[0] % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} "
+                           f"at dimension 0, but got weight of size [{w}] instead")
+
+
+def _empty_input(input, unbatched):
+    """No batch or no input channels: CPU's ConvBackend::Empty, whose results and
+    gradients are all empty or zero (a convolution over nothing)."""
+    return input.shape[0] == 0 or input.shape[0 if unbatched else 1] == 0
 
 
 @lower(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
-    _check_conv_params(stride, padding, dilation, transposed, output_padding, groups)
-    prec = matmul_precision(input, weight)
+    _check_conv_params(weight.shape, stride, padding, dilation, transposed, output_padding,
+                       groups)
     unbatched = input.ndim == weight.ndim - 1
+    if _empty_input(input, unbatched):
+        # An empty result of the meta kernel's shape (which has no output channels
+        # when the input has none).
+        return jnp.zeros(tuple(out_meta().shape), upcast(input).dtype)
+    prec = matmul_precision(input, weight)
     x = upcast(input)[None] if unbatched else upcast(input)
     y = _conv_forward(x, upcast(weight), stride, padding, dilation, transposed, output_padding,
                       groups, prec)
@@ -96,8 +115,13 @@ def _convolution(input, weight, bias, stride, padding, dilation, transposed, out
 @opmath("grad_output")
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
-    prec = matmul_precision(input, weight)
     unbatched = input.ndim == weight.ndim - 1
+    if _empty_input(input, unbatched):
+        f = upcast(input).dtype
+        zeros = (jnp.zeros(input.shape, f), jnp.zeros(weight.shape, f),
+                 jnp.zeros(tuple(bias_sizes or ()), f))
+        return tuple(z if m else None for z, m in zip(zeros, output_mask))
+    prec = matmul_precision(input, weight)
     x = upcast(input)[None] if unbatched else upcast(input)
     g = grad_output[None] if unbatched else grad_output
     g = g.astype(x.dtype)
