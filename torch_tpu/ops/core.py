@@ -255,12 +255,25 @@ def _storage_value(shape, dtype, index, op):
     return Unwritten(shape, dtype, index, op)
 
 
+def _check_strides(shape, stride):
+    """c10's computeStorageNbytes checks of empty_strided's sizes and strides, in CPU's
+    words: as many strides as sizes, and no element before the first (a negative span)."""
+    if len(stride) != len(shape):
+        raise RuntimeError(f"dimensionality of sizes ({len(shape)}) must match "
+                           f"dimensionality of strides ({len(stride)})")
+    if all(shape) and any((n - 1) * d < 0 for n, d in zip(shape, stride)):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} "
+                           f"and strides={list(stride)}")
+
+
 def new_tensor(shape, dtype, index, stride=None):
     """A tpu tensor of zeros (what `empty` gives: memory is never garbage),
     made on first use where it is large (`Unwritten`)."""
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
+    if stride is not None:
+        _check_strides(shape, tuple(int(s) for s in stride))
     op = "aten.empty.memory_format" if stride is None else "aten.empty_strided.default"
     if stride is not None and tuple(int(s) for s in stride) == st.contiguous_strides(shape):
         # empty_strided with contiguous strides (empty_like, a CPU tensor's

@@ -23,7 +23,8 @@ from torch._decomp import decomposition_table
 from torch.utils import _pytree as pytree
 
 from ..runtime import counters
-from ..runtime import executor
+from ..runtime import executor, verdict
+from ..runtime.asserts import DeviceIndexError
 from . import core
 
 _warned: set = set()
@@ -48,9 +49,26 @@ def handle(op, *args, **kwargs):
         _active.ops.add(op)
         try:
             return decomp(*args, **kwargs)
+        except _ARGUMENT_ERRORS as e:
+            raise _cpu_error(op, args, kwargs, e) from None
         finally:
             _active.ops.discard(op)
     return cpu_fallback(op, *args, **kwargs)
+
+
+# What a decomposition's argument checks raise; NotImplementedError (a missing
+# lowering) and OutOfMemoryError are RuntimeErrors that are not about arguments.
+_ARGUMENT_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+def _cpu_error(op, args, kwargs, e):
+    """The error CPU raises for a call whose decomposition (a Python reference, with
+    its own words and sometimes types: `torch.complex`'s dtype check names
+    torch.float32 where CPU says Float) rejected it: CPU's, where CPU rejects it too."""
+    if isinstance(e, (NotImplementedError, torch.OutOfMemoryError, DeviceIndexError)):
+        return e
+    cpu = verdict.cpu_error(op, args, kwargs)
+    return verdict.as_op_error(cpu, op) if isinstance(cpu, BaseException) else e
 
 
 class _Active(threading.local):
