@@ -167,9 +167,11 @@ class WallClock:
     open intervals, under a lock, accumulates elapsed time while it is above
     zero. Summing each interval's own seconds instead counts overlapping time
     once per interval: two 1 s compiles on two threads sum to 2 s, in 1 s.
+    `now` is the clock read (a test gives a manual one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
         self.lock = threading.Lock()
         self.open = 0           # intervals open now
         self.since = 0.0        # when `open` last went from 0 to 1
@@ -178,14 +180,14 @@ class WallClock:
     def begin(self) -> None:
         with self.lock:
             if self.open == 0:
-                self.since = time.perf_counter()
+                self.since = self.now()
             self.open += 1
 
     def end(self) -> None:
         with self.lock:
             self.open -= 1
             if self.open == 0:
-                self.total += time.perf_counter() - self.since
+                self.total += self.now() - self.since
 
     def __enter__(self) -> WallClock:
         self.begin()
@@ -198,13 +200,13 @@ class WallClock:
     def seconds(self) -> float:
         """Busy wall seconds so far (an interval still open counts up to now)."""
         with self.lock:
-            return self.total + (time.perf_counter() - self.since if self.open else 0.0)
+            return self.total + (self.now() - self.since if self.open else 0.0)
 
     def reset(self) -> None:
         """Zero the busy time (intervals still open count from now on)."""
         with self.lock:
             self.total = 0.0
-            self.since = time.perf_counter()
+            self.since = self.now()
 
 
 class CacheStats:
