@@ -630,6 +630,11 @@ def linalg_matrix_exp(a):
 # and raise its message.
 
 
+# RuntimeErrors that are not about the arguments: CPU is not asked (it would try
+# to allocate the result that did not fit the device).
+_NOT_ARGUMENT_ERRORS = (torch.OutOfMemoryError, NotImplementedError)
+
+
 def _cpu_error_kernel(op):
     from torch.utils import _pytree as pytree
 
@@ -637,6 +642,8 @@ def _cpu_error_kernel(op):
 
         try:
             return executor.runner_for(op)(*args, **kwargs)
+        except _NOT_ARGUMENT_ERRORS:
+            raise  # a result too big for the device, no lowering: not a bad call
         except RuntimeError as err:
             def cpu(t):
                 if isinstance(t, torch.Tensor) and t.device.type == "tpu":
