@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..runtime import counters
-from ..runtime import executor, platform, programs
+from ..runtime import executor, platform, programs, verdict
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from ..device import module
@@ -383,9 +383,34 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
         data.origin = "aten.copy_.default"
 
 
+def _same_data(self: torch.Tensor, src: torch.Tensor) -> bool:
+    """CPU's copy_ returns at once for a tensor copied onto the same elements."""
+    return self is src or (
+        self.device == src.device and self.storage_offset() == src.storage_offset()
+        and self.stride() == src.stride() and self.shape == src.shape
+        and self.dtype == src.dtype and self.is_conj() == src.is_conj()
+        and self.is_neg() == src.is_neg()
+        and self.untyped_storage().data_ptr() == src.untyped_storage().data_ptr())
+
+
+def _check_copy_overlap(self: torch.Tensor, src: torch.Tensor) -> None:
+    """CPU copy_'s memory checks (TensorIterator's): no element of `self`
+    stored for several (an expanded tensor), none shared in part with `src`."""
+    if _same_data(self, src):
+        return
+    text = None
+    if executor.internal_overlap(self):
+        text = verdict.INTERNAL_OVERLAP_TEXT
+    elif src.device.type == "tpu" and executor.partial_overlap(self, src):
+        text = verdict.PARTIAL_OVERLAP_TEXT
+    if text is not None:
+        raise RuntimeError(f"{text} (aten.copy_.default)")
+
+
 @kernel(aten.copy_.default)
 def copy_(self, src, non_blocking=False):
     if self.device.type == "tpu":
+        _check_copy_overlap(self, src)
         if src.device.type == "tpu":
             value = device_value(src)
             if src.device.index != self.device.index:

@@ -22,7 +22,7 @@ import torch
 
 from . import core
 from .registry import lower, out_dtype, out_meta
-from ..runtime import platform, programs
+from ..runtime import executor, platform, programs, verdict
 from ..runtime import storage as st
 from ..runtime.context import CONTEXT
 
@@ -187,11 +187,18 @@ def _k_arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=
     return _arange_kernel(start, end, step, dtype, device)
 
 
+def _check_out_not_expanded(op, out):
+    """CPU's nullary TensorIterator check of a factory's out= tensor."""
+    if executor.internal_overlap(out):
+        raise RuntimeError(f"{verdict.INTERNAL_OVERLAP_TEXT} ({op})")
+
+
 def _k_arange_out(start, end, step=1, *, out):
     meta = aten.arange.start_step(start, end, step, dtype=out.dtype, device="meta")
     n = meta.shape[0]
     if out.numel() != n:
         out.resize_((n,))
+    _check_out_not_expanded(aten.arange.start_out, out)
     arr = _arange_array(n, start, step, out.dtype, out.device.index)
     core.assign(out, arr.reshape(tuple(out.shape)))
     return out
@@ -246,8 +253,35 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
         return jnp.zeros((0,), dt)
     exps, comp = linspace_exponents(start, end, steps, dt)
     if jnp.issubdtype(dt, jnp.integer):
-        return jnp.power(jnp.asarray(base, comp), exps).astype(dt)
+        return st.float_to_int(jnp.power(jnp.asarray(base, comp), exps), dt)
     return jnp.power(jnp.asarray(base).astype(dt), exps.astype(dt)).astype(dt)
+
+
+def _space_out_kernel(out_op):
+    """CPU's linspace/logspace out= (at::native linspace_out): `out` keeps its
+    shape when it has `steps` elements (else it becomes 1-D of `steps`), and
+    takes the values in its own row-major order, through the view it may be
+    (the executor's derived out= would resize it to PyTorch's meta shape, and
+    a non-contiguous view resized so writes past its elements)."""
+    overload = out_op._overloadname.removesuffix("out").removesuffix("_") or "default"
+    functional = getattr(getattr(aten, out_op._schema.name.split("::")[1]), overload)
+
+    def kernel(*args, out, **kwargs):
+        values = functional(*args, **kwargs, dtype=out.dtype, device=out.device)
+        if out.numel() != values.numel():
+            out.resize_(tuple(values.shape))
+        _check_out_not_expanded(out_op, out)
+        aten.copy_.default(out, values.reshape(tuple(out.shape)))
+        return out
+
+    kernel.__name__ = str(out_op)
+    return kernel
+
+
+for _op in (aten.linspace.out, aten.linspace.Tensor_Tensor_out, aten.linspace.Tensor_Scalar_out,
+            aten.linspace.Scalar_Tensor_out, aten.logspace.out, aten.logspace.Tensor_Tensor_out,
+            aten.logspace.Tensor_Scalar_out, aten.logspace.Scalar_Tensor_out):
+    core.KERNELS[_op] = _space_out_kernel(_op)
 
 
 # -- tril / triu indices ---------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from jax import lax
 from . import bounds, core
 from .registry import lower, out_dtype, out_meta
 from .fallback import cpu_fallback
-from ..runtime import executor
+from ..runtime import executor, verdict
 from ..runtime import storage as st
 from .reductions import type_name
 
@@ -964,7 +964,10 @@ def _write_checked_kernel(op, base, written_name, rule):
                     _warn_user(warn_text)
             try:
                 inputs = tuple(t for name in checked for t in _tensor_args(bound.get(name)))
-                if internal == "error":
+                mask = _fill_mask(base, bound)
+                if mask is not None:
+                    _check_no_partial_overlap(written, mask)
+                elif internal == "error":
                     _check_written(written, *inputs)
                 else:
                     _check_written_inputs(written, inputs)
@@ -978,6 +981,29 @@ def _write_checked_kernel(op, base, written_name, rule):
 
     kernel.__name__ = str(op)
     return kernel
+
+
+def _fill_mask(base, bound):
+    """The mask of a masked fill: masked_fill_'s, or index_put_'s where CPU runs
+    it as masked_fill_ (at::native canDispatchToMaskedFill: no accumulate, one
+    value, one bool/uint8 index), as for `x[x] = False`. CPU then refuses only a
+    mask partly sharing the written tensor's memory; None for other calls."""
+    if base == "masked_fill":
+        return bound.get("mask")
+    if base not in ("index_put", "_index_put_impl") or bound.get("accumulate"):
+        return None
+    values = bound.get("values")
+    masks = [i for i in bound.get("indices") or () if i is not None]
+    if (not isinstance(values, torch.Tensor) or values.numel() != 1 or len(masks) != 1
+            or masks[0].dtype not in (torch.bool, torch.uint8)):
+        return None
+    return masks[0]
+
+
+def _check_no_partial_overlap(written, mask):
+    """at::assert_no_partial_overlap(written, mask)."""
+    if isinstance(mask, torch.Tensor) and executor.partial_overlap(written, mask):
+        raise RuntimeError(verdict.PARTIAL_OVERLAP_TEXT)
 
 
 def _tensor_args(v):

@@ -148,7 +148,7 @@ class Plan:
 
 class Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
-                 "program", "fused_specs", "fast", "narrow")
+                 "program", "fused_specs", "fast", "narrow", "aliases")
     # Set only for eager (data-dependent) lowerings, which run without jit.
     eager_fn: Callable[..., Any]
 
@@ -172,6 +172,9 @@ class Entry:
         # Whether its Python float/complex scalars enter the program in 32
         # bits (runtime.scalars): set by Runner._build.
         self.narrow = False
+        # (written, input) argument positions sharing a storage as views,
+        # whose overlap each call checks (Runner._check_aliases); None: none.
+        self.aliases: tuple | None = None
 
 
 def _device_mismatch(op_name, a, b):
@@ -592,7 +595,14 @@ def run_meta(op, args, kwargs):
 
 def _cpu_error_or(e, op, args, kwargs):
     """The exception CPU raises for this call (runtime.verdict), else `e`;
-    either with the op named."""
+    either with the op named. With an expanded tensor argument, CPU's
+    memory-overlap error first (the meta kernel, which does not check
+    overlap, may fail restriding it)."""
+    if any(internal_overlap(t) for t in pytree.tree_leaves((args, kwargs))
+           if isinstance(t, torch.Tensor)):
+        err = verdict.overlap_error(op, args, kwargs)
+        if isinstance(err, BaseException):
+            return verdict.as_op_error(err, op)
     cpu = verdict.cpu_error(op, args, kwargs)
     if isinstance(cpu, BaseException):
         return verdict.as_op_error(cpu, op)
@@ -676,6 +686,33 @@ def overlaps(a, b):
     return a0 < b1 and b0 < a1
 
 
+def internal_overlap(t):
+    """at::has_internal_overlap(t) is Yes: a dimension of size > 1 with stride 0
+    (an expanded tensor), where one memory location stands for several elements."""
+    stride = t.stride()
+    return 0 in stride and any(s == 0 and n > 1 for n, s in zip(t.shape, stride))
+
+
+def partial_overlap(a, b):
+    """at::get_overlap_status(a, b) is Partial: they share memory, but not
+    element for element (Full: the same range with the same strides)."""
+    if a is b or not overlaps(a, b):
+        return False
+    (a0, a1), (b0, b1) = _mem_range(a), _mem_range(b)
+    return not (a0 == b0 and a1 == b1 and a.stride() == b.stride())
+
+
+def raise_overlap(op, args, kwargs, text):
+    """Raise CPU's memory-overlap error for this call if CPU raises one
+    (runtime.verdict.overlap_error, run on host tensors aliased as these are);
+    `text` (CPU's message) where the call is too large to ask; else return."""
+    err = verdict.overlap_error(op, args, kwargs)
+    if err is verdict.NO_VERDICT:
+        raise RuntimeError(f"{text} ({op})")
+    if err is not None:
+        raise verdict.as_op_error(err, op) from None
+
+
 def _dense(t):
     """TensorImpl::is_non_overlapping_and_dense."""
     dims = sorted((stride, sz) for sz, stride in zip(t.shape, t.stride()) if sz != 1)
@@ -757,6 +794,8 @@ class Runner:
                 oom.check(plan.name, entry.nbytes, sig.device)
             if entry.narrow:
                 scalars.narrow(sig.dyn, sig.device)
+        if entry.aliases is not None:
+            self._check_aliases(entry, vals, args, kwargs)
         STATS.count_run(plan.name, hit)
         if CONTEXT.fused and entry.program is not None:  # recorded, run later (runtime.fused)
             outs, new_bases = fused.record(entry, sig, plan.name)
@@ -827,6 +866,10 @@ class Runner:
                 raise RuntimeError(f"{name}: cannot write to a CPU tensor argument")
         if is_derived and not plan.out_names:
             _check_inplace_cast(name, targets, fmeta)
+        # The key holds each written tensor's strides: an expanded one is seen here.
+        if any(internal_overlap(_arg_at(vals, (i, j))) for i, j, _, _ in targets):
+            raise_overlap(op, args, kwargs, verdict.INTERNAL_OVERLAP_TEXT)
+        aliases = _alias_pairs(recipes, targets)
         out_slots = tuple(dict.fromkeys(t[2][1] for t in targets))
         # What one call allocates, known before anything runs: its results
         # and the new arrays of the storages it writes.
@@ -928,8 +971,20 @@ class Runner:
         entry.nbytes = nbytes
         entry.check = large
         entry.narrow = narrow
+        entry.aliases = aliases
         programs.insert(key, entry)
         return entry
+
+    def _check_aliases(self, entry, vals, args, kwargs):
+        """CPU's check that a written tensor and an input sharing its storage
+        do not partly overlap (`torch.add(a[:4], 1, out=a[2:])`). Views'
+        offsets are runtime inputs, not in the key: checked at every call of
+        an entry whose written and read tensors share a storage."""
+        for w, u in entry.aliases:
+            if partial_overlap(_arg_at(vals, w), _arg_at(vals, u)):
+                raise_overlap(self.op, args, kwargs, verdict.PARTIAL_OVERLAP_TEXT)
+                entry.aliases = None  # CPU does not check this op's overlap
+                return
 
     def _check_result_cast(self, vals, args, kwargs):
         """An in-place or out= call whose written tensor has another dtype than
@@ -996,6 +1051,35 @@ class Runner:
             else:
                 leaves.append(m)
         return pytree.tree_unflatten(leaves, entry.out_tree)
+
+
+def _arg_at(vals, pos):
+    """The argument at (index, list position or None)."""
+    v = vals[pos[0]]
+    return v if pos[1] is None else v[pos[1]]
+
+
+def _alias_pairs(recipes, targets):
+    """(written, input) argument positions in one storage, other than both the
+    whole storage: the calls whose overlap CPU checks depend on the views'
+    offsets, which are runtime inputs. None where there are none (nearly
+    every op: the check costs those nothing)."""
+    inputs = []
+    for i, r in enumerate(recipes):
+        if r[0] == "l":
+            inputs.extend(((i, j), x) for j, x in enumerate(r[1])
+                          if x is not None and x[0] in ("t", "b"))
+        elif r[0] in ("t", "b"):
+            inputs.append(((i, None), r))
+    pairs = []
+    for i, j, r, _ in targets:
+        for pos, u in inputs:
+            if pos == (i, j) or u[1] != r[1]:
+                continue
+            if r[2] is None and u[0] == "t" and u[2] is None:
+                continue  # the same whole array: CPU's Full overlap, allowed
+            pairs.append(((i, j), pos))
+    return tuple(pairs) or None
 
 
 def _relowerer(program, jit_kwargs, args):

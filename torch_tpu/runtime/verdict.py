@@ -21,8 +21,11 @@ signature never get here), and only for arguments small enough to copy
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
@@ -96,3 +99,99 @@ def as_op_error(e: BaseException, op: object) -> BaseException:
         return type(e)(msg)
     except Exception:  # noqa: BLE001 - an exception type with another signature
         return e
+
+
+# --------------------------------------------------------------------------
+# memory overlap: CPU's verdict on a write into memory an argument shares
+
+OVERLAP_PREFIX = "unsupported operation:"
+INTERNAL_OVERLAP_TEXT = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation.")
+PARTIAL_OVERLAP_TEXT = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer "
+    "to a single memory location. Please clone() the tensor before performing the operation.")
+# An aliased host run computes the op on CPU: up to this many elements.
+MAX_ALIASED_ELEMENTS = 1 << 24
+
+
+def _aliased_storage(t: torch.Tensor, data: Any) -> torch.Tensor:
+    """A flat CPU byte tensor standing for `data`'s storage: its bytes when the
+    value is computed and small, else zeros (the overlap checks come before
+    any value is read)."""
+    nbytes = t.untyped_storage().nbytes()
+    if nbytes > MAX_ALIASED_ELEMENTS * 8:
+        raise ValueError("storage too large for a host run")
+    raw = data.raw
+    if not hasattr(raw, "resolve") and nbytes <= MAX_ELEMENTS:
+        host = np.ascontiguousarray(np.asarray(raw)).reshape(-1).view(np.uint8)
+        if host.size == nbytes:
+            return torch.from_numpy(host.copy())
+    return torch.zeros(nbytes, dtype=torch.uint8)
+
+
+def _aliased_copier() -> Callable[[Any], Any]:
+    """A host-copy function under which tpu tensors sharing a storage share
+    one CPU storage, with the same sizes, strides and offset."""
+    storages: dict[int, torch.Tensor] = {}
+
+    def copy(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.device.type == "cpu" or x.device.type == "meta":
+            return _on_cpu(x)
+        data = getattr(x.untyped_storage(), "_tpu", None)
+        if data is None:
+            return _on_cpu(x)
+        flat = storages.get(id(data))
+        if flat is None:
+            flat = storages[id(data)] = _aliased_storage(x, data)
+        usable = flat[:flat.numel() - flat.numel() % x.element_size()]
+        return usable.view(x.dtype).as_strided(tuple(x.shape), tuple(x.stride()),
+                                               x.storage_offset())
+    return copy
+
+
+def _call_quietly(op: Any, args: list, kwargs: dict) -> None:
+    """Call `op` through its Python binding (torch.foo or Tensor.foo) where it
+    has one: a binding gathers the C++ warnings of its call and issues them
+    as Python warnings on return, where the caller's filter drops them. A
+    call through torch.ops inside a tpu kernel adds them to the outer call's
+    warnings instead, and CPU's warning (index_fill_ on an expanded tensor)
+    would be issued twice."""
+    name = op._schema.name.split("::")[1]
+    binding = getattr(torch, name, None) or getattr(torch.Tensor, name, None)
+    if binding is not None:
+        try:
+            binding(*args, **kwargs)
+            return
+        except TypeError:
+            pass  # another signature: the op itself
+    op(*args, **kwargs)
+
+
+def overlap_error(op: Any, args: Any, kwargs: Any) -> Any:
+    """CPU's memory-overlap error for `op(*args, **kwargs)` run on host tensors
+    that alias as the tpu arguments do (an expanded tensor written in place,
+    an out= tensor sharing memory with an input); None when CPU accepts the
+    call or fails for another reason (those checks are the meta kernel's and
+    `cpu_error`'s); NO_VERDICT when the call is too large to run on the host.
+    """
+    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if any(t.layout != torch.strided or t.is_quantized for t in leaves):
+        return NO_VERDICT
+    if _numel(args, kwargs) > MAX_ALIASED_ELEMENTS:
+        return NO_VERDICT
+    copy = _aliased_copier()
+    try:
+        cargs = pytree.tree_map(copy, list(args))
+        ckwargs = pytree.tree_map(copy, dict(kwargs))
+    except Exception:  # noqa: BLE001 - no host copy, no verdict
+        return NO_VERDICT
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the op's own kernel warned already
+            _call_quietly(op, cargs, ckwargs)
+    except RuntimeError as e:
+        return e if str(e).startswith(OVERLAP_PREFIX) else None
+    except Exception:  # noqa: BLE001 - another error: not this check's to report
+        return None
+    return None
