@@ -63,7 +63,19 @@ def test_accelerator_api():
     assert torch.accelerator.device_count() == torch.tpu.device_count()
     assert torch.accelerator.current_device_index() == 0
     torch.accelerator.synchronize()
-    assert torch.accelerator.memory_allocated() >= 0
+    # A transfer allocates its bytes and nothing else; freeing returns them
+    # (the collector first: garbage of earlier tests freed between the
+    # readings would hide the new buffer).
+    gc.collect()
+    torch.accelerator.synchronize()
+    before = torch.accelerator.memory_allocated()
+    x = torch.randn(1000, 1001).to("tpu")
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() - before == x.nbytes == 4_004_000
+    del x
+    gc.collect()
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() == before
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8,

@@ -170,11 +170,16 @@ info["rng_state_bytes"] = torch.tpu.get_rng_state().numel()
 torch.tpu.synchronize()
 runtime_only = loaded()
 info["precision"] = torch.tpu.get_matmul_precision()  # the rest of the backend
+t = torch.arange(256, dtype=torch.float32).to("tpu")  # a transfer: 1 KiB, nothing else
+torch.tpu.synchronize()
+info["allocated_1k"] = torch.tpu.memory_allocated()
 print(json.dumps({"before": before, "runtime_only": runtime_only, "after": loaded(), **info}))
 """)
     assert out["before"] == []
     assert out["count"] >= 1 and out["available"] and out["initialized"]
-    assert out["acc"] == out["count"] and out["allocated"] >= 0 and out["name"]
+    assert out["acc"] == out["count"] and out["name"]
+    # Starting the runtime holds no device memory; one tensor holds its bytes.
+    assert out["allocated"] == 0 and out["allocated_1k"] == 1024
     assert out["seed"] == 123 and out["rng_state_bytes"] == 16
     assert "jax" in out["runtime_only"] and "torch_tpu.ops" not in out["runtime_only"]
     assert out["precision"] in ("highest", "high", "default")
