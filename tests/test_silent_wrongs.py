@@ -103,3 +103,56 @@ def test_dropout_of_inf_is_nan_like_cpu_on_every_path():
         out = on_path(path, lambda t: torch.nn.functional.dropout(t, 0.5, training=True), x)
         assert out.isnan().any() and out.isinf().any(), path
         assert (out.isnan() | (out == INF)).all(), path
+
+
+# -- float -> integer casts out of range: CPU's x86 result ----------------------
+
+CAST_VALUES = [-2.0, 300.0, 1e10, -1e10, NAN, INF, -INF, 3e9, -129.7, 2.0**31, 1e19,
+               70000.0, 0.5, -0.7, 255.9]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float_to_int_cast_wraps_like_cpu(path, src):
+    def to_all(t):
+        return (t.to(torch.uint8), t.to(torch.int8), t.to(torch.int16), t.to(torch.int32),
+                t.long())
+    assert_like_cpu(path, to_all, torch.tensor(CAST_VALUES, dtype=src))
+
+
+def test_float_to_uint8_reproducer():
+    assert torch.tensor([-2.0], device="tpu").to(torch.uint8).item() == 254
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_copy_into_int_tensor_wraps_like_cpu(path):
+    def fn(x):
+        out = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+        return out.copy_(x)
+    assert_like_cpu(path, fn, torch.tensor([-2.0, 300.0, NAN]))
+
+
+# -- integer linspace / logspace -------------------------------------------------
+
+
+def _spaces(device):
+    return (torch.linspace(0.3, 1.1, 137, dtype=torch.int64, device=device).sum(),
+            torch.linspace(-9, 0, 5, dtype=torch.uint8, device=device),
+            torch.linspace(0.5, 10.7, 7, dtype=torch.int32, device=device),
+            torch.logspace(0.5, 10.7, 7, base=2, dtype=torch.uint8, device=device),
+            torch.logspace(0, 9, 5, base=2, dtype=torch.uint8, device=device),
+            torch.logspace(-9, 0, 5, base=2, dtype=torch.uint8, device=device))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_integer_linspace_logspace_like_cpu(path):
+    got = on_path(path, _spaces, "tpu")
+    for w, g in zip(_spaces("cpu"), got, strict=True):
+        assert torch.equal(w, g)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_integer_linspace_out_like_cpu(path):
+    def fn(out):
+        return torch.linspace(0.3, 1.1, 137, out=out).sum()
+    assert_like_cpu(path, fn, torch.empty(137, dtype=torch.int64))

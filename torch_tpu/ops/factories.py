@@ -218,8 +218,10 @@ def linspace_exponents(start, end, steps, dtype):
     (ops.sorting's histogram bin edges use it too)."""
     integral = jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_
     if integral:
-        start = jnp.trunc(jnp.asarray(start)).astype(jnp.int64)
-        end = jnp.trunc(jnp.asarray(end)).astype(jnp.int64)
+        # Scalar::to<scalar_t>: truncated, then wrapped into the dtype (a
+        # uint8 linspace from -9 starts at 247).
+        start = jnp.trunc(jnp.asarray(start)).astype(jnp.int64).astype(dtype)
+        end = jnp.trunc(jnp.asarray(end)).astype(jnp.int64).astype(dtype)
         comp = _wide_float()
     else:
         comp = dtype
@@ -241,7 +243,7 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     if steps == 0:
         return jnp.zeros((0,), dt)
     vals, _ = linspace_exponents(start, end, steps, dt)
-    return vals.astype(dt)
+    return st.float_to_int(vals, dt) if jnp.issubdtype(dt, jnp.integer) else vals.astype(dt)
 
 
 @lower(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,

@@ -104,8 +104,12 @@ def convert(x: jax.Array, dtype: torch.dtype) -> jax.Array:
             x = jnp.real(x)
         if dtype in _FLOAT8_NAN_BITS and x.dtype != jnp.bool_:
             x = _to_float8(x, dtype)
+        elif want == jnp.bool_:
+            x = x != 0
+        elif jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(want) in _VIA_WIDE:
+            x = float_to_int(x, want)
         else:
-            x = x != 0 if want == jnp.bool_ else from_bool(x, want)
+            x = from_bool(x, want)
     if dtype is torch.complex32:
         x = lax.complex(jnp.real(x).astype(jnp.float16).astype(jnp.float32),
                         jnp.imag(x).astype(jnp.float16).astype(jnp.float32))
@@ -125,6 +129,32 @@ def from_bool(x: jax.Array, want: Any) -> jax.Array:
     if x.dtype != jnp.bool_ or jnp.issubdtype(want, jnp.integer) or want == jnp.bool_:
         return x.astype(want)
     return lax.select(x, lax.full(x.shape, 1, want), lax.full(x.shape, 0, want))
+
+
+# The integer a float converts through on x86 CPU: cvttss2si/cvttsd2si give
+# int32 or int64 (c10 casts to uint8 through int64), narrower types keep its
+# low bits.
+_VIA_WIDE = {jnp.dtype(jnp.int64): jnp.int64, jnp.dtype(jnp.uint8): jnp.int64,
+             jnp.dtype(jnp.int32): jnp.int32, jnp.dtype(jnp.int16): jnp.int32,
+             jnp.dtype(jnp.int8): jnp.int32}
+
+
+def float_to_int(x: jax.Array, want: Any) -> jax.Array:
+    """Real float `x` as integer jax dtype `want`, as PyTorch's CPU gives it on
+    x86: truncated toward zero into int32 or int64 (`_VIA_WIDE`), where a value
+    outside that type's range, inf or NaN becomes its minimum (the
+    instruction's "integer indefinite"), then wrapped into `want`
+    (`tensor([-2.]).to(uint8)` is 254, `tensor([300.]).to(int8)` 44). XLA's
+    own convert saturates instead."""
+    wide = _VIA_WIDE.get(jnp.dtype(want))
+    if wide is None:  # unsigned 16-64 bit: no CPU kernel to match
+        return x.astype(want)
+    low = jnp.iinfo(wide).min
+    if x.dtype not in (jnp.float32, jnp.float64):
+        x = x.astype(jnp.float32)  # exact; 2**31 overflows float16
+    ok = (x >= float(low)) & (x < -float(low))  # NaN fails both
+    y = jnp.where(ok, jnp.where(ok, x, 0).astype(wide), low)
+    return y if y.dtype == want else y.astype(want)
 
 
 # NaN's encoding in each float8 type, as c10 writes it (the sign bit is ORed in
