@@ -43,11 +43,9 @@ class TpuOutputCode(OutputCode):
         static), or why it cannot be: taken at once, since AOTAutograd copies
         and pickles the result later, in places (the lazy backward, under
         no_dispatch) where fake tensors cannot be described."""
-        from torch.fx._graph_pickler import GraphPickler
-
         try:
             vals = _static_vals(gm)
-            return {"gm": GraphPickler.dumps(gm, _WITHOUT_VALS if vals is not None else None),
+            return {"gm": _pickler().dumps(gm, _WITHOUT_VALS if vals is not None else None),
                     "vals": vals}
         except Exception as e:
             return f"{type(e).__name__}: {e}"
@@ -129,6 +127,66 @@ def _graph_of(state: dict | None) -> CompiledGraph:
         graph = state[_BUILT] = CompiledGraph(gm, examples, state["kind"], state["options"],
                                               n_user_outputs=state["n_user_outputs"])
     return graph
+
+
+# -- tpu tensors held by a graph ------------------------------------------------
+#
+# A graph can hold real tpu tensors: the constants dynamo lifts out of the traced
+# code (`torch.tensor([1., 2.], device=x.device)` becomes `_tensor_constant0`).
+# Pickle would save their storage through torch's legacy storage writer, which
+# reads a tpu storage's memory by address (a tensor torch_tpu never made, with no
+# device data): such graphs were not saved, with a warning ending "please report
+# this". They are saved as host copies and put back on their device when loaded.
+
+
+def _pickler() -> Any:
+    """GraphPickler, with tpu tensors pickled as host copies."""
+    from torch.fx._graph_pickler import GraphPickler
+
+    global _TpuGraphPickler
+    if _TpuGraphPickler is None:
+        class Pickler(GraphPickler):
+            def reducer_override(self, obj: object) -> Any:
+                if _is_real_tpu_tensor(obj):
+                    return _tpu_tensor, _host_parts(obj)
+                return super().reducer_override(obj)
+
+        _TpuGraphPickler = Pickler
+    return _TpuGraphPickler
+
+
+_TpuGraphPickler: Any = None
+
+
+def _is_real_tpu_tensor(obj: object) -> bool:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return (isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor)
+            and type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "tpu")
+
+
+def _host_parts(t: Any) -> tuple:
+    """What `_tpu_tensor` rebuilds `t` from: a host copy (made outside the fake
+    mode AOTAutograd may have active), its device, whether it is a Parameter and
+    its requires_grad."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        host = t.detach().cpu()
+    return host, str(t.device), type(t) is not type(host), bool(t.requires_grad)
+
+
+def _tpu_tensor(host: Any, device: str, parameter: bool, requires_grad: bool) -> Any:
+    """A tpu tensor back from `_host_parts`, on its device."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        t = host.to(device)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad)
 
 
 # -- node values in a compact form ----------------------------------------------
