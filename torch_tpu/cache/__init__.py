@@ -22,8 +22,9 @@ Tiers, looked up in order:
    local directory misses are served from it; new programs are written to
    the local directory only, and nothing in the shared one is ever written,
    touched or deleted. It must be owned by the user or root and not
-   writable by group or others (as the local one); ``stats()["disk"]``
-   counts its hits as ``shared_hits``.
+   writable by group or others, as must the path to it (as the local one:
+   `torch_tpu.cache.trust`); ``stats()["disk"]`` counts its hits as
+   ``shared_hits``.
 
 3. **graphs** - for compiled graphs (torch.compile), an index on disk from
    the graph's fingerprint (ATen code, input metadata, specialization key,
@@ -43,8 +44,9 @@ The disk tier is JAX's persistent compilation cache machinery (its key covers
 the lowered program, compile options and shardings, devices, backend, jaxlib
 version and XLA flags; its executable serialization uses no pickle) with our
 own store underneath: checksummed entries, atomic writes, size cap, and
-graceful degradation. See `torch_tpu.cache.store` for the format and the
-trust model.
+graceful degradation. See `torch_tpu.cache.store` for the format and
+`torch_tpu.cache.trust` for the trust model (which directories and entries
+are used, checked from ``/`` and held open against races).
 
     >>> import torch_tpu
     >>> torch_tpu.cache.stats()["disk"]["hits"]
