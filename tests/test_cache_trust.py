@@ -7,7 +7,9 @@ run as root.
 """
 
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 
 import jax
@@ -212,25 +214,41 @@ def test_clear_removes_links_in_the_tier_not_their_targets(cache_dir, tmp_path, 
 # -- (d) a read-only `clear` ------------------------------------------------------------------
 
 
+@pytest.fixture
+def searchable_dir():
+    """A directory of root's that uid 65534 can reach (pytest's are 0700)."""
+    base = tempfile.mkdtemp(prefix="torch_tpu-trust-")
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @needs_root
-def test_read_only_clear_fails_with_a_non_zero_exit(tmp_path):
+def test_read_only_clear_fails_with_a_non_zero_exit(searchable_dir):
     """`clear` run by a user who cannot delete the entries (a directory of
     root's: trusted, read-only for them) removes nothing and says so."""
-    base = tmp_path / "ro"
-    base.mkdir()
-    root = base / "cache"
-    s = store_mod.DiskStore(str(root), shared=None)
+    root = os.path.join(searchable_dir, "cache")
+    tier = os.path.join(root, store_mod.SUBDIR)
+    s = store_mod.DiskStore(root, shared=None)
     s.put("a", b"1")
     s.put("b", b"2")
-    for p in (tmp_path.parent.parent, tmp_path.parent, tmp_path, base, root,
-              root / store_mod.SUBDIR):
+    for p in (root, tier):
         os.chmod(p, 0o755)
-    for name in os.listdir(root / store_mod.SUBDIR):
-        os.chmod(root / store_mod.SUBDIR / name, 0o644)
-    code, out = _as_nobody(lambda: cache_main(["clear", "--dir", str(root)]))
+    for name in os.listdir(tier):
+        os.chmod(os.path.join(tier, name), 0o644)
+    code, out = _as_nobody(lambda: cache_main(["clear", "--dir", root]))
     assert code not in (0, 99), out
     assert "could not remove 2" in out
-    assert len(os.listdir(root / store_mod.SUBDIR)) == 2
+    assert len(os.listdir(tier)) == 2
+
+
+def test_clear_leaves_a_symlinked_artifact_tier_alone(cache_dir, tmp_path, capsys):
+    victim = _victim(tmp_path)
+    cache.disk_store().put("k", b"v")
+    os.symlink(victim, cache_dir / artifacts.SUBDIR)
+    assert cache_main(["clear", "--dir", str(cache_dir)]) == 1
+    assert "removed 1" in capsys.readouterr().out
+    assert len(list(victim.iterdir())) == 2
 
 
 # -- (e) `info` creates nothing ---------------------------------------------------------------
