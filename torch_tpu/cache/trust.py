@@ -7,9 +7,8 @@ rule (ssh's, for ``~/.ssh``):
 
 - The cache root and the tier directory in it must be real directories (a
   symbolic link in the tier's place is refused), owned by this user or
-  root, and not writable by group or others. Group write is allowed only
-  for a user-private group (the group is this user's primary group and
-  names no other member), as Debian's ssh allows.
+  root, and not writable by group or others (a directory made group-writable
+  by a umask of 002 is refused too: ``chmod go-w`` it).
 - Every directory above the root, from ``/`` down, must pass the same
   check, except that a sticky directory owned by root (``/tmp``) is
   accepted above the root (there nobody else can rename what is in it), but
@@ -37,7 +36,6 @@ import shutil
 import stat
 import threading
 import weakref
-from functools import cache
 
 _DIR_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
               | getattr(os, "O_CLOEXEC", 0))
@@ -45,20 +43,6 @@ _FILE_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBL
                | getattr(os, "O_CLOEXEC", 0))
 _MAX_LINKS = 40
 POSIX = hasattr(os, "getuid") and os.name == "posix"
-
-
-@cache
-def _private_group(gid: int, uid: int) -> bool:
-    """Is `gid` the user-private group of `uid` (its primary group, no other member)?"""
-    try:
-        import grp
-        import pwd
-
-        user = pwd.getpwuid(uid)
-        members = grp.getgrgid(gid).gr_mem
-    except (ImportError, KeyError):
-        return False
-    return user.pw_gid == gid and set(members) <= {user.pw_name}
 
 
 def problem_with(st: os.stat_result, *, above_root: bool = False) -> str | None:
@@ -74,9 +58,7 @@ def problem_with(st: os.stat_result, *, above_root: bool = False) -> str | None:
         return "owned by another user"
     if above_root and st.st_uid == 0 and st.st_mode & stat.S_ISVTX:
         return None
-    if st.st_mode & stat.S_IWOTH:
-        return "writable by other users"
-    if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid):
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return "writable by other users"
     return None
 
