@@ -109,7 +109,7 @@ class Program:
         src = self.function_source()
         filename = f"<fuzz program {abs(hash(src)):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-        scope = {"torch": torch, "nan": math.nan, "inf": math.inf}
+        scope = {"torch": torch, "nan": math.nan, "inf": math.inf, "__name__": "fuzz_program"}
         exec(compile(src, filename, "exec"), scope)  # noqa: S102
         return scope["program"]
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 
 from .generator import Input, Program
-from .runner import Failure, Mismatch, Report, shrink_failure
+from .runner import Failure, Mismatch, Report, execute, shrink_failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,66 @@ def _inp(name, shape, dtype, values, layout="contiguous") -> Input:
     return Input(name, shape, dtype, tuple(values), layout)
 
 
-KNOWN: dict[str, Known] = {}
+_TINY = 1.1754943508222875e-38  # float32's (and bfloat16's) smallest normal
+_SUBNORMAL_LIT = re.compile(r"\b\d(?:\.\d+)?e-(?:39|4[0-5])\b|\b1e-38\b")
+
+
+def _subnormal(v) -> bool:
+    return isinstance(v, float) and 0 < abs(v) < _TINY
+
+
+def _touches_subnormals(p: Program) -> bool:
+    """A subnormal in an input, a literal, or any value CPU computes."""
+    if any(_subnormal(v) for i in p.inputs for v in i.values) or _SUBNORMAL_LIT.search(_src(p)):
+        return True
+    run = execute(p, device="cpu")
+    return any(t.is_floating_point() and bool(((t != 0) & (t.abs() < _TINY)).any())
+               for t in run.values.values())
+
+
+def _error_says(kind: str, text: str) -> Callable[[Program, Mismatch], bool]:
+    return lambda p, m: m.kind == kind and text in m.detail
+
+
+KNOWN: dict[str, Known] = {
+    "subnormals flushed": Known(
+        "float32/bfloat16 subnormals are flushed to zero in arithmetic and comparisons "
+        "(XLA:CPU's denormals-are-zero: 1e-40 > 0 is False, so x[x > 0] drops it; "
+        "log(1e-40) is -inf; 1e-38 * inf is NaN)",
+        48, lambda p, m: m.kind in ("subnormal", "value", "nan", "signed-zero", "shape")
+        and _touches_subnormals(p),
+        Program((_inp("x0", (2,), "float32", (1e-40, -2.0)),), ("v0 = x0 > 0",)), "eager"),
+    "empty softmax dtype check": Known(
+        "softmax/log_softmax of an empty integer or bool tensor raise the dtype check "
+        "CPU's kernel skips for 0 elements",
+        48, _error_says("error", "softmax"),
+        Program((_inp("x0", (0, 1), "int64", ()),), ("v0 = torch.log_softmax(x0, 0)",)), "eager"),
+    "write to empty expanded view raises": Known(
+        "an in-place write into an expanded view with 0 elements raises the overlap error; "
+        "CPU has nothing to write and accepts it (came with the check for non-empty "
+        "expanded views, uncommitted when found)",
+        48, _error_says("error", "more than one element of the written-to tensor"),
+        Program((_inp("x0", (0,), "float32", ()),), ("x0.expand(2, 0).fill_(1.0)",)), "eager"),
+    "write to expanded view accepted (compiled)": Known(
+        "torch.compile accepts an in-place write into an expanded view and adds into every "
+        "alias, as PyTorch's own torch.compile on the CPU does (AOTAutograd functionalizes "
+        "the write); CPU eager raises 'more than one element of the written-to tensor ...'",
+        48, lambda p, m: m.path == "compiled" and m.kind == "no-error"
+        and "more than one element of the written-to tensor" in m.detail,
+        Program((_inp("x0", (1, 1, 1, 1), "float32", (-0.39,)),),
+                ("x0.expand(3, 4, 4, 3).sub_(-2)",)), "compiled"),
+    "channels_last dropped": Known(
+        "a 4-D result CPU returns in channels_last comes back row-major (elementwise ops, "
+        "cat, sort, ...)",
+        48, lambda p, m: m.kind == "layout",
+        Program((_inp("x0", (1, 2, 2, 1), "int32", (0, 255, 1, 0), "channels_last"),),
+                ("v0, v1 = torch.sort(x0, dim=0, descending=True, stable=True)",)), "eager"),
+    "pow 0.5 of -0.0": Known(
+        "x ** 0.5 (a Python scalar exponent) of -0.0 gives +0.0; CPU's kernel computes it "
+        "as sqrt(x), which keeps the sign (-0.0); IEEE pow and a tensor exponent give +0.0",
+        48, lambda p, m: m.kind == "signed-zero" and "** 0.5" in _src(p),
+        Program((_inp("x0", (1,), "float32", (-0.0,)),), ("v0 = x0 ** 0.5",)), "eager"),
+}
 
 
 def classify(prog: Program, m: Mismatch) -> str | None:

@@ -3,7 +3,7 @@
 Greedy passes, repeated until none helps (or the budget of tries is spent):
 drop steps (with every later step that reads what they defined), drop
 inputs nothing reads, make layouts contiguous, shrink each dimension (to 1,
-then by one), and replace special values with ordinary ones (all of an
+then by one; each part of it tried), and replace special values with ordinary ones (all of an
 input's at once, then one by one). A candidate is kept when `fails` says it
 still fails the same way (the runner: same path, same kind of mismatch).
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
+
+import numpy as np
 
 from .generator import ORDINARY, Input, Program, defs, uses
 
@@ -37,14 +39,17 @@ def _with_input(prog: Program, k: int, inp: Input) -> Program:
     return dataclasses.replace(prog, inputs=tuple(inputs))
 
 
-def _reshaped(inp: Input, shape: tuple[int, ...]) -> Input:
-    """`inp` with another shape: its values cut (or padded with ordinary ones)."""
-    n = math.prod(shape)
-    vals = tuple(inp.values[:n]) + (ORDINARY[inp.dtype],) * max(0, n - len(inp.values))
+def _sliced(inp: Input, d: int, start: int, size: int) -> Input:
+    """`inp` cut to `size` elements from `start` along dimension `d`."""
+    vals = np.empty(len(inp.values), dtype=object)
+    vals[:] = inp.values
+    kept = vals.reshape(inp.shape).take(range(start, start + size), axis=d)
+    shape = inp.shape[:d] + (size,) + inp.shape[d + 1:]
     layout = inp.layout
     if (layout == "channels_last" and len(shape) != 4) or (layout == "transposed" and len(shape) < 2):
         layout = "contiguous"
-    return dataclasses.replace(inp, shape=shape, values=vals, layout=layout)
+    return dataclasses.replace(inp, shape=shape, values=tuple(kept.flatten().tolist()),
+                               layout=layout)
 
 
 def _is_ordinary(v, dtype: str) -> bool:
@@ -69,8 +74,8 @@ def candidates(prog: Program) -> Iterator[Program]:
         for d, size in enumerate(inp.shape):
             for new in sorted({1, size - 1}):
                 if 0 < new < size:
-                    shape = inp.shape[:d] + (new,) + inp.shape[d + 1:]
-                    yield _with_input(prog, k, _reshaped(inp, shape))
+                    for start in range(size - new + 1):  # which part to keep
+                        yield _with_input(prog, k, _sliced(inp, d, start, new))
         special = [i for i, v in enumerate(inp.values) if not _is_ordinary(v, inp.dtype)]
         ordinary = ORDINARY[inp.dtype]
         if len(special) > 1:
