@@ -529,9 +529,19 @@ def _softmax_axes(x, dim):
     return () if x.ndim == 0 else (d,)
 
 
+def _reject_softmax(x, dim, name):
+    """CPU's dtype check of (log_)softmax, which its kernels make only when there is
+    something to compute (an empty integer or complex input is returned as it is),
+    named after the kernel CPU picks for the dimension."""
+    if x.size:
+        last = x.ndim == 0 or wrap_dim(dim, x.ndim) == x.ndim - 1
+        reject(x, f"{name}{'_lastdim' if last else ''}_kernel_impl", complex_=True,
+               integer=True)
+
+
 @lower(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
-    reject(x, "softmax", complex_=True, integer=True)
+    _reject_softmax(x, dim, "softmax")
     xa = x.astype(opmath_dtype(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
@@ -542,7 +552,7 @@ def _softmax(x, dim, half_to_float):
 
 @lower(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
-    reject(x, "log_softmax", complex_=True, integer=True)
+    _reject_softmax(x, dim, "log_softmax")
     xa = x.astype(opmath_dtype(x.dtype))
     axes = _softmax_axes(xa, dim)
     if xa.size == 0:
