@@ -19,6 +19,8 @@ import dataclasses
 import math
 import random
 import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -65,7 +67,7 @@ class Input:
         return eval(self.source(), {"torch": torch, "nan": math.nan, "inf": math.inf})  # noqa: S307
 
 
-def _lit(v) -> str:
+def _lit(v: object) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"
@@ -102,21 +104,22 @@ class Program:
         ret = "(" + "".join(f"{n}, " for n in res) + ")"
         return f"def program({args}):\n" + "\n".join(body) + f"\n    return {ret}\n"
 
-    def function(self):
+    def function(self) -> Callable:
         """A fresh function object (dynamo and the caches see new code each time)."""
         import linecache
 
         src = self.function_source()
         filename = f"<fuzz program {abs(hash(src)):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-        scope = {"torch": torch, "nan": math.nan, "inf": math.inf, "__name__": "fuzz_program"}
+        scope: dict[str, Any] = {"torch": torch, "nan": math.nan, "inf": math.inf,
+                                 "__name__": "fuzz_program"}
         exec(compile(src, filename, "exec"), scope)  # noqa: S102
         return scope["program"]
 
     def make_inputs(self) -> list[torch.Tensor]:
         return [i.make() for i in self.inputs]
 
-    def source(self, paths=("eager", "fused", "compiled")) -> str:
+    def source(self, paths: tuple[str, ...] = ("eager", "fused", "compiled")) -> str:
         """A runnable reproducer: the program on CPU and on tpu, results printed."""
         lines = ["import torch", "import torch_tpu", "from torch import nan, inf", "",
                  self.function_source(), "def inputs(device):"]
@@ -147,7 +150,7 @@ class Program:
 # inputs
 
 
-def _value(rng: random.Random, dtype: str, special: float):
+def _value(rng: random.Random, dtype: str, special: float) -> bool | int | float:
     if dtype == "bool":
         return rng.random() < 0.5
     if dtype in FLOATS:
@@ -169,7 +172,8 @@ def _shape(rng: random.Random) -> tuple[int, ...]:
     return shape
 
 
-def gen_input(rng: random.Random, name: str, shape=None, dtype=None) -> Input:
+def gen_input(rng: random.Random, name: str, shape: tuple[int, ...] | None = None,
+              dtype: str | None = None) -> Input:
     shape = _shape(rng) if shape is None else shape
     dtype = rng.choice(("float32", "float32", "float32", "bfloat16", "int64", "int32", "bool")) \
         if dtype is None else dtype
@@ -224,7 +228,7 @@ class _Gen:
         self._rerun()
 
     def _rerun(self) -> None:
-        env = {i.name: i.make() for i in self.inputs}
+        env: dict[str, object] = {i.name: i.make() for i in self.inputs}
         env.update(torch=torch, nan=math.nan, inf=math.inf)
         for s in self.steps:
             exec(s, env)  # noqa: S102
@@ -252,9 +256,13 @@ class _Gen:
         self.counter += 1
         return name
 
-    def pick(self, pred=lambda t: True) -> str | None:
+    def pick(self, pred: Callable[[torch.Tensor], bool]) -> str | None:
         names = [n for n, t in self.env.items() if pred(t)]
         return self.rng.choice(names) if names else None
+
+    def any(self) -> str:
+        """Any name (there is always an input)."""
+        return self.rng.choice(list(self.env))
 
     def dim(self, t: torch.Tensor) -> int | None:
         if t.dim() == 0:
@@ -266,7 +274,7 @@ class _Gen:
         """Another name broadcastable with `a` (often the same shape)."""
         ta = self.env[a]
 
-        def fits(t):
+        def fits(t: torch.Tensor) -> bool:
             try:
                 torch.broadcast_shapes(t.shape, ta.shape)
             except RuntimeError:
@@ -289,6 +297,7 @@ class _Gen:
             return r.choice([f"{a}.view(1)", f"{a}.unsqueeze(0)", f"{a}.expand(2)",
                              f"{a}.reshape(())"])
         d = self.dim(t)
+        assert d is not None  # t.dim() > 0
         n = t.shape[d]
         options = [f"{a}.unsqueeze({r.randrange(-t.dim() - 1, t.dim() + 1)})",
                    f"{a}.reshape(-1)", f"{a}.view({t.numel()})" if t.is_contiguous() else
@@ -312,16 +321,16 @@ class _Gen:
     # -- the step kinds --------------------------------------------------
 
     def unary(self) -> str:
-        a = self.pick()
+        a = self.any()
         return f"{self.new()} = " + self.rng.choice(UNARY).format(a=a)
 
     def binary(self) -> str:
-        a = self.pick()
+        a = self.any()
         b = self.same_shape(a) or a
         return f"{self.new()} = " + self.rng.choice(BINARY).format(a=a, b=b, c=self.mask(a))
 
     def scalar(self) -> str:
-        a = self.pick()
+        a = self.any()
         ta = self.env[a]
         line = self.rng.choice(SCALAR_BINARY)
         if _int_ok(ta.dtype) and ("//" in line or "%" in line or "** -1" in line):
@@ -329,7 +338,7 @@ class _Gen:
         return f"{self.new()} = " + line.format(a=a, s=self.rng.choice(SCALARS), c=self.mask(a))
 
     def reduce(self) -> str:
-        a = self.pick()
+        a = self.any()
         t = self.env[a]
         op = self.rng.choice(REDUCE)
         d = self.dim(t)
@@ -344,12 +353,12 @@ class _Gen:
         return f"{self.new()} = {a}.{op}(dim={d}, keepdim={keep}{extra})"
 
     def view_step(self) -> str | None:
-        a = self.pick()
+        a = self.any()
         return f"{self.new()} = {self.view(a)}"
 
     def inplace(self) -> str:
         """An in-place write into a name or through a view of it."""
-        a = self.pick()
+        a = self.any()
         target = a if self.rng.random() < 0.5 else self.view(a)
         b = self.same_shape(a) or a
         op = self.rng.choice(INPLACE).format(b=b, s=self.rng.choice(SCALARS), c=self.mask(a))
@@ -391,7 +400,7 @@ class _Gen:
             f"{a}[{idx[0] if idx else 0}]", f"{a}[None, ..., :1]"])
 
     def join(self) -> str:
-        a = self.pick()
+        a = self.any()
         t = self.env[a]
         b = self.pick(lambda u: u.shape == t.shape) or a
         if self.rng.random() < 0.5 or t.dim() == 0:
@@ -406,23 +415,23 @@ class _Gen:
         if t.dim() == 1:
             b = self.pick(lambda u: u.dim() == 1 and u.shape == t.shape) or a
             return f"{self.new()} = {a} @ {b}"
-        b = self.pick(lambda u: u.dim() >= 1 and u.shape[0] == t.shape[-1])
-        return f"{self.new()} = " + (f"{a} @ {b}" if b and self.rng.random() < 0.5
+        m = self.pick(lambda u: u.dim() >= 1 and u.shape[0] == t.shape[-1])
+        return f"{self.new()} = " + (f"{a} @ {m}" if m and self.rng.random() < 0.5
                                      else f"{a} @ {a}.mT")
 
     def softmax(self) -> str:
-        a = self.pick()
+        a = self.any()
         d = self.dim(self.env[a]) or 0
         fn = self.rng.choice(("softmax", "log_softmax"))
         return f"{self.new()} = torch.{fn}({a}, {d})"
 
     def cumsum(self) -> str:
-        a = self.pick()
+        a = self.any()
         d = self.dim(self.env[a]) or 0
         return f"{self.new()} = {a}.cumsum({d})"
 
     def sort(self) -> str:
-        a = self.pick()
+        a = self.any()
         t = self.env[a]
         d = self.dim(t) or 0
         if self.rng.random() < 0.5:
@@ -434,7 +443,7 @@ class _Gen:
         return f"{self.new()} = torch.topk({a}, {k}, dim={d}).values"
 
     def where(self) -> str:
-        a = self.pick()
+        a = self.any()
         b = self.same_shape(a) or a
         return f"{self.new()} = torch.where({self.mask(a)}, {a}, {b})"
 
@@ -460,7 +469,7 @@ def generate(seed: int) -> Program:
     """The program of one seed (the same program for the same seed, always)."""
     rng = random.Random(seed)
     n_inputs = rng.choice((1, 2, 2, 3))
-    inputs = []
+    inputs: list[Input] = []
     for k in range(n_inputs):
         if inputs and rng.random() < 0.5:  # often the same shape as an earlier input
             inputs.append(gen_input(rng, f"x{k}", shape=rng.choice(inputs).shape))

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import time
 import warnings
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -76,7 +77,7 @@ def _layout(t: torch.Tensor) -> str:
     return ""
 
 
-def _read(run: Run, names, tensors) -> None:
+def _read(run: Run, names: Iterable[str], tensors: Iterable[object]) -> None:
     for n, t in zip(names, tensors):
         if isinstance(t, torch.Tensor):
             run.layouts[n] = _layout(t)
@@ -154,7 +155,8 @@ def scales(prog: Program, expected: Run) -> dict[str, float]:
     return {n: max(1.0, s) for n, s in scale.items()}
 
 
-def compare_values(name: str, a: torch.Tensor, e: torch.Tensor, scale: float = 1.0):
+def compare_values(name: str, a: torch.Tensor, e: torch.Tensor,
+                   scale: float = 1.0) -> tuple[str, str] | None:
     """(kind, detail) of the first difference between tensors `a` (tpu) and `e` (CPU), or None."""
     if a.dtype != e.dtype:
         return "dtype", f"tpu {a.dtype}, CPU {e.dtype}"
@@ -201,6 +203,7 @@ def compare(prog: Program, expected: Run, actual: Run, path: str) -> Mismatch | 
     e, a = expected.error, actual.error
     if e is not None or a is not None:
         if e is None:
+            assert a is not None
             return Mismatch(path, "error", "", f"tpu raises {_error_text(a)}; CPU does not")
         if a is None:
             return Mismatch(path, "no-error", "", f"CPU raises {_error_text(e)}; tpu does not")
@@ -266,7 +269,8 @@ class Report:
         self.seconds[path] = self.seconds.get(path, 0.0) + time.perf_counter() - t0
 
 
-def fuzz(seed: int, count: int, paths=PATHS, compiled_every: int = 1, log=None) -> Report:
+def fuzz(seed: int, count: int, paths: Iterable[str] = PATHS, compiled_every: int = 1,
+         log: Callable[[str], object] | None = None) -> Report:
     """Programs of seeds `seed .. seed+count-1` on each path (the compiled path
     on every `compiled_every`-th one only: it compiles a graph per program)."""
     rep = Report()

@@ -52,7 +52,7 @@ def _sliced(inp: Input, d: int, start: int, size: int) -> Input:
                                layout=layout)
 
 
-def _is_ordinary(v, dtype: str) -> bool:
+def _is_ordinary(v: bool | int | float, dtype: str) -> bool:
     if dtype == "bool":
         return True
     if isinstance(v, float):
