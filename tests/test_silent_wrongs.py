@@ -156,3 +156,57 @@ def test_integer_linspace_out_like_cpu(path):
     def fn(out):
         return torch.linspace(0.3, 1.1, 137, out=out).sum()
     assert_like_cpu(path, fn, torch.empty(137, dtype=torch.int64))
+
+
+# -- subnormals: flushed as a TPU (and XLA:CPU) does -----------------------------
+#
+# docs/troubleshooting.md: float arithmetic and comparisons on `tpu` give what
+# CPU gives under torch.set_flush_denormal(True); moving values keeps them.
+
+SUBNORMALS = [1e-45, 0.0, -1e-45, 3e-45, 1e-40, -0.0, 1e-38, 1.0, -1e-39]
+
+
+def _subnormal_ops(x):
+    return (x > 0, x * 0.01, x.sum(), torch.sort(x, stable=True).indices, x.abs(), -x,
+            x.amax(), x.eq(0), x / 2, torch.where(x > 0, x, 1.0), x.exp(),
+            x.to(torch.bfloat16) * 1, x.half() * 1)
+
+
+@pytest.fixture
+def cpu_flushing():
+    """CPU's results under FTZ/DAZ (restored after: the state is per thread)."""
+    assert torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(False)
+
+
+def _bits(t):
+    return t.reshape(-1).view(torch.uint8) if t.dtype.is_floating_point else t
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_subnormals_flushed_like_cpu_flush_denormal(path, cpu_flushing):
+    x = torch.tensor(SUBNORMALS)
+    want = _subnormal_ops(x)
+    torch.set_flush_denormal(False)  # the tpu result must not depend on it
+    got = on_path(path, _subnormal_ops, x)
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert torch.equal(_bits(w), _bits(g)), (i, w, g)
+
+
+def _folded_subnormal(device):
+    return torch.full((3,), 1e-38, device=device) * 0.01
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_subnormal_folded_at_compile_time_is_flushed(path):
+    """A graph of constants only is folded while it compiles: still flushed."""
+    assert torch.equal(on_path(path, _folded_subnormal, "tpu"), torch.zeros(3))
+
+
+def test_subnormals_move_bit_for_bit():
+    x = torch.tensor(SUBNORMALS)
+    t = x.to("tpu")
+    assert torch.equal(_bits(t.cpu()), _bits(x))
+    assert torch.equal(_bits(t[1:].clone().cpu()), _bits(x[1:]))
+    assert torch.equal(_bits(torch.cat([t, t]).cpu()), _bits(torch.cat([x, x])))

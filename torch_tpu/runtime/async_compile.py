@@ -214,7 +214,8 @@ def lower(name: str, key: Any, fn: Any, args: Any, **jit_kwargs: Any) -> tuple[A
     gc_pause.begin()
     clock.begin()
     try:
-        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        with programs.flushing_denormals():
+            lowered = jax.jit(fn, **jit_kwargs).lower(*args)
     finally:
         gc_pause.end()
         clock.end()

@@ -38,11 +38,12 @@ name from this layer except the default disk tier on first compile:
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import gc_pause
@@ -819,6 +820,35 @@ def hooked_compile() -> Callable:
 # compiling
 
 
+@contextlib.contextmanager
+def flushing_denormals() -> Iterator[None]:
+    """This thread's float arithmetic flushes subnormals (FTZ and DAZ) inside.
+
+    XLA:CPU runs every program so (its client's ScopedFlushDenormal), but
+    the constant folding done while a program is lowered and compiled runs on
+    the calling thread as it is: a subnormal folded there (`full(1e-38) *
+    0.01` in a compiled graph) would differ from the same arithmetic at run
+    time, in eager code or on a TPU. Lowering and compiling run inside this.
+    """
+    import torch  # lazy, as jax below: this module is in the start-up set
+
+    if _flushes_denormals() or not torch.set_flush_denormal(True):
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _flushes_denormals() -> bool:
+    """Does this thread's float arithmetic flush subnormals now (numpy's scalar
+    product, compiled C under the thread's MXCSR)?"""
+    import numpy as np
+
+    return bool(np.float32(1e-38) * np.float32(0.01) == 0)
+
+
 def compile_lowered(name: str, lowered: Any, options: Any = None,
                     trace_s: float = 0.0) -> tuple[Any, float, str]:
     """XLA-compile a lowered program with the disk tier around it: every
@@ -840,7 +870,8 @@ def compile_lowered(name: str, lowered: Any, options: Any = None,
     token = tier.begin() if tier is not None else None
     t0 = time.perf_counter()
     try:
-        with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        with jax_config.persistent_cache_min_compile_time_secs(float("inf")), \
+                flushing_denormals():
             compiled = lowered.compile(options) if options is not None else lowered.compile()
     except BaseException:
         if tier is not None:
@@ -875,7 +906,8 @@ def compile(name: str, key: Any, fn: Callable, args: Any, opt_level: int | None 
     gc_pause.begin()
     STATS.compile_clock.begin()  # the wall time of `seconds` below
     try:
-        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        with flushing_denormals():
+            lowered = jax.jit(fn, **jit_kwargs).lower(*args)
         trace_s = time.perf_counter() - t0
         for listener in LOWERED_LISTENERS:
             listener(name, key, lowered)
