@@ -80,7 +80,8 @@ FAMILIES = {
     "index write": r"\]\s=\s|index_(fill|add|put)_", "integer index": r"\[torch\.tensor\(\[",
     "boolean index": r"\[\(\w+ > 0\)\]", "cat/stack": r"torch\.(cat|stack)\(", "matmul": r" @ ",
     "softmax": r"torch\.(log_)?softmax\(", "where": r"torch\.where\(", "cumsum": r"\.cumsum\(",
-    "sort/topk": r"torch\.(sort|topk)\(", "cast": r"\.(int|long|float|bool)\(\)|\.to\(torch\.",
+    "sort/topk": r"torch\.(sort|topk)\(", "factory": r"torch\.(zeros|full_like|ones_like|arange)\(",
+    "cast": r"\.(int|long|float|bool)\(\)|\.to\(torch\.",
 }
 
 

@@ -447,9 +447,21 @@ class _Gen:
         b = self.same_shape(a) or a
         return f"{self.new()} = torch.where({self.mask(a)}, {a}, {b})"
 
+    def factory(self) -> str:
+        """A tensor made inside the program (constants folded by fused and compiled code)."""
+        a, r = self.any(), self.rng
+        t, s = self.env[a], r.choice(SCALARS)
+        dt = r.choice(list(DTYPES))
+        return f"{self.new()} = " + r.choice([
+            f"torch.zeros((), dtype=torch.{dt}, device={a}.device)",
+            f"torch.full_like({a}, {s})", f"torch.ones_like({a}, dtype=torch.{dt})",
+            f"torch.tensor({s}, device={a}.device)",
+            f"torch.arange({t.shape[-1] if t.dim() else 3}, device={a}.device)",
+        ])
+
     KINDS = ("unary", "binary", "scalar", "reduce", "view_step", "view_step", "inplace",
              "inplace", "index_write", "index_read", "join", "matmul", "softmax", "cumsum",
-             "sort", "where")
+             "sort", "where", "factory")
 
     def step(self) -> bool:
         """Add one line; False when the program should end (a line that raises)."""

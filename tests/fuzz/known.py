@@ -66,6 +66,11 @@ KNOWN: dict[str, Known] = {
         48, lambda p, m: m.kind in ("subnormal", "value", "nan", "signed-zero", "shape")
         and _touches_subnormals(p),
         Program((_inp("x0", (2,), "float32", (1e-40, -2.0)),), ("v0 = x0 > 0",)), "eager"),
+    "empty bool log_softmax": Known(
+        "log_softmax of an empty bool tensor raises (its lowering subtracts two bool "
+        "tensors); CPU returns the empty float result (softmax and integer inputs agree)",
+        48, lambda p, m: m.kind == "error" and "_log_softmax" in m.detail,
+        Program((_inp("x0", (0, 1), "bool", ()),), ("v0 = torch.log_softmax(x0, 0)",)), "eager"),
     "write to empty expanded view raises": Known(
         "an in-place write into an expanded view with 0 elements raises the overlap error; "
         "CPU has nothing to write and accepts it (came with the check for non-empty "
