@@ -239,9 +239,9 @@ def _digits(tdt):
     return jnp.finfo(st.jax_dtype(tdt)).nmant + 1
 
 
-def _check_in_range(from_, to_inc, tdt):
+def _check_in_range(from_, to_inc, tdt, warn):
     """ATen's check_from_to_in_range: both ends representable in the dtype (an error), and
-    for floats within the exactly representable integers (a warning)."""
+    for floats within the exactly representable integers (a warning, if `warn`)."""
     name = _TYPEMETA_NAMES.get(tdt, str(tdt))
     if tdt.is_floating_point:
         lo, hi = float(torch.finfo(tdt).min), float(torch.finfo(tdt).max)
@@ -257,7 +257,7 @@ def _check_in_range(from_, to_inc, tdt):
     for what, v in (("from", from_), ("to - 1", to_inc)):
         if not lo <= v <= hi:
             raise RuntimeError(f"{what} is out of bounds for {name}")
-    if tdt.is_floating_point:
+    if warn and tdt.is_floating_point:
         digits = _digits(tdt)
         for what, v in (("from", from_), ("to - 1", to_inc)):
             if not -(1 << digits) <= v <= 1 << digits:
@@ -270,17 +270,20 @@ def _check_in_range(from_, to_inc, tdt):
 
 def _check_full_range(tdt):
     """The dtypes CPU's random_(-2**63, None) (every int64) takes, and its errors for others."""
-    kernel = "random_full_64_bits_range_kernel_cpu"
+    kernel = "random_full_64_bits_range_kernel"
     if tdt in (torch.int8, torch.uint8, torch.int16, torch.int32):
-        raise RuntimeError(f"{kernel} handles only int64, double, float and bfloat16")
+        raise RuntimeError(f"{kernel}_cpu handles only int64, double, float and bfloat16")
     if tdt not in (torch.int64, torch.float32, torch.float64, torch.bfloat16):
-        raise NotImplementedError(f'"{kernel}" not implemented for '
+        # (the kernel named after the device, as runtime.verdict names CPU's)
+        raise NotImplementedError(f'"{kernel}_tpu" not implemented for '
                                   f"'{executor.dtype_name(tdt)}'")
 
 
-def _random_range(tdt, from_, to):
+def _random_range(tdt, from_, to, warn=False):
     """(low, span) of random_(from_, to) on a `tdt` tensor, after CPU's checks
-    (random_from_to_impl); `to` None draws up to the dtype's largest value."""
+    (random_from_to_impl); `to` None draws up to the dtype's largest value. The
+    lowerings check without the warning, which the kernels below give at each call
+    (a program loaded from the cache is not lowered)."""
     jdt = st.jax_dtype(tdt)
     digits = _digits(tdt) if tdt.is_floating_point else 0
     if to is not None:
@@ -293,7 +296,7 @@ def _random_range(tdt, from_, to):
                 raise RuntimeError("random_ expects 'from' casted to dtype to be less than "
                                    "'to' casted to dtype, but got "
                                    f"from={from_} >= to={to}")
-        _check_in_range(from_, to - 1, tdt)
+        _check_in_range(from_, to - 1, tdt, warn)
         return from_, to - from_
     if from_ == _I64_MIN:
         _check_full_range(tdt)
@@ -310,7 +313,7 @@ def _random_range(tdt, from_, to):
                            "boolean types")
     else:
         to_inc = _digits_bound(jdt)
-    _check_in_range(from_, to_inc, tdt)
+    _check_in_range(from_, to_inc, tdt, warn)
     return from_, to_inc - from_ + 1
 
 
@@ -545,6 +548,31 @@ def _multinomial_checks(self, num_samples, replacement=False, *, generator=None,
 
 for _op in (aten.multinomial.default, aten.multinomial.out):
     core.KERNELS[_op] = core.checked_kernel(_op, _multinomial_checks)
+
+
+def _check_random_from(self, from_, to=None, *args, **kwargs):
+    _random_range(self.dtype, from_, to, warn=True)
+
+
+def _check_random_to(self, to, *args, **kwargs):
+    _random_range(self.dtype, 0, to, warn=True)
+
+
+def _check_randint(*args, dtype=None, **kwargs):
+    low, high = args[:2] if len(args) > 2 and not isinstance(args[1], (list, tuple)) \
+        else (0, args[0])
+    _random_range(dtype or torch.int64, low, high, warn=True)
+
+
+# random_'s checks at each call, with CPU's precision warning for float dtypes.
+for _op, _check in ((aten.random_.to, _check_random_to), (aten.random.to, _check_random_to),
+                    (getattr(aten.random_, "from"), _check_random_from),
+                    (getattr(aten.random, "from"), _check_random_from),
+                    (aten.randint.default, _check_randint),
+                    (aten.randint.generator, _check_randint),
+                    (aten.randint.low, _check_randint),
+                    (aten.randint.low_generator, _check_randint)):
+    core.KERNELS[_op] = core.checked_kernel(_op, _check)
 
 
 # -- in-place forms whose functional overload has another name ---------------------------------------
