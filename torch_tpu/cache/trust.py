@@ -70,6 +70,8 @@ def _components(path: str) -> list[str]:
 def _open_root(path: str, create: bool) -> tuple[int | None, str | None]:
     """A descriptor of directory `path`, opened from ``/`` one component at a
     time, each checked (see the module); (None, the problem) if refused."""
+    if not {os.open, os.stat, os.mkdir, os.unlink} <= os.supports_dir_fd:
+        return None, "no directory descriptors on this platform (the check needs them)"
     if not os.path.isabs(path):
         path = os.path.abspath(path)
     todo = _components(path)
