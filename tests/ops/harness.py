@@ -12,6 +12,7 @@ The reference is always PyTorch's own CPU kernel on the same sample.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -786,10 +787,60 @@ def _numel(x):
     return sum(v.numel() for v in pytree.tree_leaves(x) if isinstance(v, torch.Tensor))
 
 
+# --------------------------------------------------------------------------
+# expected failures of single samples (expectations.XFAIL_SAMPLES)
+
+
+@functools.cache
+def cpu_flags() -> frozenset:
+    """This host's CPU feature flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def expected_failures(name: str, dtype_name: str, kind: str) -> dict:
+    """{sample index: the start of its expected failure's cause} for the case
+    (expectations.XFAIL_SAMPLES); empty where none is listed, or where the
+    entry's CPU flag (a host-dependent failure) is not on this host."""
+    entry = expectations.XFAIL_SAMPLES.get((name, dtype_name, kind))
+    if entry is None:
+        return {}
+    cause, indices, *flag = entry
+    if flag and flag[0] not in cpu_flags():
+        return {}
+    return dict.fromkeys(indices, cause)
+
+
+def _check_sample(expected: dict, i: int, stats: dict, check) -> None:
+    """Run `check` (one sample's comparison). A sample listed in `expected`
+    must fail with the listed cause: it is noted in stats["expected_failed"]
+    and the run goes on; one that passes is noted in stats["expected_passed"],
+    one that fails otherwise raises. Other samples raise on failure."""
+    if i not in expected:
+        check()
+        return
+    try:
+        check()
+    except Exception as e:  # noqa: BLE001 - classified; the wrong kind raises
+        cause = classify_exception(e)
+        if not cause.startswith(expected[i]):
+            raise
+        stats.setdefault("expected_failed", []).append(i)
+    else:
+        stats.setdefault("expected_passed", []).append(i)
+
+
 def run_forward(name, op, dtype_name, *, stats=None):
     """Run every sample of `op` in `dtype_name` on CPU and tpu and compare.
 
-    Raises Outcome (or the tpu's exception) on the first failing sample.
+    Raises Outcome (or the tpu's exception) on the first failing sample,
+    except the ones expectations.XFAIL_SAMPLES lists (see _check_sample).
     `stats` (a dict) receives counts: samples, random samples.
     """
     dtype = DTYPES[dtype_name]
@@ -798,71 +849,78 @@ def run_forward(name, op, dtype_name, *, stats=None):
     stats = stats if stats is not None else {}
     stats.setdefault("samples", 0)
     stats.setdefault("random_samples", 0)
+    expected = expected_failures(name, dtype_name, "forward")
     for i, sample in samples(op, dtype, False):
-        what = f"forward sample {i}"
-        # Copy first: the CPU run may mutate its inputs.
-        t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
-        exact_inputs = _upcast_exact(sample, dtype) if judged(dtype) else None
-        rec = RandomRecorder()
-        if dtype.is_complex:
-            # PyTorch's CPU kernels can give wrong complex results under a
-            # TorchDispatchMode (measured: linalg.pinv of a random 5x5
-            # complex64 matrix is 4.9 off): the recorder only watches a run on
-            # copies, and the reference is a plain run on the sample itself.
+        _check_sample(expected, i, stats, functools.partial(
+            _forward_sample, name, op, dtype, tol, uninit, i, sample, stats))
+
+
+def _forward_sample(name, op, dtype, tol, uninit, i, sample, stats):
+    """run_forward's check of sample `i` (raises Outcome or the tpu's error)."""
+    what = f"forward sample {i}"
+    # Copy first: the CPU run may mutate its inputs.
+    t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
+    exact_inputs = _upcast_exact(sample, dtype) if judged(dtype) else None
+    rec = RandomRecorder()
+    if dtype.is_complex:
+        # PyTorch's CPU kernels can give wrong complex results under a
+        # TorchDispatchMode (measured: linalg.pinv of a random 5x5
+        # complex64 matrix is 4.9 off): the recorder only watches a run on
+        # copies, and the reference is a plain run on the sample itself.
+        ci, ca, ck = sample_clone(sample)
+        torch.manual_seed(1234 + i)
+        _cpu_run(lambda: _call(op, ci, ca, ck), rec)
+        torch.manual_seed(1234 + i)
+        expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args,
+                                                   sample.kwargs))
+    else:
+        torch.manual_seed(1234 + i)
+        expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args,
+                                                   sample.kwargs), rec)
+    actual, tpu_exc = _tpu_run(lambda: to_cpu(tpu_call(_call, op, t_inp, t_args, t_kwargs)))
+    stats["samples"] += 1
+    if cpu_exc is not None or tpu_exc is not None:
+        _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
+        return
+    if uninit:
+        _compare_meta(actual, expected, what)
+        return
+    if op.name in LOWRANK:
+        stats["random_samples"] += 1
+        _compare_lowrank(op.name, sample, actual, expected, tol, what)
+        return
+    if rec.random or name in RANDOM_OPS:
+        stats["random_samples"] += 1
+        draws = max(RANDOM_MIN_DRAWS, min(RANDOM_MAX_DRAWS, math.ceil(
+            RANDOM_DRAW_ELEMENTS / max(_numel(expected), 1))))
+        d_cpu, d_tpu = [expected], [actual]
+        for _ in range(draws - 1):
             ci, ca, ck = sample_clone(sample)
-            torch.manual_seed(1234 + i)
-            _cpu_run(lambda: _call(op, ci, ca, ck), rec)
-            torch.manual_seed(1234 + i)
-            expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args,
-                                                       sample.kwargs))
-        else:
-            torch.manual_seed(1234 + i)
-            expected, cpu_exc = _cpu_run(lambda: _call(op, sample.input, sample.args,
-                                                       sample.kwargs), rec)
-        actual, tpu_exc = _tpu_run(lambda: to_cpu(tpu_call(_call, op, t_inp, t_args, t_kwargs)))
-        stats["samples"] += 1
-        if cpu_exc is not None or tpu_exc is not None:
-            _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
-            continue
-        if uninit:
-            _compare_meta(actual, expected, what)
-            continue
-        if op.name in LOWRANK:
-            stats["random_samples"] += 1
-            _compare_lowrank(op.name, sample, actual, expected, tol, what)
-            continue
-        if rec.random or name in RANDOM_OPS:
-            stats["random_samples"] += 1
-            draws = max(RANDOM_MIN_DRAWS, min(RANDOM_MAX_DRAWS, math.ceil(
-                RANDOM_DRAW_ELEMENTS / max(_numel(expected), 1))))
-            d_cpu, d_tpu = [expected], [actual]
-            for _ in range(draws - 1):
-                ci, ca, ck = sample_clone(sample)
-                ti, ta, tk = sample_to_tpu(sample, op.name)
-                d_cpu.append(_call(op, ci, ca, ck))
-                d_tpu.append(to_cpu(tpu_call(_call, op, ti, ta, tk)))
-            _compare_distribution(d_tpu, d_cpu, what)
-            continue
-        exact = None
-        try:
-            compare(actual, expected, tol, what)
-        except Outcome:
-            if not (tie_equivalent(op.name, sample, actual, expected, tol)
-                    or well_defined_parts_equal(op.name, sample, actual, expected, tol, what)):
-                exact = _exact_run(op, exact_inputs, i)
-                if not no_less_accurate_than_cpu(op.name, actual, expected,
-                                                 exact and exact[0], dtype, tol):
-                    raise
-        # In-place ops: the mutated inputs must agree too.
-        inputs_tpu = _tensor_leaves(to_cpu((t_inp, t_args, t_kwargs)))
-        inputs_cpu = _tensor_leaves((sample.input, tuple(sample.args), sample.kwargs))
-        try:
-            _compare(inputs_tpu, inputs_cpu, tol, what + " inputs after the call")
-        except Outcome:
-            exact = exact or _exact_run(op, exact_inputs, i)
-            if not no_less_accurate_than_cpu(op.name, inputs_tpu, inputs_cpu,
-                                             exact and _tensor_leaves(exact[1]), dtype, tol):
+            ti, ta, tk = sample_to_tpu(sample, op.name)
+            d_cpu.append(_call(op, ci, ca, ck))
+            d_tpu.append(to_cpu(tpu_call(_call, op, ti, ta, tk)))
+        _compare_distribution(d_tpu, d_cpu, what)
+        return
+    exact = None
+    try:
+        compare(actual, expected, tol, what)
+    except Outcome:
+        if not (tie_equivalent(op.name, sample, actual, expected, tol)
+                or well_defined_parts_equal(op.name, sample, actual, expected, tol, what)):
+            exact = _exact_run(op, exact_inputs, i)
+            if not no_less_accurate_than_cpu(op.name, actual, expected,
+                                             exact and exact[0], dtype, tol):
                 raise
+    # In-place ops: the mutated inputs must agree too.
+    inputs_tpu = _tensor_leaves(to_cpu((t_inp, t_args, t_kwargs)))
+    inputs_cpu = _tensor_leaves((sample.input, tuple(sample.args), sample.kwargs))
+    try:
+        _compare(inputs_tpu, inputs_cpu, tol, what + " inputs after the call")
+    except Outcome:
+        exact = exact or _exact_run(op, exact_inputs, i)
+        if not no_less_accurate_than_cpu(op.name, inputs_tpu, inputs_cpu,
+                                         exact and _tensor_leaves(exact[1]), dtype, tol):
+            raise
 
 
 # --------------------------------------------------------------------------
@@ -1109,63 +1167,70 @@ def run_grad(name, op, dtype_name, *, stats=None):
         out = op.gradcheck_wrapper(fn, inp, *args, **kwargs)
         return out
 
+    expected = expected_failures(name, dtype_name, "grad")
     for i, sample in samples(op, dtype, True):
-        what = f"grad sample {i}"
-        t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
-        rec = RandomRecorder()
-        torch.manual_seed(1234 + i)
+        _check_sample(expected, i, stats, functools.partial(
+            _grad_sample, name, op, dtype, tol, call, i, sample, stats))
 
-        def cpu_side():
-            with rec:  # only the op: the cotangents below are random too
-                out = call(sample.input, sample.args, sample.kwargs)
-            out = sample.output_process_fn_grad(out)
+
+def _grad_sample(name, op, dtype, tol, call, i, sample, stats):
+    """run_grad's check of sample `i` (raises Outcome or the tpu's error)."""
+    what = f"grad sample {i}"
+    t_inp, t_args, t_kwargs = sample_to_tpu(sample, op.name)
+    rec = RandomRecorder()
+    torch.manual_seed(1234 + i)
+
+    def cpu_side():
+        with rec:  # only the op: the cotangents below are random too
+            out = call(sample.input, sample.args, sample.kwargs)
+        out = sample.output_process_fn_grad(out)
+        outs = _diff_outputs(out)
+        ins = _grad_inputs(sample.input, sample.args, sample.kwargs)
+        if not outs or not ins:
+            return None
+        g = torch.Generator().manual_seed(4321 + i)
+        cots = [torch.randn(o.shape, dtype=o.dtype, generator=g) for o in outs]
+        grads = torch.autograd.grad(outs, ins, cots, allow_unused=True)
+        return cots, grads
+
+    res, cpu_exc = _cpu_run(cpu_side)
+    if cpu_exc is None and res is None:
+        return  # nothing differentiable in this sample
+    stats["samples"] += 1
+
+    def tpu_side():
+        # fused: the forward and the backward recorded in one block;
+        # compiled: the forward compiled (its backward graph with it).
+        fwd = tpu_call if path() == "compiled" else (lambda f, *a: f(*a))
+        fallbacks = _graph_counts()[1] if path() == "compiled" else 0
+        with torch_tpu.fused() if path() == "fused" else contextlib.nullcontext():
+            out = sample.output_process_fn_grad(fwd(call, t_inp, t_args, t_kwargs))
             outs = _diff_outputs(out)
-            ins = _grad_inputs(sample.input, sample.args, sample.kwargs)
-            if not outs or not ins:
-                return None
-            g = torch.Generator().manual_seed(4321 + i)
-            cots = [torch.randn(o.shape, dtype=o.dtype, generator=g) for o in outs]
+            ins = _grad_inputs(t_inp, t_args, t_kwargs)
+            if len(outs) != len(res[0]):
+                raise Outcome(f"mismatch ({what}): {len(outs)} differentiable outputs, "
+                              f"CPU has {len(res[0])}")
+            cots = [c.to(o.device) for c, o in zip(res[0], outs)]
             grads = torch.autograd.grad(outs, ins, cots, allow_unused=True)
-            return cots, grads
+        if path() == "compiled" and _graph_counts()[1] != fallbacks:
+            raise Outcome("not compiled: the backward graph ran op by op")
+        return to_cpu(grads)
 
-        res, cpu_exc = _cpu_run(cpu_side)
-        if cpu_exc is None and res is None:
-            continue  # nothing differentiable in this sample
-        stats["samples"] += 1
-
-        def tpu_side():
-            # fused: the forward and the backward recorded in one block;
-            # compiled: the forward compiled (its backward graph with it).
-            fwd = tpu_call if path() == "compiled" else (lambda f, *a: f(*a))
-            fallbacks = _graph_counts()[1] if path() == "compiled" else 0
-            with torch_tpu.fused() if path() == "fused" else contextlib.nullcontext():
-                out = sample.output_process_fn_grad(fwd(call, t_inp, t_args, t_kwargs))
-                outs = _diff_outputs(out)
-                ins = _grad_inputs(t_inp, t_args, t_kwargs)
-                if len(outs) != len(res[0]):
-                    raise Outcome(f"mismatch ({what}): {len(outs)} differentiable outputs, "
-                                  f"CPU has {len(res[0])}")
-                cots = [c.to(o.device) for c, o in zip(res[0], outs)]
-                grads = torch.autograd.grad(outs, ins, cots, allow_unused=True)
-            if path() == "compiled" and _graph_counts()[1] != fallbacks:
-                raise Outcome("not compiled: the backward graph ran op by op")
-            return to_cpu(grads)
-
-        actual, tpu_exc = _tpu_run(tpu_side)
-        if cpu_exc is not None or tpu_exc is not None:
-            _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
-            continue
-        expected = res[1]
-        if rec.random or name in RANDOM_OPS:
-            stats["random_samples"] += 1
-            _compare_meta(actual, expected, what)
-            continue
-        try:
-            _compare(actual, expected, tol, what)
-        except Outcome:
-            exact = _exact_grads(call, sample, dtype, res[0], i) if judged(dtype) else None
-            if not no_less_accurate_than_cpu(op.name, actual, expected, exact, dtype, tol):
-                raise
+    actual, tpu_exc = _tpu_run(tpu_side)
+    if cpu_exc is not None or tpu_exc is not None:
+        _raise_mismatched_exceptions(cpu_exc, tpu_exc, what)
+        return
+    expected = res[1]
+    if rec.random or name in RANDOM_OPS:
+        stats["random_samples"] += 1
+        _compare_meta(actual, expected, what)
+        return
+    try:
+        _compare(actual, expected, tol, what)
+    except Outcome:
+        exact = _exact_grads(call, sample, dtype, res[0], i) if judged(dtype) else None
+        if not no_less_accurate_than_cpu(op.name, actual, expected, exact, dtype, tol):
+            raise
 
 
 def _exact_grads(call, sample, dtype, cots, i):
