@@ -186,3 +186,78 @@ def _mask_partly_self(x):  # CPU refuses a mask partly sharing the written memor
                          ids=lambda f: f.__name__)
 def test_mask_aliasing_written_tensor(path, fn):
     assert_like_cpu(path, fn, torch.tensor([True, False, True, True]))
+
+
+# -- the memory format of results ------------------------------------------------------
+#
+# CPU's TensorIterator (and cat, dropout) lay a result out like its input: a
+# channels_last input gives a channels_last result, a transposed one a
+# transposed result. The executor allocates results in the strides of PyTorch's
+# meta kernel, which computes the same.
+
+
+def _cl_add(x):
+    return x + 1
+
+
+def _cl_mul_self(x):
+    return x * x
+
+
+def _cl_relu(x):
+    return torch.relu(x)
+
+
+def _cl_cat(x):
+    return torch.cat([x, x])
+
+
+def _cl_cat_channels(x):
+    return torch.cat([x, x], 1)
+
+
+def _cl_dropout(x):
+    return torch.nn.functional.dropout(x, 0.5, True)  # random: layout, and 0 or 2x
+
+
+def _cl_native_dropout_mask(x):
+    return torch.ops.aten.native_dropout(x, 0.5, True)[1]  # the mask: layout only
+
+
+def _transposed_exp(x):
+    return x[0, 0].t().exp()
+
+
+def _cl_add_then_views(x):  # (a copy at the end: a values check of views of such results)
+    return (x + 1)[:, 1:, ::2].permute(0, 2, 3, 1).reshape(2, -1)
+
+
+def _cl_add_then_inplace(x):
+    y = x * 2
+    y[:, 1].add_(1)
+    return y
+
+
+@pytest.mark.parametrize("path", ("eager", "fused"))
+@pytest.mark.parametrize("fn", [_cl_add, _cl_mul_self, _cl_relu, _cl_cat, _cl_cat_channels,
+                                _cl_dropout, _cl_native_dropout_mask, _transposed_exp,
+                                _cl_add_then_views, _cl_add_then_inplace],
+                         ids=lambda f: f.__name__)
+def test_result_memory_format_as_cpu(path, fn):
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    want = fn(x)
+    if path == "fused":
+        with torch_tpu.fused():
+            got = fn(x.to("tpu"))
+    else:
+        got = fn(x.to("tpu"))
+    assert got.stride() == want.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) == want.is_contiguous(
+        memory_format=torch.channels_last)
+    if fn is _cl_native_dropout_mask:
+        return
+    if fn is _cl_dropout:
+        got = got.cpu()
+        assert bool(((got == 0) | (got == 2 * x)).all())
+        return
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)

@@ -534,28 +534,16 @@ def _local_scalar_dense(self):
 
 # -- results in the memory format PyTorch's meta kernel gives them --------------
 #
-# The executor wraps every result as a plain (contiguous) tensor. Ops whose CPU
-# kernels keep their input's memory format (pooling on a channels_last input
-# returns channels_last, as `is_contiguous(memory_format=...)`, the next op and
-# torch.compile see) get `strided_kernel`: the op's runner, then each result
-# whose meta strides differ from contiguous is laid out in those strides (one
-# transpose program; the storage is then the flat array in that order, like
-# `empty_strided`). PyTorch's meta kernels compute the same strides as its CPU
-# kernels for these ops (tests/test_nn_parity.py compares them).
+# The executor lays each result out in the strides PyTorch's meta kernel gives it
+# (executor._result_orders: channels_last in, channels_last out, as CPU's
+# TensorIterator, cat and dropout do). Ops whose CPU strides differ from their
+# meta kernel's (unbatched max_pool3d) get `strided_kernel`: the op's runner,
+# then each result laid out in CPU's strides (one transpose program; the
+# storage is then the flat array in that order, like `empty_strided`).
+# tests/test_nn_parity.py compares pooling's strides with CPU's.
 
 
-def _dense_order(shape: tuple, stride: tuple) -> tuple | None:
-    """Dims from outermost to innermost if `stride` is dense (no gaps, no
-    overlap) for `shape`; None otherwise. Size-1 dims may sit anywhere."""
-    order = tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
-    expected = 1
-    for d in reversed(order):
-        if shape[d] == 1:
-            continue
-        if stride[d] != expected:
-            return None
-        expected *= shape[d]
-    return order
+_dense_order = executor.dense_order  # (the executor lays results out by it too)
 
 
 def _whole_permutation(t: torch.Tensor, data: st.DeviceData) -> tuple | None:

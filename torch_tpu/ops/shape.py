@@ -82,8 +82,9 @@ def _clone_kernel(self, *, memory_format=None):
                                device="meta").clone(memory_format=memory_format
                                                     or torch.preserve_format)
     if tuple(meta.stride()) == st.contiguous_strides(tuple(meta.shape)) or meta.numel() <= 1:
-        # One executable; the result is a fresh, plain (contiguous) tensor.
-        return executor.runner_for(aten.clone.default)(self)
+        # One executable; the result is a fresh, plain (contiguous) tensor (the
+        # memory format passed on: the executor lays results out as meta does).
+        return executor.runner_for(aten.clone.default)(self, memory_format=memory_format)
     # preserve_format of a dense permuted tensor, channels_last, ...: PyTorch
     # keeps the strides; so do we (the storage is then a flat array).
     out = core.new_tensor(tuple(meta.shape), self.dtype, self.device.index, tuple(meta.stride()))

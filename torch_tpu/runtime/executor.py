@@ -148,7 +148,7 @@ class Plan:
 
 class Entry:
     __slots__ = ("compiled", "out_tree", "out_meta", "writes", "eager_fn", "nbytes", "check",
-                 "program", "fused_specs", "fast", "narrow", "aliases")
+                 "program", "fused_specs", "fast", "narrow", "aliases", "orders")
     # Set only for eager (data-dependent) lowerings, which run without jit.
     eager_fn: Callable[..., Any]
 
@@ -175,6 +175,10 @@ class Entry:
         # (written, input) argument positions sharing a storage as views,
         # whose overlap each call checks (Runner._check_aliases); None: none.
         self.aliases: tuple | None = None
+        # Per tensor result, the dim order of the memory format PyTorch's
+        # meta kernel gives it where that is not row-major (_result_orders);
+        # None where every result is row-major.
+        self.orders: tuple | None = None
 
 
 def _device_mismatch(op_name, a, b):
@@ -287,7 +291,7 @@ def _fast_spec(entry):
     take Runner.__call__'s other branches (an eager lowering, a memory check
     per call, storages it writes, results that are not all tensors)."""
     compiled = entry.compiled
-    if compiled is None or entry.check or entry.writes:
+    if compiled is None or entry.check or entry.writes or entry.orders is not None:
         return False
     if type(compiled) is not jax.stages.Compiled and type(compiled) is not fused.LazyExecutable:
         # (an entry built while ops were recorded: the kernel records its
@@ -848,6 +852,8 @@ class Runner:
         fmeta_tensors = [m for m in pytree.tree_leaves(fmeta) if isinstance(m, torch.Tensor)]
         lowering, rng, name = self.lowering, self.rng, plan.name
         is_derived = self.functional is not None
+        orders = None if is_derived else _result_orders(
+            [m for m in meta_leaves if isinstance(m, torch.Tensor)])
         # Each written tensor: (argument index, list position or None), its
         # recipe, and its meta after the op (an out= tensor may be resized).
         targets: list[tuple[int, int | None, Any, Any]] = []
@@ -916,6 +922,9 @@ class Runner:
                         f"{len(leaves)} arrays, PyTorch's op returns {n_tensor_out}")
                 outs = [calling.conform(x, m.shape, m.dtype, name) for x, m in
                         zip(leaves, [m for m in meta_leaves if isinstance(m, torch.Tensor)])]
+                if orders is not None:  # stored in that order, flat (as empty_strided's)
+                    outs = [x if o is None else jnp.transpose(x, o).reshape(-1)
+                            for x, o in zip(outs, orders)]
             bases = list(arrays)
             for (_, _, r, m), val in zip(targets, values):
                 offset = None if r[2] is None else dyn[r[3]]
@@ -972,6 +981,7 @@ class Runner:
         entry.check = large
         entry.narrow = narrow
         entry.aliases = aliases
+        entry.orders = orders
         programs.insert(key, entry)
         return entry
 
@@ -1041,6 +1051,8 @@ class Runner:
             return res[0] if len(res) == 1 else tuple(res)
         if self.lowering.mutates and not entry.out_meta:
             return None
+        if entry.orders is not None:
+            return self._wrap_strided(entry, outs, device)
         if len(entry.out_meta) == 1 and entry.out_tree.is_leaf():
             return wrap_array(outs[0], device, entry.out_meta[0].dtype, self.plan.name)
         it = iter(outs)
@@ -1050,6 +1062,26 @@ class Runner:
                 leaves.append(wrap_array(next(it), device, m.dtype, self.plan.name))
             else:
                 leaves.append(m)
+        return pytree.tree_unflatten(leaves, entry.out_tree)
+
+
+    def _wrap_strided(self, entry, outs, device):
+        """Results with the strides of PyTorch's meta kernel (entry.orders):
+        their arrays are the values in that memory order, flat."""
+        it = iter(zip(outs, entry.orders))
+        leaves = []
+        for m in entry.out_meta:
+            if not isinstance(m, torch.Tensor):
+                leaves.append(m)
+                continue
+            arr, order = next(it)
+            if order is None:
+                leaves.append(wrap_array(arr, device, m.dtype, self.plan.name))
+                continue
+            t = st.empty_tensor(tuple(m.shape), m.dtype, device,
+                                nbytes=m.numel() * m.element_size(), stride=tuple(m.stride()))
+            st.attach(t, arr, self.plan.name)
+            leaves.append(t)
         return pytree.tree_unflatten(leaves, entry.out_tree)
 
 
@@ -1080,6 +1112,36 @@ def _alias_pairs(recipes, targets):
                 continue  # the same whole array: CPU's Full overlap, allowed
             pairs.append(((i, j), pos))
     return tuple(pairs) or None
+
+
+def dense_order(shape, stride):
+    """Dims from outermost to innermost if `stride` is dense (no gaps, no
+    overlap) for `shape`; None otherwise. Size-1 dims may sit anywhere."""
+    order = tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] == 1:
+            continue
+        if stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+def _result_orders(metas):
+    """Per result, its dim order where PyTorch's meta kernel lays it out other
+    than row-major but dense (channels_last in, channels_last out; a
+    transposed input's elementwise result transposed, as CPU's TensorIterator
+    does), else None; None when every result is row-major."""
+    orders = []
+    for m in metas:
+        order = None
+        if m.numel() > 1 and not m.is_contiguous():
+            order = dense_order(tuple(m.shape), tuple(m.stride()))
+            if order == tuple(range(m.dim())):
+                order = None
+        orders.append(order)
+    return tuple(orders) if any(o is not None for o in orders) else None
 
 
 def _relowerer(program, jit_kwargs, args):
