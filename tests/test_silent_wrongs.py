@@ -210,3 +210,51 @@ def test_subnormals_move_bit_for_bit():
     assert torch.equal(_bits(t.cpu()), _bits(x))
     assert torch.equal(_bits(t[1:].clone().cpu()), _bits(x[1:]))
     assert torch.equal(_bits(torch.cat([t, t]).cpu()), _bits(torch.cat([x, x])))
+
+
+# -- unique(dim=0) with NaN rows ---------------------------------------------------
+#
+# docs/troubleshooting.md: CPU sorts rows with std::sort under a comparator for
+# which NaN is neither less nor greater than anything (no ordering: equal
+# NaN-free rows can end up apart and be listed twice); `tpu` sorts rows
+# lexicographically with NaN after every number, so equal rows without NaN
+# form one group and each row holding a NaN is a group of its own.
+
+NAN_ROWS = [[2.0, 1.0, 2.0, 0.0], [NAN, 1.0, NAN, NAN], [1.0, NAN, 1.0, 2.0],
+            [2.0, 1.0, 2.0, 0.0], [2.0, 0.0, 0.0, 2.0], [NAN, 1.0, NAN, NAN],
+            [-0.0, 2.0, 1.0, 1.0], [0.0, 2.0, 1.0, 1.0], [2.0, 1.0, NAN, NAN]]
+
+
+def _unique_rows(x):
+    return torch.unique(x, dim=0, return_inverse=True, return_counts=True)
+
+
+def _rule_groups(x):
+    """(row, count) pairs of the documented rule, computed in Python."""
+    counts: dict = {}
+    for i, row in enumerate(x.tolist()):
+        row = [v + 0.0 for v in row]  # -0.0 == 0.0
+        key = (i, str(row)) if any(math.isnan(v) for v in row) else (-1, str(row))
+        counts[key] = counts.get(key, 0) + 1
+    return sorted((label, c) for (_, label), c in counts.items())
+
+
+def _lex_key(row):
+    return [(math.isnan(v), 0.0 if math.isnan(v) else v) for v in row]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_unique_dim_nan_rows_follow_the_rule(path):
+    x = torch.tensor(NAN_ROWS)
+    u, inverse, counts = on_path(path, _unique_rows, x)
+    torch.testing.assert_close(u[inverse], x, rtol=0, atol=0, equal_nan=True)
+    got = sorted((str([v + 0.0 for v in r]), int(c)) for r, c in zip(u.tolist(), counts))
+    assert got == _rule_groups(x)
+    keys = [_lex_key(r) for r in u.tolist()]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_unique_dim_without_nan_like_cpu(path):
+    x = torch.tensor([[3.0, 1.0], [0.0, 2.0], [3.0, 1.0], [-0.0, 2.0], [-1.0, 5.0]])
+    assert_like_cpu(path, _unique_rows, x)
