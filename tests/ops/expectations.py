@@ -158,8 +158,9 @@ XFAILS = {
 # OpInfo's list of the case's samples (the "sample N" of a failure; every
 # sample of the list checked one by one with TORCH_TPU_OPINFO_MAX_SAMPLES=0,
 # 2026-12-07, AMD EPYC with AVX-512 but not AVX512-FP16):
-# {(op_name, dtype, kind): (the start of their failure's cause, (indices...)
-# [, a /proc/cpuinfo flag: the samples fail only on hosts that have it])}.
+# {(op_name, dtype, kind[, path]): (the start of their failure's cause,
+# (indices...)[, a /proc/cpuinfo flag: the samples fail only on hosts that
+# have it])}.
 XFAIL_SAMPLES = {
     ('__rpow__', 'complex64', 'forward'): ("mismatch", (4, 6, 7)),
     ('fft.hfft2', 'complex64', 'forward'): ("mismatch", (5,)),
@@ -177,6 +178,8 @@ XFAIL_SAMPLES = {
     ('nn.functional.linear_cross_entropy.chunked_none', 'float16', 'forward'):
         ("mismatch", (1, 4, 15, 18, 42, 43, 57, 59, 60, 70, 71)),
     ('pow', 'complex64', 'forward'): ("mismatch", (5,)),
+    # PATH_XFAILS' entries: the key ends with the path
+    ('index_put', 'float32', 'grad', 'compiled'): ("not compiled", (1, 3)),
 }
 
 # Out-of-range *tensor* indices are values inside a compiled program; checking
@@ -196,7 +199,8 @@ UNCHECKED_INDEX = {
 
 
 # Expected failures of one path only: (op, dtype, kind, path) -> reason. The
-# path-independent ones (XFAILS) apply on every path.
+# path-independent ones (XFAILS) apply on every path. Strict as XFAILS are:
+# a sample-dependent one is keyed to its samples in XFAIL_SAMPLES.
 PATH_XFAILS = {
     ("index_put", "float32", "grad", "compiled"):
         "not compiled: samples with a bool mask index need nonzero, whose output shape "

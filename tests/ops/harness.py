@@ -806,9 +806,11 @@ def cpu_flags() -> frozenset:
 
 def expected_failures(name: str, dtype_name: str, kind: str) -> dict:
     """{sample index: the start of its expected failure's cause} for the case
-    (expectations.XFAIL_SAMPLES); empty where none is listed, or where the
-    entry's CPU flag (a host-dependent failure) is not on this host."""
-    entry = expectations.XFAIL_SAMPLES.get((name, dtype_name, kind))
+    on this run's path (expectations.XFAIL_SAMPLES, keyed by the case or by
+    the case and a path); empty where none is listed, or where the entry's
+    CPU flag (a host-dependent failure) is not on this host."""
+    key = (name, dtype_name, kind)
+    entry = expectations.XFAIL_SAMPLES.get(key, expectations.XFAIL_SAMPLES.get(key + (path(),)))
     if entry is None:
         return {}
     cause, indices, *flag = entry
@@ -834,6 +836,29 @@ def _check_sample(expected: dict, i: int, stats: dict, check) -> None:
         stats.setdefault("expected_failed", []).append(i)
     else:
         stats.setdefault("expected_passed", []).append(i)
+
+
+def unexpected_outcome(name: str, dtype_name: str, kind: str, stats: dict) -> str | None:
+    """Why a case whose samples raised nothing still fails, or None: a sample
+    listed in expectations.XFAIL_SAMPLES passed, or no sample was compared at
+    all (a test that compares nothing would pass for the wrong reason)."""
+    if stats.get("expected_passed"):
+        # "[XPASS(strict)]": the results file records the case as xpassed.
+        return (f"[XPASS(strict)] samples {stats['expected_passed']} of {name} {dtype_name} "
+                f"{kind} pass: remove them from expectations.XFAIL_SAMPLES (and the "
+                "XFAILS entry with the last of them)")
+    if not stats.get("samples") and not stats.get("expected_failed"):
+        return (f"no samples compared: OpInfo gave {name} no sample input in {dtype_name} "
+                f"for {kind} that this run selects (an expected one is an XFAILS entry "
+                "whose reason starts with 'no samples')")
+    return None
+
+
+def expected_failure_reason(name: str, dtype_name: str, kind: str, stats: dict) -> str:
+    """The xfail reason of a case whose listed samples failed as listed."""
+    key = (name, dtype_name, kind)
+    why = expectations.XFAILS.get(key) or expectations.PATH_XFAILS[key + (path(),)]
+    return f"samples {stats['expected_failed']} (expectations.XFAIL_SAMPLES): {why}"
 
 
 def run_forward(name, op, dtype_name, *, stats=None):

@@ -56,7 +56,7 @@ def _run(record_property, name, op, dtype, kind):
         record_property("opinfo_cause", cause)
         failure = f"{cause}\n\n{harness.format_failure(e)}"
     if failure is None:
-        failure = _unexpected_outcome(name, dtype, kind, stats)
+        failure = harness.unexpected_outcome(name, dtype, kind, stats)
     if failure is None and not_capturable is None and harness.NOT_CAPTURED:
         not_capturable = harness.NOT_CAPTURED[0]
     if not_capturable is not None:
@@ -76,26 +76,9 @@ def _run(record_property, name, op, dtype, kind):
         # device (harness._dynamo_on_cpu is the control).
         pytest.xfail(not_capturable)
     if stats.get("expected_failed"):
-        reason = (f"samples {stats['expected_failed']} (expectations.XFAIL_SAMPLES): "
-                  f"{expectations.XFAILS[(name, dtype, kind)]}")
+        reason = harness.expected_failure_reason(name, dtype, kind, stats)
         record_property("opinfo_cause", reason)
         pytest.xfail(reason)
-
-
-def _unexpected_outcome(name, dtype, kind, stats):
-    """Why a case whose samples raised nothing still fails, or None: a sample
-    listed in expectations.XFAIL_SAMPLES passed, or no sample was compared at
-    all (a test that compares nothing would pass for the wrong reason)."""
-    if stats.get("expected_passed"):
-        # "[XPASS(strict)]": the results file records the case as xpassed.
-        return (f"[XPASS(strict)] samples {stats['expected_passed']} of {name} {dtype} {kind} "
-                "pass: remove them from expectations.XFAIL_SAMPLES (and the XFAILS entry "
-                "with the last of them)")
-    if not stats.get("samples") and not stats.get("expected_failed"):
-        return (f"no samples compared: OpInfo gave {name} no sample input in {dtype} for "
-                f"{kind} that this run selects (an expected one is an XFAILS entry whose "
-                "reason starts with 'no samples')")
-    return None
 
 
 def test_xfail_samples_are_listed_expected_failures():
@@ -105,10 +88,11 @@ def test_xfail_samples_are_listed_expected_failures():
     any selection of samples (tests/README.md); a case with no samples fails
     in every selection."""
     for key, (cause, indices, *flag) in expectations.XFAIL_SAMPLES.items():
-        assert key in expectations.XFAILS, key
+        assert key in (expectations.XFAILS if len(key) == 3 else expectations.PATH_XFAILS), key
         assert cause and indices and all(isinstance(i, int) for i in indices), key
         assert len(flag) <= 1, key
-    for key, reason in expectations.XFAILS.items():
+    listed = {**expectations.XFAILS, **expectations.PATH_XFAILS}
+    for key, reason in listed.items():
         if key[2] in ("forward", "grad"):  # (test_bad_input's kinds have no samples)
             assert (reason.startswith(("no lowering:", "no samples"))
                     or key in expectations.XFAIL_SAMPLES), key
