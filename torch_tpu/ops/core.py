@@ -396,14 +396,12 @@ def _same_data(self: torch.Tensor, src: torch.Tensor) -> bool:
 def _check_copy_overlap(self: torch.Tensor, src: torch.Tensor) -> None:
     """CPU copy_'s memory checks (TensorIterator's): no element of `self`
     stored for several (an expanded tensor), none shared in part with `src`."""
-    if _same_data(self, src):
-        return
-    text = None
-    if executor.internal_overlap(self):
+    text = None  # (per copy: ~0.5 us on this 2-core host; the cheap tests first)
+    if 0 in self.stride() and executor.internal_overlap(self):
         text = verdict.INTERNAL_OVERLAP_TEXT
-    elif src.device.type == "tpu" and executor.partial_overlap(self, src):
+    elif executor.partial_overlap(self, src):  # (a CPU src has no device data: False)
         text = verdict.PARTIAL_OVERLAP_TEXT
-    if text is not None:
+    if text is not None and not _same_data(self, src):
         raise RuntimeError(f"{text} (aten.copy_.default)")
 
 

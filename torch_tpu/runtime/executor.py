@@ -679,13 +679,13 @@ def overlaps(a, b):
     """at::get_overlap_status(a, b) is Full or Partial."""
     if a is b:
         return True
+    da = getattr(a.untyped_storage(), "_tpu", None)  # (first: the cheap, common answer)
+    if da is None or da is not getattr(b.untyped_storage(), "_tpu", None):
+        return False
     if a.numel() == 0 or b.numel() == 0:
         return False
     if not (_dense(a) and _dense(b)):
         return False  # TooHard: CPU does not raise
-    da = getattr(a.untyped_storage(), "_tpu", None)
-    if da is None or da is not getattr(b.untyped_storage(), "_tpu", None):
-        return False
     (a0, a1), (b0, b1) = _mem_range(a), _mem_range(b)
     return a0 < b1 and b0 < a1
 
