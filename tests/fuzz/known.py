@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 
 from .generator import Input, Program
-from .runner import Failure, Mismatch, Report, execute, shrink_failure
+from .runner import SAME_AS_CPU_COMPILE, Failure, Mismatch, Report, execute, shrink_failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +85,21 @@ KNOWN: dict[str, Known] = {
         and "more than one element of the written-to tensor" in m.detail,
         Program((_inp("x0", (1, 1, 1, 1), "float32", (-0.39,)),),
                 ("x0.expand(3, 4, 4, 3).sub_(-2)",)), "compiled"),
+    "as torch.compile on the CPU": Known(
+        "a compiled-path difference PyTorch's own torch.compile shows on the CPU too "
+        "(aot_eager): AOTAutograd's functionalization of a write through an expanded view "
+        "adds every alias's write, dynamo folds the constant -0.0 as 0.0",
+        48, lambda p, m: m.path == "compiled" and m.detail.endswith(SAME_AS_CPU_COMPILE),
+        Program((_inp("x1", (), "float32", (1.38,)),),
+                ("v1 = x1.expand(2)", "v1.masked_fill_(v1 > 0, 5.0)")), "compiled"),
+    "index_fill_ into expanded view lost": Known(
+        "index_fill_ into an expanded view (which CPU allows with a deprecation warning) "
+        "leaves the tensor unchanged: the write is lost, silently",
+        48, lambda p, m: m.kind in ("value", "signed-zero") and ".index_fill_(" in _src(p)
+        and ".expand" in _src(p),
+        Program((_inp("x1", (), "float32", (1.38,)),),
+                ("v1 = x1.expand(2)",
+                 "v1.index_fill_(0, torch.tensor([0], device=v1.device), 5.0)")), "eager"),
     "channels_last dropped": Known(
         "a 4-D result CPU returns in channels_last comes back row-major; fixed in eager and "
         "fused, not through torch.compile (its graph outputs take the tpu's row-major layout)",
