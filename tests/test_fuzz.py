@@ -205,3 +205,13 @@ def test_shrinker_reaches_the_minimal_program():
     assert fails(prog)
     small = shrink.shrink(prog, fails)
     assert small == Program((Input("x0", (1, 1), "float32", (math.nan,)),), ("v0 = x0 + 1",)), small
+
+
+def test_command_line_runs_and_reports(capsys):
+    from tests.fuzz.__main__ import main
+
+    assert main(["--seed", "3", "--count", "2", "--paths", "eager", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "programs run per path: {'eager': 2}" in out
+    with pytest.raises(SystemExit):
+        main(["--paths", "lazy"])
