@@ -694,7 +694,8 @@ def internal_overlap(t):
     """at::has_internal_overlap(t) is Yes: a dimension of size > 1 with stride 0
     (an expanded tensor), where one memory location stands for several elements."""
     stride = t.stride()
-    return 0 in stride and any(s == 0 and n > 1 for n, s in zip(t.shape, stride))
+    return (0 in stride and any(s == 0 and n > 1 for n, s in zip(t.shape, stride))
+            and t.numel() > 0)  # (an empty tensor stores nothing: CPU accepts it)
 
 
 def partial_overlap(a, b):

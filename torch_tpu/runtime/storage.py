@@ -526,6 +526,14 @@ def strided_read(base, layout, offset=None):
     return jnp.broadcast_to(x, sizes)
 
 
+def _differs(new: jax.Array, old: jax.Array) -> jax.Array:
+    """Where `new` is not `old`, a NaN and a zero's sign counting as values."""
+    out = new != old
+    if jnp.issubdtype(new.dtype, jnp.floating):
+        out = out | (jnp.signbit(new) != jnp.signbit(old))
+    return out
+
+
 def strided_write(base, layout, value, offset=None):
     """`base` with the view described by `layout` replaced by `value`.
 
@@ -547,7 +555,17 @@ def strided_write(base, layout, value, offset=None):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
         region = _slice(work, offset, extent(sizes, strides))
-        region = region.at[flat_index(sizes, strides, 0)].set(value)
+        index = flat_index(sizes, strides, 0)
+        if any(s == 0 and k > 1 for k, s in zip(sizes, strides)):
+            # An expanded view (several elements in one place) that CPU lets
+            # an op write (fill_, masked_fill_, index_fill_, index_put_):
+            # CPU's loop writes only the elements the op sets, so only those
+            # that changed are written here; the others would put the old
+            # value back over them, in an order XLA does not define.
+            index = jnp.where(_differs(value, region[index]), index, region.shape[0])
+            region = region.at[index].set(value, mode="drop")
+        else:
+            region = region.at[index].set(value)
         work = lax.dynamic_update_slice(work, region, (offset,))
     if not same:
         work = reinterpret(work, storage_dtype or JAX_TO_TORCH[np.dtype(flat.dtype)], dtype)
