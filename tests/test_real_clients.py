@@ -430,14 +430,35 @@ def test_quantized_tensors_raise_not_implemented_naming_quantization(case):
             run()
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="aten.fake_quantize_per_tensor_affine_cachemask has no tpu lowering "
-                          "(it runs through the CPU fallback)")
 def test_fake_quantization_is_an_ordinary_float_op():
-    x = torch.randn(8)
-    got = torch.fake_quantize_per_tensor_affine(x.to("tpu"), 0.1, 0, -128, 127)
-    torch.testing.assert_close(got.cpu(), torch.fake_quantize_per_tensor_affine(x, 0.1, 0,
-                                                                               -128, 127))
+    """torch.ao's QAT ops (per tensor with float or tensor qparams, per channel, the
+    observer switched off) and their straight-through gradient, CPU-equal bit for bit."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5) * 3
+    x[0, :3] = torch.tensor([0.25, 0.35, -0.05])  # ties round half to even
+    x[0, 3] = 100.0  # clamped, masked out of the gradient
+    scale, zp = torch.tensor([0.1]), torch.tensor([2], dtype=torch.int32)
+    ch_scale = torch.tensor([0.1, 0.2, 0.05, 0.3, 0.07])
+    ch_zp = torch.tensor([0, 1, -1, 2, 0], dtype=torch.int32)
+    cases = [
+        lambda x, d: torch.fake_quantize_per_tensor_affine(x, 0.07, -2, -8, 7),
+        lambda x, d: torch.fake_quantize_per_tensor_affine(x, scale.to(d), zp.to(d), 0, 255),
+        lambda x, d: torch.fake_quantize_per_channel_affine(x, ch_scale.to(d), ch_zp.to(d), 1,
+                                                            -128, 127),
+        lambda x, d: torch._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(
+            x, scale.to(d), zp.to(d), torch.tensor([0]).to(d), -128, 127)[0],  # observer off
+    ]
+    for case in cases:
+        want_x, got_x = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        want, got = case(want_x, "cpu"), case(got_x, "tpu")
+        assert torch.equal(got.cpu(), want.detach())
+        if want.requires_grad:
+            want.sum().backward()
+            got.sum().backward()
+            assert torch.equal(got_x.grad.cpu(), want_x.grad)
+    with pytest.raises(RuntimeError, match="`zero_point` must be between `quant_min` and "
+                                           "`quant_max`"):
+        torch.fake_quantize_per_tensor_affine(x.to("tpu"), 0.1, 9, 0, 5)
 
 
 RESIZE_FORMATS = [None, torch.contiguous_format, torch.channels_last, torch.channels_last_3d,
