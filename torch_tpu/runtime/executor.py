@@ -1097,7 +1097,7 @@ def _alias_pairs(recipes, targets):
     whole storage: the calls whose overlap CPU checks depend on the views'
     offsets, which are runtime inputs. None where there are none (nearly
     every op: the check costs those nothing)."""
-    inputs = []
+    inputs: list[tuple[tuple[int, int | None], Any]] = []
     for i, r in enumerate(recipes):
         if r[0] == "l":
             inputs.extend(((i, j), x) for j, x in enumerate(r[1])

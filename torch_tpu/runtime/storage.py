@@ -555,7 +555,7 @@ def strided_write(base, layout, value, offset=None):
         work = lax.dynamic_update_slice(work, value.reshape(-1), (offset,))
     else:
         region = _slice(work, offset, extent(sizes, strides))
-        index = flat_index(sizes, strides, 0)
+        index: Any = flat_index(sizes, strides, 0)
         if any(s == 0 and k > 1 for k, s in zip(sizes, strides)):
             # An expanded view (several elements in one place) that CPU lets
             # an op write (fill_, masked_fill_, index_fill_, index_put_):
