@@ -694,23 +694,6 @@ def write_atomic(fname: str, blob: bytes, where: TrustedDir | None = None) -> No
         raise
 
 
-def remove(path: str) -> bool:
-    """Remove a file, link or directory tree at `path`; True if it is gone
-    (compile.persist drops rejected artifact entries with it)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
-        return not os.path.lexists(path)
-    return _unlink(path)
-
-
 def _unlink(path: str) -> bool:
     try:
         os.unlink(path)

@@ -198,8 +198,16 @@ class ArtifactStore:
         _store.warn_once("artifact-bad", f"ignored the PyTorch compile artifact "
                                          f"{os.path.basename(fname)} ({problem}); the function "
                                          "is traced and compiled again")
-        if self.writable and self._dir is not None and not problem.startswith(
-                ("owned by", "writable by", "cannot read")):
+        if not problem.startswith(("owned by", "writable by", "cannot read")):
+            self._drop(fname)
+
+    def remove(self, key: str) -> None:
+        """Drop `key`'s entry (one that cannot be used here)."""
+        self._drop(self.file_for(key))
+
+    def _drop(self, fname: str) -> None:
+        """Remove an entry through the held directory (no path walked again)."""
+        if self.writable and self._dir is not None:
             self._dir.remove(os.path.basename(fname))
 
     def put(self, key: str, payload: bytes) -> bool:

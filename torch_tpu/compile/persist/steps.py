@@ -641,9 +641,7 @@ def reject(key: str, e: BaseException, undo_hit: bool = False) -> None:
             STATS.hits -= 1
     _store.warn_once("step-load", f"ignored a stored compile_step graph "
                                   f"({type(e).__name__}: {e}); the step is traced again")
-    s = artifact_store()
-    if s.writable:
-        _store.remove(s.file_for(key))
+    artifact_store().remove(key)
 
 
 def count_unkeyed() -> None:
