@@ -12,6 +12,8 @@ some writes eager CPU refuses).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -284,3 +286,36 @@ def test_result_memory_format_as_cpu(path, fn):
         assert bool(((got == 0) | (got == 2 * x)).all())
         return
     torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+# -- DLPack within the device ------------------------------------------------------------
+#
+# A tpu tensor exports as PyTorch exports a PrivateUse1 tensor (kDLExtDev); the
+# tensor PyTorch's importer makes shares the exporter's storage, as on CPU.
+
+
+def _through_dlpack(t, how):
+    if how == "from_dlpack":
+        return torch.from_dlpack(t)
+    return torch.asarray(torch.utils.dlpack.to_dlpack(t))
+
+
+@pytest.mark.parametrize("path", ("eager", "fused"))
+@pytest.mark.parametrize("how", ("from_dlpack", "asarray_capsule"))
+def test_dlpack_round_trip_aliases(path, how):
+    base = torch.arange(12.0).view(3, 4)
+    want = base.clone()
+    want[1:, 1::2] = 0
+    want[1:, 1::2] += 5
+    t = base.to("tpu")
+    assert t.__dlpack_device__() == (torch.utils.dlpack.DLDeviceType.kDLExtDev, 0)
+    with torch_tpu.fused() if path == "fused" else contextlib.nullcontext():
+        v = t[1:, 1::2]
+        u = _through_dlpack(v, how)
+        assert u.device == t.device and u.shape == v.shape and u.stride() == v.stride()
+        assert u.data_ptr() == v.data_ptr()
+        u.zero_()  # a write through the import is seen through the export ...
+        v.add_(5)  # ... and the other way round
+        torch.testing.assert_close(u.cpu(), want[1:, 1::2])
+    torch.testing.assert_close(t.cpu(), want)
+    torch.testing.assert_close(u.clone().cpu(), want[1:, 1::2])

@@ -10,6 +10,7 @@ device aliases it (see storage._seed) and then gets its own storage.
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -57,3 +58,45 @@ def empty_on_device(index: int) -> torch.Tensor:
     if t.device != torch.device(torch._C._get_privateuse1_backend_name(), index):
         raise RuntimeError(f"could not create a tensor on tpu:{index} (got {t.device})")
     return t
+
+
+# -- tpu tensors through DLPack -------------------------------------------------------
+#
+# A tpu tensor exports as PyTorch exports a PrivateUse1 tensor: a kDLExtDev
+# capsule whose data pointer is its storage's (virtual) address; PyTorch's
+# importer (`torch.from_dlpack`, `torch.asarray(capsule)`) then makes a tpu
+# tensor with a storage of its own at that address, which holds no value.
+# torch_tpu notes each exported storage (device.dlpack), and the first time an
+# imported tensor is used (`adopt`), points it at the exported storage: the two
+# tensors then share one storage, and writes through either are seen by both.
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle
+# storage address -> (bytes, weak reference to the exported storage object)
+_EXPORTED: dict[int, tuple[int, weakref.ref]] = {}
+
+
+def exported(t: torch.Tensor) -> None:
+    """Note tpu tensor `t`'s storage as exported through DLPack."""
+    s = t.untyped_storage()
+    if hasattr(s, "_tpu"):
+        _EXPORTED[s.data_ptr()] = (s.nbytes(), weakref.ref(s))
+
+
+def adopt(t: torch.Tensor) -> bool:
+    """Point tpu tensor `t`, imported through DLPack from an exported tpu
+    tensor, at that tensor's storage (same sizes, strides and elements).
+    False when `t`'s memory is no exported storage's."""
+    addr = t.untyped_storage().data_ptr()
+    for base, (nbytes, ref) in list(_EXPORTED.items()):
+        src = ref()
+        if src is None:
+            del _EXPORTED[base]
+            continue
+        delta = addr - base
+        if 0 <= delta < max(nbytes, 1) and delta % t.element_size() == 0:
+            _set_storage.redispatch_boxed(_CPU_KEYS, t, src,
+                                          t.storage_offset() + delta // t.element_size(),
+                                          tuple(t.shape), tuple(t.stride()))
+            return True
+    return False

@@ -250,6 +250,8 @@ class Signature:
             self.key.append((programs.KeyTag.CPU_SCALAR, t.dtype))
             return ("c", i)
         if t.device.type == "tpu":
+            if st.adopt_imported(t):  # imported through DLPack: the exporter's storage
+                return self.tensor(t)
             raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
         dev = f"tpu:{self.device}" if self.device is not None else "tpu:0"
         raise _device_mismatch(self.plan.name, dev, t.device)

@@ -30,6 +30,7 @@ import torch
 from jax import lax
 
 from . import oom, platform
+from . import _dlpack
 from ._dlpack import empty_on_device
 from .fastpath import NATIVE as _NATIVE
 
@@ -345,9 +346,22 @@ def data_of(t: torch.Tensor) -> DeviceData:
     try:
         return t.untyped_storage()._tpu  # type: ignore[attr-defined]  # see wrap
     except AttributeError:
+        if adopt_imported(t):
+            return t.untyped_storage()._tpu  # type: ignore[attr-defined]
         raise RuntimeError(
             "tpu tensor has no device data (it was created by a kernel that "
             "bypassed torch_tpu); please report this with the op that made it") from None
+
+
+def note_exported(t: torch.Tensor) -> None:
+    """Note tpu tensor `t` as exported through DLPack (runtime._dlpack)."""
+    _dlpack.exported(t)
+
+
+def adopt_imported(t: torch.Tensor) -> bool:
+    """Give tpu tensor `t`, imported through DLPack, its exporter's storage;
+    False where it was not imported from a tpu tensor (runtime._dlpack)."""
+    return _dlpack.adopt(t)
 
 
 def has_data(t: torch.Tensor) -> bool:
