@@ -215,3 +215,16 @@ def test_command_line_runs_and_reports(capsys):
     assert "programs run per path: {'eager': 2}" in out
     with pytest.raises(SystemExit):
         main(["--paths", "lazy"])
+
+
+def test_shrinker_bypasses_a_step_later_ones_read():
+    """A step a later one reads is cut by reading its operand instead, when
+    the failure stays: `v1 = x0.cumsum(-1); v2 = torch.softmax(v1, 1)` over
+    an empty tensor shrinks to `v2 = torch.softmax(x0, 1)`."""
+    prog = Program((Input("x0", (1, 0), "int64", ()),),
+                   ("v1 = x0.cumsum(-1)", "v2 = torch.softmax(v1.float(), 1)"))
+
+    def fails(p: Program) -> bool:
+        return any("softmax" in s for s in p.steps)
+
+    assert shrink.shrink(prog, fails).steps == ("v2 = torch.softmax(x0.float(), 1)",)

@@ -2,6 +2,7 @@
 
 Greedy passes, repeated until none helps (or the budget of tries is spent):
 drop steps (with every later step that reads what they defined), drop
+steps with later ones reading one of their operands instead, drop
 inputs nothing reads, make layouts contiguous, shrink each dimension (to 1,
 then by one; each part of it tried), and replace special values with ordinary ones (all of an
 input's at once, then one by one). A candidate is kept when `fails` says it
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -31,6 +33,20 @@ def _drop_step(prog: Program, k: int) -> Program:
             continue
         kept.append(s)
     return dataclasses.replace(prog, steps=tuple(kept))
+
+
+def _bypass_step(prog: Program, k: int) -> Iterator[Program]:
+    """`prog` without step k, later steps reading one of its operands instead
+    of what it defined (`v1 = x0.cumsum(0); v2 = v1.sum()` -> `v2 = x0.sum()`)."""
+    names = defs(prog.steps[k])
+    if len(names) != 1:
+        return
+    rx = re.compile(rf"\b{names[0]}\b")
+    if not any(rx.search(s) for s in prog.steps[k + 1:]):
+        return  # nothing reads it: the same as dropping it
+    for operand in sorted(uses(prog.steps[k])):
+        later = tuple(rx.sub(operand, s) for s in prog.steps[k + 1:])
+        yield dataclasses.replace(prog, steps=prog.steps[:k] + later)
 
 
 def _with_input(prog: Program, k: int, inp: Input) -> Program:
@@ -64,6 +80,8 @@ def candidates(prog: Program) -> Iterator[Program]:
     """Smaller variants of `prog`, the biggest cuts first."""
     for k in reversed(range(len(prog.steps))):
         yield _drop_step(prog, k)
+    for k in reversed(range(len(prog.steps))):
+        yield from _bypass_step(prog, k)
     used = set().union(*(uses(s) for s in prog.steps)) if prog.steps else set()
     for k, inp in enumerate(prog.inputs):
         if inp.name not in used:
