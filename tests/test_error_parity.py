@@ -142,6 +142,29 @@ def test_repeat_interleave_negative_raises_at_the_op_on_every_path(path):
     assert reached == []
 
 
+@pytest.mark.parametrize("path", ["eager", "fused"])
+@pytest.mark.parametrize("repeats", [[1, 3], [1, -2]])
+def test_repeat_interleave_output_size_mismatch_raises_at_the_next_read(repeats, path):
+    """A device-side assert: CPU's error, at the read after the op."""
+    with pytest.raises(RuntimeError, match="^allocated size does not match required size"):
+        torch.repeat_interleave(torch.tensor(repeats), output_size=3)
+
+    def fn(d):
+        return torch.repeat_interleave(torch.tensor(repeats, device=d), output_size=3)
+
+    out = run_on(path, fn, "tpu")  # no error yet: nothing was read
+    with pytest.raises(RuntimeError, match="^allocated size does not match required size "
+                                           r"\(aten.repeat_interleave.Tensor\) \(a device-side"):
+        out.cpu()
+
+
+def test_repeat_interleave_of_no_repeats_ignores_output_size_as_cpu():
+    assert_result_like_cpu(lambda d: torch.repeat_interleave(
+        torch.tensor([], dtype=torch.long, device=d), output_size=3))
+    assert_result_like_cpu(lambda d: torch.repeat_interleave(
+        torch.tensor([2, 0, 1], device=d), output_size=3))
+
+
 def test_repeat_interleave_values():
     assert_result_like_cpu(lambda d: torch.repeat_interleave(torch.tensor([1, 0, 3], device=d)))
 

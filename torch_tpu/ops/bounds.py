@@ -66,7 +66,8 @@ _TAKE_TEXT = "{op}: out of range: tried to access index {value} on a tensor of {
 # "Index 0 of input takes value ..."), which PyTorch's tests match.
 _BAG_TEXT = ("{op}: embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to "
              "be {value} (num_embeddings {size})")
-_WHERE = (" (a device-side check, reported at the first host read after the op; "
+# What a device-side error adds to CPU's text (other value checks use it too).
+WHERE = (" (a device-side check, reported at the first host read after the op; "
           "TORCH_TPU_LAUNCH_BLOCKING=1 reports it at the op)")
 
 
@@ -88,7 +89,7 @@ def check(op: str, index: Any, size: int, dim: int | None, negative: bool,
         if not value[0]:
             return None
         return asserts.DeviceIndexError(
-            text.format(op=op, value=int(value[1]), dim=dim, size=size) + _WHERE)
+            text.format(op=op, value=int(value[1]), dim=dim, size=size) + WHERE)
 
     asserts.defer(flags, make_error)
 

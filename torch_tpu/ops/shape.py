@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import core
+from . import bounds, core
 from .registry import lower, out_dtype, out_meta, out_torch_dtype
 from ..runtime import storage as st
-from ..runtime import executor
+from ..runtime import asserts, executor
 
 aten = torch.ops.aten
 
@@ -309,9 +309,22 @@ def _repeats_total(repeats):
     return total
 
 
+def _check_output_size(repeats, output_size):
+    """CPU's check that the repeats add up to a given output_size, on the device
+    (a device-side assert, runtime.asserts: the point of output_size is no read)."""
+    wrong = repeats.sum() != output_size
+    asserts.defer(wrong, lambda bad: RuntimeError(
+        "allocated size does not match required size (aten.repeat_interleave.Tensor)"
+        + bounds.WHERE) if bad else None)
+
+
 def _repeat_interleave_kernel(repeats, *, output_size=None):
     if output_size is None:
         output_size = _repeats_total(repeats)
+    elif repeats.dim() == 1 and repeats.numel() == 0:
+        return torch.empty_like(repeats)  # CPU's result whatever output_size says
+    elif output_size >= 0 and repeats.dtype in (torch.int32, torch.int64):
+        _check_output_size(repeats, output_size)
     return executor.runner_for(aten.repeat_interleave.Tensor)(repeats, output_size=output_size)
 
 
