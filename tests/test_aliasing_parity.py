@@ -218,7 +218,8 @@ def test_mask_aliasing_written_tensor(path, fn):
 # CPU's TensorIterator (and cat, dropout) lay a result out like its input: a
 # channels_last input gives a channels_last result, a transposed one a
 # transposed result. The executor allocates results in the strides of PyTorch's
-# meta kernel, which computes the same.
+# meta kernel, which computes the same; a compiled graph returns its user
+# outputs in their fake values' strides.
 
 
 def _cl_add(x):
@@ -263,7 +264,7 @@ def _cl_add_then_inplace(x):
     return y
 
 
-@pytest.mark.parametrize("path", ("eager", "fused"))
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fn", [_cl_add, _cl_mul_self, _cl_relu, _cl_cat, _cl_cat_channels,
                                 _cl_dropout, _cl_native_dropout_mask, _transposed_exp,
                                 _cl_add_then_views, _cl_add_then_inplace],
@@ -274,6 +275,9 @@ def test_result_memory_format_as_cpu(path, fn):
     if path == "fused":
         with torch_tpu.fused():
             got = fn(x.to("tpu"))
+    elif path == "compiled":
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="tpu")(x.to("tpu"))
     else:
         got = fn(x.to("tpu"))
     assert got.stride() == want.stride()

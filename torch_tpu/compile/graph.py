@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from ..device import module as _device_module
+from ..ops import core
 from ..runtime import rng as tpu_random
 from ..runtime import async_compile, executor
 from ..runtime import storage as st
@@ -505,13 +506,40 @@ class CompiledGraph:
             outs = [outs[j] for j in out_index]
         device = self.device
 
+        strides = self._user_out_strides()
+
         def array(i, spec):
             arr = outs[spec[1]]
             if out_slices is not None and out_slices[i] is not None:
                 arr = out_slices[i](arr)
-            return st.wrap(arr, device, spec[2])
+            t = st.wrap(arr, device, spec[2])
+            return t if strides[i] is None else core.restrided(t, strides[i])
 
         return wrap_outputs(self, args, muts, array, value_results.__getitem__)
+
+    def _user_out_strides(self) -> list:
+        """Per output, the strides its fake value has where the user gets it
+        (a user output, not one saved for the backward) and they are a dense
+        permutation other than row-major (channels_last in, channels_last
+        out, as PyTorch's own compiled graphs return it); else None."""
+        cached = getattr(self, "_out_strides", None)
+        if cached is not None:
+            return cached
+        strides: list = [None] * len(self.output_nodes)
+        for i, o in enumerate(self.output_nodes[:self.n_user_outputs]):
+            val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+            if (self.out_specs[i][0] != "array" or not isinstance(val, torch.Tensor)
+                    or val.numel() <= 1 or val.is_contiguous()):
+                continue
+            try:
+                shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
+            except (TypeError, ValueError):  # symbolic
+                continue
+            order = executor.dense_order(shape, stride)
+            if order is not None and order != tuple(range(len(shape))):
+                strides[i] = stride
+        self._out_strides = strides
+        return strides
 
     # -- eager fallback ------------------------------------------------------
 
