@@ -127,10 +127,11 @@ def _dedup_key(f: Failure) -> tuple:
 
 
 def triage(rep: Report, budget: int = 120, shrink_all: bool = False) -> list[Failure]:
-    """Shrink and classify the report's failures; the ones of no known class.
+    """Shrink and classify the report's failures; the shrunk ones of no known class.
 
     Failures with the same path, kind and detail (numbers aside) are shrunk
-    once unless `shrink_all`; the others take that one's class."""
+    once unless `shrink_all`; the others take that one's class (and are not
+    returned: the shrunk one stands for them)."""
     seen: dict[tuple, Failure] = {}
     for f in rep.failures:
         key = _dedup_key(f)
@@ -142,7 +143,7 @@ def triage(rep: Report, budget: int = 120, shrink_all: bool = False) -> list[Fai
             f.shrunk, f.shrunk_mismatch = f.program, f.mismatch
         f.known = classify(f.shrunk, f.shrunk_mismatch)
         seen[key] = f
-    return [f for f in rep.failures if f.known is None]
+    return [f for f in rep.failures if f.known is None and f.shrunk is not None]
 
 
 def summary(rep: Report) -> str:
