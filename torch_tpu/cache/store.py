@@ -178,6 +178,9 @@ def environment() -> dict:
         "device_count": count,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
+        # constants folded while compiling flush subnormals as the programs do
+        # (runtime.programs.flushing_denormals); entries from before folded them kept
+        "folding": "ftz",
     }
 
 

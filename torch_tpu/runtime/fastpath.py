@@ -17,8 +17,11 @@ tests/test_fastpath.py fails when an installed build silently goes unused.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TypeVar
 
 from .switches import switch_on
+
+_T = TypeVar("_T")
 
 NATIVE: ModuleType | None = None
 REASON = ""
@@ -118,7 +121,7 @@ class ScalarArrays:
         self.limit = limit
         self.arrays: dict = {}  # insertion order is age: the first key is the oldest
 
-    def put(self, key: object, array: object) -> object:
+    def put(self, key: object, array: _T) -> _T:
         """Remember `array` under `key`, evicting the oldest entries beyond the limit."""
         arrays = self.arrays
         arrays.pop(key, None)
