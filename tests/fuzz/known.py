@@ -71,12 +71,6 @@ KNOWN: dict[str, Known] = {
         "tensors); CPU returns the empty float result (softmax and integer inputs agree)",
         48, lambda p, m: m.kind == "error" and "_log_softmax" in m.detail,
         Program((_inp("x0", (0, 1), "bool", ()),), ("v0 = torch.log_softmax(x0, 0)",)), "eager"),
-    "write to empty expanded view raises": Known(
-        "an in-place write into an expanded view with 0 elements raises the overlap error; "
-        "CPU has nothing to write and accepts it (came with the check for non-empty "
-        "expanded views, uncommitted when found)",
-        48, _error_says("error", "more than one element of the written-to tensor"),
-        Program((_inp("x0", (0,), "float32", ()),), ("x0.expand(2, 0).fill_(1.0)",)), "eager"),
     "write to expanded view accepted (compiled)": Known(
         "torch.compile accepts an in-place write into an expanded view and adds into every "
         "alias, as PyTorch's own torch.compile on the CPU does (AOTAutograd functionalizes "
@@ -92,20 +86,6 @@ KNOWN: dict[str, Known] = {
         48, lambda p, m: m.path == "compiled" and m.detail.endswith(SAME_AS_CPU_COMPILE),
         Program((_inp("x1", (), "float32", (1.38,)),),
                 ("v1 = x1.expand(2)", "v1.masked_fill_(v1 > 0, 5.0)")), "compiled"),
-    "index_fill_ into expanded view lost": Known(
-        "index_fill_ into an expanded view (which CPU allows with a deprecation warning) "
-        "leaves the tensor unchanged: the write is lost, silently",
-        48, lambda p, m: m.kind in ("value", "signed-zero") and ".index_fill_(" in _src(p)
-        and ".expand" in _src(p),
-        Program((_inp("x1", (), "float32", (1.38,)),),
-                ("v1 = x1.expand(2)",
-                 "v1.index_fill_(0, torch.tensor([0], device=v1.device), 5.0)")), "eager"),
-    "channels_last dropped": Known(
-        "a 4-D result CPU returns in channels_last comes back row-major; fixed in eager and "
-        "fused, not through torch.compile (its graph outputs take the tpu's row-major layout)",
-        48, lambda p, m: m.kind == "layout",
-        Program((_inp("x0", (1, 2, 2, 1), "int32", (0, 255, 1, 0), "channels_last"),),
-                ("v0, v1 = torch.sort(x0, dim=0, descending=True, stable=True)",)), "compiled"),
     "pow 0.5 of -0.0": Known(
         "x ** 0.5 (a Python scalar exponent) of -0.0 gives +0.0; CPU's kernel computes it "
         "as sqrt(x), which keeps the sign (-0.0); IEEE pow and a tensor exponent give +0.0",
