@@ -72,6 +72,8 @@ def _load() -> None:
             _importlib.import_module(f"{__name__}.debug")
             _importlib.import_module(f"{__name__}.ops").install()
             _importlib.import_module(f"{__name__}.device.autocast").install()  # torch.tpu precision/AMP API
+            # Tensor.__dlpack__ for tpu tensors: replaced only once one can exist
+            _importlib.import_module(f"{__name__}.device.dlpack").install()
             _loaded = True
         finally:
             _gc_pause.end()
