@@ -110,6 +110,24 @@ def compile_step(fn=None, **kwargs):
     return _step.compile_step(fn, **kwargs)
 
 
+def to_jax(tensor):
+    """The values of a `tpu` tensor as a `jax.Array`, sharing its buffer
+    (torch_tpu.interop.to_jax: a view is gathered first)."""
+    _load()
+    from .interop import to_jax as _to_jax  # lazy: JAX
+
+    return _to_jax(tensor)
+
+
+def from_jax(array):
+    """A `tpu` tensor whose value is the `jax.Array` `array`, without a copy
+    (torch_tpu.interop.from_jax)."""
+    _load()
+    from .interop import from_jax as _from_jax  # lazy: JAX
+
+    return _from_jax(array)
+
+
 def __getattr__(name):
     # Any other attribute (torch_tpu.debug, .cache, .jax_op, .ops, ...) is a
     # use of the backend: load it, then the submodule if that is what it names.
