@@ -12,6 +12,7 @@ with its shrunk reproducer.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 
@@ -86,6 +87,44 @@ KNOWN: dict[str, Known] = {
         48, lambda p, m: m.path == "compiled" and m.detail.endswith(SAME_AS_CPU_COMPILE),
         Program((_inp("x1", (), "float32", (1.38,)),),
                 ("v1 = x1.expand(2)", "v1.masked_fill_(v1 > 0, 5.0)")), "compiled"),
+    "dot overflow under fused multiply-add": Known(
+        "a matmul whose products overflow: XLA:CPU fuses each multiply-add, so "
+        "inf + (-3e38 * 2.42) stays inf where CPU rounds the product to -inf first and "
+        "gets inf - inf = NaN (a rounding-order difference at the float limits)",
+        48, lambda p, m: m.kind in ("nan", "value") and " @ " in _src(p) and any(
+            isinstance(v, float) and not abs(v) < 1e38 for i in p.inputs for v in i.values),
+        Program((_inp("x1", (2, 2), "float32", (-3.46, -3e38, -math.inf, 2.42)),),
+                ("v2 = x1 @ x1.mT",)), "eager"),
+    "sum of -0.0 is -0.0": Known(
+        "a sum (sum, mean, cumsum, matmul) of only -0.0 terms is -0.0 on tpu, as IEEE adds "
+        "them; CPU's kernels start from +0.0 and give +0.0",
+        48, lambda p, m: m.kind == "signed-zero" and "CPU 0.0" in m.detail
+        and bool(re.search(r"\.(cumsum|sum|mean)\(| @ ", _src(p))),
+        Program((_inp("x0", (1,), "float32", (-0.0,)),), ("v0 = x0.cumsum(0)",)), "eager"),
+    "relu or clamp of -0.0": Known(
+        "relu(-0.0) and clamp(-0.0, min=0) give +0.0 on tpu; CPU returns the input "
+        "unchanged when it is not below the bound: -0.0",
+        48, lambda p, m: m.kind == "signed-zero" and "CPU -0.0" in m.detail
+        and bool(re.search(r"relu|clamp", _src(p))),
+        Program((_inp("x0", (1,), "float32", (-0.0,)),), ("v0 = torch.relu(x0)",)), "eager"),
+    "same-memory setitem raises partial overlap": Known(
+        "v = x.unsqueeze(0); v[...] = x raises 'some elements of the input tensor and the "
+        "written-to tensor refer to a single memory location'; CPU sees a full overlap (the "
+        "same elements) and allows it (came with the overlap checks, uncommitted when found)",
+        48, _error_says("error", "some elements of the input tensor and the written-to"),
+        Program((_inp("x0", (), "int32", (4,)),),
+                ("v2 = x0.unsqueeze(0)", "v2[...] = x0")), "eager"),
+    "bool dot accepted": Known(
+        "a 1-D bool @ bool (dot) returns a result; CPU raises NotImplementedError "
+        "'\"dot\" not implemented for 'Bool''",
+        48, _error_says("no-error", "not implemented for 'Bool'"),
+        Program((_inp("x1", (1,), "bool", (True,)),), ("v0 = x1 @ x1",)), "eager"),
+    "NaN into an integer setitem accepted": Known(
+        "x[idx] = nan on an integer tensor (even with no element selected) is accepted; CPU "
+        "raises 'value cannot be converted to type int without overflow'",
+        48, _error_says("no-error", "cannot be converted to type"),
+        Program((_inp("x0", (1, 0), "int32", ()),),
+                ("x0[torch.tensor([], dtype=torch.long, device=x0.device)] = nan",)), "eager"),
     "pow 0.5 of -0.0": Known(
         "x ** 0.5 (a Python scalar exponent) of -0.0 gives +0.0; CPU's kernel computes it "
         "as sqrt(x), which keeps the sign (-0.0); IEEE pow and a tensor exponent give +0.0",
@@ -102,8 +141,14 @@ def classify(prog: Program, m: Mismatch) -> str | None:
 
 
 def _dedup_key(f: Failure) -> tuple:
+    """Path, kind, the detail without its numbers, and the op of the step that
+    last defined or wrote the differing name (its names and numbers aside)."""
     detail = re.sub(r"[-+.\deE]+|nan|inf", "#", f.mismatch.detail)
-    return (f.mismatch.path, f.mismatch.kind, detail[:120])
+    name = f.mismatch.name
+    line = next((s for s in reversed(f.program.steps)
+                 if name and re.search(rf"\b{name}\b", s)), "")
+    op = re.sub(r"\b[xv]\d+\b|[-+.\deE]+|nan|inf", "#", line.split(" = ", 1)[-1])
+    return (f.mismatch.path, f.mismatch.kind, detail[:120], op)
 
 
 def triage(rep: Report, budget: int = 120, shrink_all: bool = False) -> list[Failure]:
