@@ -25,6 +25,8 @@ def small_tables(monkeypatch):
     """Both scalar tables bounded at LIMIT for the test (their real bound is 1024)."""
     monkeypatch.setattr(fastpath.SCALARS, "limit", LIMIT)
     monkeypatch.setattr(scalars._WEAK32, "limit", LIMIT)
+    fastpath.SCALAR_ARRAYS.clear()  # earlier tests' entries: beyond the lowered limit
+    scalars._WEAK32.arrays.clear()
     yield
 
 

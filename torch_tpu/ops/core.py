@@ -533,7 +533,7 @@ def _local_scalar_dense(self):
 # -- results in the memory format PyTorch's meta kernel gives them --------------
 #
 # The executor lays each result out in the strides PyTorch's meta kernel gives it
-# (executor._result_orders: channels_last in, channels_last out, as CPU's
+# (the executor's result orders: channels_last in, channels_last out, as CPU's
 # TensorIterator, cat and dropout do). Ops whose CPU strides differ from their
 # meta kernel's (unbatched max_pool3d) get `strided_kernel`: the op's runner,
 # then each result laid out in CPU's strides (one transpose program; the
