@@ -85,17 +85,11 @@ def _open_root(path: str, create: bool) -> tuple[int | None, str | None]:
             name = todo.pop(0)
             last = not todo
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if not create:
-                    return None, "it does not exist"
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    return None, f"cannot create it: {e.strerror or e}"
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                st = _lstat_or_make(name, fd, create)
+            except OSError as e:
+                return None, f"cannot {'create' if create else 'open'} it: {e.strerror or e}"
+            if st is None:
+                return None, "it does not exist"
             if stat.S_ISLNK(st.st_mode):
                 links += 1
                 if links > _MAX_LINKS:
@@ -126,19 +120,27 @@ def _open_root(path: str, create: bool) -> tuple[int | None, str | None]:
             os.close(fd)
 
 
+def _lstat_or_make(name: str, dir_fd: int, create: bool) -> os.stat_result | None:
+    """`name` in directory `dir_fd`, not followed if a link; when it is missing,
+    a private (0700) directory made first if `create`, else None."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if not create:
+            return None
+    try:
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass  # made meanwhile by another process: checked like any other
+    return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+
 def _open_tier(root_fd: int, name: str, create: bool) -> tuple[int | None, str | None]:
     """The tier directory `name` in the root: a real directory, never a link."""
     try:
-        try:
-            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            if not create:
-                return None, "it does not exist"
-            try:
-                os.mkdir(name, 0o700, dir_fd=root_fd)
-            except FileExistsError:
-                pass
-            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        st = _lstat_or_make(name, root_fd, create)
+        if st is None:
+            return None, "it does not exist"
         if stat.S_ISLNK(st.st_mode):
             return None, f"{name} is a symbolic link"
         if not stat.S_ISDIR(st.st_mode):

@@ -51,9 +51,20 @@ def _on_cpu(x):
     return x
 
 
-def _numel(args: Any, kwargs: Any) -> int:
-    return sum(t.numel() for t in pytree.tree_leaves((args, kwargs))
-               if isinstance(t, torch.Tensor))
+def _host_args(args: Any, kwargs: Any, limit: int,
+               copy: Callable[[Any], Any]) -> tuple[list, dict] | None:
+    """Host copies of an op's arguments made by `copy`; None when CPU cannot
+    be asked: a tensor that is not plain strided, more than `limit` elements
+    in all, or an argument that has no host copy."""
+    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if any(t.layout != torch.strided or t.is_quantized for t in leaves):
+        return None
+    if sum(t.numel() for t in leaves) > limit:
+        return None
+    try:
+        return pytree.tree_map(copy, list(args)), pytree.tree_map(copy, dict(kwargs))
+    except Exception:  # noqa: BLE001 - no host copy, no verdict
+        return None
 
 
 # cpu_error's answer when CPU cannot be asked (see there).
@@ -65,16 +76,10 @@ def cpu_error(op, args, kwargs):
     accepts the call; NO_VERDICT when the arguments are too large to copy, a
     tensor is not a plain strided tensor, or CPU has no kernel for the op.
     """
-    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if any(t.layout != torch.strided or t.is_quantized for t in leaves):
+    host = _host_args(args, kwargs, MAX_ELEMENTS, _on_cpu)
+    if host is None:
         return NO_VERDICT
-    if _numel(args, kwargs) > MAX_ELEMENTS:
-        return NO_VERDICT
-    try:
-        cargs = pytree.tree_map(_on_cpu, list(args))
-        ckwargs = pytree.tree_map(_on_cpu, dict(kwargs))
-    except Exception:  # noqa: BLE001 - no host copy, no verdict
-        return NO_VERDICT
+    cargs, ckwargs = host
     try:
         with torch.no_grad():
             op(*cargs, **ckwargs)
@@ -175,17 +180,10 @@ def overlap_error(op: Any, args: Any, kwargs: Any) -> Any:
     call or fails for another reason (those checks are the meta kernel's and
     `cpu_error`'s); NO_VERDICT when the call is too large to run on the host.
     """
-    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    if any(t.layout != torch.strided or t.is_quantized for t in leaves):
+    host = _host_args(args, kwargs, MAX_ALIASED_ELEMENTS, _aliased_copier())
+    if host is None:
         return NO_VERDICT
-    if _numel(args, kwargs) > MAX_ALIASED_ELEMENTS:
-        return NO_VERDICT
-    copy = _aliased_copier()
-    try:
-        cargs = pytree.tree_map(copy, list(args))
-        ckwargs = pytree.tree_map(copy, dict(kwargs))
-    except Exception:  # noqa: BLE001 - no host copy, no verdict
-        return NO_VERDICT
+    cargs, ckwargs = host
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the op's own kernel warned already
