@@ -389,6 +389,42 @@ def test_save_load_roundtrip_keeps_sharing():
     torch.testing.assert_close(m2.weight.cpu(), m.weight.cpu())
 
 
+def test_legacy_save_load_keeps_sharing():
+    """torch.save's legacy format reads and writes storages through a tensor PyTorch
+    makes at the storage's address (it failed: 'tpu tensor has no device data')."""
+    import io
+
+    x = torch.arange(6.0).reshape(2, 3).to("tpu")
+    buf = io.BytesIO()
+    torch.save({"x": x, "col": x[:, 1:]}, buf, _use_new_zipfile_serialization=False)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert back["x"].device == torch.device("tpu", 0)
+    assert back["col"].tolist() == [[1.0, 2.0], [4.0, 5.0]]
+    back["col"].add_(10)  # one storage, as saved
+    assert back["x"].tolist() == [[0.0, 11.0, 12.0], [3.0, 14.0, 15.0]]
+    buf.seek(0)
+    assert torch.load(buf, map_location="cpu")["x"].tolist() == x.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64,
+                                   torch.complex64, torch.bool])
+def test_pickle_round_trip(dtype):
+    """pickle (multiprocessing queues, copy by pickling) of tpu tensors and
+    parameters: values, dtype, device and requires_grad as on CPU."""
+    import pickle
+
+    x = (torch.arange(6) % 3).to(dtype).reshape(2, 3)
+    t = x.to("tpu")
+    got, view = pickle.loads(pickle.dumps((t, t.t())))
+    assert (got.device, got.dtype) == (t.device, dtype)
+    assert torch.equal(got.cpu(), x) and torch.equal(view.cpu(), x.t())
+    if dtype.is_floating_point:
+        p = pickle.loads(pickle.dumps(torch.nn.Parameter(t)))
+        assert isinstance(p, torch.nn.Parameter) and p.requires_grad
+        assert torch.equal(p.detach().cpu(), x)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 @pytest.mark.parametrize("n", [5, 4096])
 def test_copy_to_tpu_does_not_alias_the_cpu_tensor(dtype, n):

@@ -78,9 +78,23 @@ _EXPORTED: dict[int, tuple[int, weakref.ref]] = {}
 
 def exported(t: torch.Tensor) -> None:
     """Note tpu tensor `t`'s storage as exported through DLPack."""
-    s = t.untyped_storage()
+    exported_storage(t.untyped_storage())
+
+
+def exported_storage(s: torch.UntypedStorage) -> None:
+    """Note tpu storage `s` as reachable by its address: PyTorch's C++ code that
+    makes a tensor from a data pointer (DLPack's importer, the storage reads and
+    writes of `pickle` and legacy `torch.save`/`torch.load`) then gets `s`
+    (`adopt`). The note goes with the storage."""
     if hasattr(s, "_tpu"):
-        _EXPORTED[s.data_ptr()] = (s.nbytes(), weakref.ref(s))
+        addr = s.data_ptr()
+        _EXPORTED[addr] = (s.nbytes(), weakref.ref(s, lambda _, a=addr: _forget(a)))
+
+
+def _forget(addr: int) -> None:
+    entry = _EXPORTED.get(addr)
+    if entry is not None and entry[1]() is None:
+        del _EXPORTED[addr]
 
 
 def adopt(t: torch.Tensor) -> bool:

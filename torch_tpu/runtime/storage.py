@@ -358,6 +358,11 @@ def note_exported(t: torch.Tensor) -> None:
     _dlpack.exported(t)
 
 
+def note_exported_storage(s: torch.UntypedStorage) -> None:
+    """Note tpu storage `s` as reachable by its address (runtime._dlpack)."""
+    _dlpack.exported_storage(s)
+
+
 def adopt_imported(t: torch.Tensor) -> bool:
     """Give tpu tensor `t`, imported through DLPack, its exporter's storage;
     False where it was not imported from a tpu tensor (runtime._dlpack)."""
