@@ -10,6 +10,7 @@ device aliases it (see storage._seed) and then gets its own storage.
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 
 import torch
@@ -88,12 +89,13 @@ def exported_storage(s: torch.UntypedStorage) -> None:
     (`adopt`). The note goes with the storage."""
     if hasattr(s, "_tpu"):
         addr = s.data_ptr()
-        _EXPORTED[addr] = (s.nbytes(), weakref.ref(s, lambda _, a=addr: _forget(a)))
+        _EXPORTED[addr] = (s.nbytes(), weakref.ref(s, functools.partial(_forget, addr)))
 
 
-def _forget(addr: int) -> None:
+def _forget(addr: int, ref: weakref.ref) -> None:
+    """Drop the note of a storage that died (unless another replaced it)."""
     entry = _EXPORTED.get(addr)
-    if entry is not None and entry[1]() is None:
+    if entry is not None and entry[1] is ref:
         del _EXPORTED[addr]
 
 
