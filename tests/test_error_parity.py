@@ -388,3 +388,36 @@ def test_empty_bool_log_softmax_keeps_the_meta_kernels_check():
     assert fn("cpu").shape == (0,)
     with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with two bool"):
         fn("tpu")
+
+
+# -- matrix products of bool tensors: CPU has no kernel (addr and outer it has) --
+
+def _bools(d):
+    return (torch.ones(2, 2, dtype=torch.bool, device=d), torch.ones(2, dtype=torch.bool, device=d))
+
+
+BOOL_PRODUCTS = {
+    "dot": lambda d: (lambda m, v: v @ v)(*_bools(d)),
+    "vdot": lambda d: (lambda m, v: torch.vdot(v, v))(*_bools(d)),
+    "mm": lambda d: (lambda m, v: m @ m)(*_bools(d)),
+    "mv": lambda d: (lambda m, v: m @ v)(*_bools(d)),
+    "bmm": lambda d: (lambda m, v: m[None] @ m[None])(*_bools(d)),
+    "addmm": lambda d: (lambda m, v: torch.addmm(m, m, m))(*_bools(d)),
+    "addmv": lambda d: (lambda m, v: torch.addmv(v, m, v))(*_bools(d)),
+    "baddbmm": lambda d: (lambda m, v: torch.baddbmm(m[None], m[None], m[None]))(*_bools(d)),
+    "addbmm": lambda d: (lambda m, v: torch.addbmm(m, m[None], m[None]))(*_bools(d)),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("op", sorted(BOOL_PRODUCTS))
+def test_bool_matrix_products_raise_as_cpu(op, path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the compiled graph's op-by-op notice
+        assert_error_like_cpu(BOOL_PRODUCTS[op], path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bool_outer_products_compute_as_cpu(path):
+    assert_result_like_cpu(lambda d: (lambda m, v: torch.addr(m, v, v))(*_bools(d)), path)
+    assert_result_like_cpu(lambda d: (lambda m, v: torch.outer(v, v))(*_bools(d)), path)

@@ -133,11 +133,6 @@ KNOWN: dict[str, Known] = {
         48, _error_says("error", "some elements of the input tensor and the written-to"),
         Program((_inp("x0", (), "int32", (4,)),),
                 ("v2 = x0.unsqueeze(0)", "v2[...] = x0")), "eager"),
-    "bool dot accepted": Known(
-        "a 1-D bool @ bool (dot) returns a result; CPU raises NotImplementedError "
-        "'\"dot\" not implemented for 'Bool''",
-        48, _error_says("no-error", "not implemented for 'Bool'"),
-        Program((_inp("x1", (1,), "bool", (True,)),), ("v0 = x1 @ x1",)), "eager"),
     "NaN into an integer setitem accepted": Known(
         "x[idx] = nan on an integer tensor (even with no element selected) is accepted; CPU "
         "raises 'value cannot be converted to type int without overflow'",
