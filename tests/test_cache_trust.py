@@ -33,6 +33,14 @@ def _cache_warnings(record):
     return [w for w in record if issubclass(w.category, cache.CacheWarning)]
 
 
+def _set_dir(root) -> list:
+    """cache.set_dir(root); the cache warnings it gave."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cache.set_dir(str(root))
+    return _cache_warnings(record)
+
+
 def _f32(*values):
     return jax.device_put(np.array(values, dtype=np.float32))
 
@@ -144,12 +152,9 @@ def test_symlinked_tier_is_refused(cache_dir, tmp_path):
     root = tmp_path / "attacked"
     root.mkdir(mode=0o700)
     os.symlink(victim, root / store_mod.SUBDIR)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        cache.set_dir(str(root))
+    assert len(_set_dir(root)) == 1
     assert not cache.is_enabled()
     assert "symbolic link" in cache.info()["status"]
-    assert len(_cache_warnings(record)) == 1
     cache.disk_store().put("k", b"v")
     assert sorted(p.name for p in victim.iterdir()) == sorted(
         ["thesis.tex", "0" * 64 + store_mod.SUFFIX])
@@ -271,12 +276,9 @@ def test_world_writable_root_is_refused_by_the_executable_tier(cache_dir, tmp_pa
     root = tmp_path / "open-root"
     (root / store_mod.SUBDIR).mkdir(parents=True, mode=0o700)
     os.chmod(root, mode)  # 1777: sticky, as /tmp, but /tmp itself is no cache root
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        cache.set_dir(str(root))
+    assert len(_set_dir(root)) == 1
     assert not cache.is_enabled()
     assert "writable by other users" in cache.info()["status"]
-    assert len(_cache_warnings(record)) == 1
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         assert not artifacts.ArtifactStore(str(root)).usable  # the pickle tier agrees
@@ -305,9 +307,7 @@ def test_sticky_ancestor_owned_by_another_user_is_refused(cache_dir, tmp_path):
     parent.mkdir()
     os.chmod(parent, 0o1777)
     os.chown(parent, NOBODY, NOBODY)
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        cache.set_dir(str(parent / "cache"))
+    _set_dir(parent / "cache")
     assert not cache.is_enabled() and "owned by another user" in cache.info()["status"]
 
 
