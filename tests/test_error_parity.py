@@ -417,6 +417,29 @@ def test_bool_matrix_products_raise_as_cpu(op, path):
         assert_error_like_cpu(BOOL_PRODUCTS[op], path)
 
 
+EMPTY_BOOL_PRODUCTS = {
+    "mm K=0": lambda d: torch.ones(2, 0, dtype=torch.bool, device=d)
+    @ torch.ones(0, 3, dtype=torch.bool, device=d),
+    "mv M=0": lambda d: torch.ones(0, 2, dtype=torch.bool, device=d)
+    @ torch.ones(2, dtype=torch.bool, device=d),
+    "bmm of no batch": lambda d: torch.ones(1, 0, 1, 1, dtype=torch.bool, device=d)
+    @ torch.ones(1, 0, 1, 1, dtype=torch.bool, device=d).mT,
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", sorted(EMPTY_BOOL_PRODUCTS))
+def test_empty_bool_matrix_products_compute_as_cpu(case, path):
+    """CPU returns before it picks a kernel when there is nothing to multiply."""
+    assert_result_like_cpu(EMPTY_BOOL_PRODUCTS[case], path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_float_bool_product_reports_the_dtype_mismatch_first(path):
+    assert_error_like_cpu(lambda d: torch.ones(2, 2, device=d)
+                          @ torch.ones(2, 2, dtype=torch.bool, device=d), path)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_bool_outer_products_compute_as_cpu(path):
     assert_result_like_cpu(lambda d: (lambda m, v: torch.addr(m, v, v))(*_bools(d)), path)

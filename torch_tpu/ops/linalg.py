@@ -144,11 +144,15 @@ def _same_dtype(name, *arrays):
                            f"but got {', '.join(str(d) for d in dts)}")
 
 
-def _no_bool(kernel, *arrays):
+def _no_bool(kernel, *arrays, empty_too=False):
     """The matrix products' CPU kernels have no bool version (addr and outer
     do): CPU's NotImplementedError, named after its kernel (a `_cpu` kernel
-    name as `_tpu`, as runtime.verdict words CPU's errors), on every path."""
-    if any(jnp.asarray(x).dtype == jnp.bool_ for x in arrays):
+    name as `_tpu`, as runtime.verdict words CPU's errors), on every path.
+    Checked after the operands' dtypes agree (CPU's mixed-dtype error comes
+    first), and, as CPU, only where there is something to multiply (an empty
+    operand returns before the kernel is chosen), except for dot."""
+    arrays = [jnp.asarray(x) for x in arrays]
+    if arrays[0].dtype == jnp.bool_ and (empty_too or all(x.size for x in arrays)):
         raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
@@ -161,8 +165,8 @@ def _product_kernel(a, b, self=None):
 
 @lower(aten.mm.default, aten.bmm.default, aten.mv.default)
 def mm(a, b):
-    _no_bool(_product_kernel(a, b), a, b)
     _same_dtype("mm", a, b)
+    _no_bool(_product_kernel(a, b), a, b)
     return _matmul(a, b, stored=_stored())
 
 
@@ -179,22 +183,22 @@ def _int_mm(a, b):
 
 @lower(aten.dot.default)
 def dot(a, b):
-    _no_bool("dot", a, b)
     _same_dtype("dot", a, b)
+    _no_bool("dot", a, b, empty_too=True)
     return _matmul(a, b)
 
 
 @lower(aten.vdot.default)
 def vdot(a, b):
-    _no_bool("dot", a, b)
     _same_dtype("vdot", a, b)
+    _no_bool("dot", a, b, empty_too=True)
     return _matmul(jnp.conj(a), b)
 
 
 @lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self, a, b, *, beta=1, alpha=1):
-    _no_bool(_product_kernel(a, b, self), self, a, b)
     _same_dtype("addmm", self, a, b)
+    _no_bool(_product_kernel(a, b, self), a, b)
     return _beta_alpha(self, _matmul(a, b, stored=_stored()), beta, alpha)
 
 
@@ -205,8 +209,8 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
-    _no_bool("addmm_impl_cpu_", self, b1, b2)
     _same_dtype("addbmm", self, b1, b2)
+    _no_bool("addmm_impl_cpu_", b1, b2)
     acc = opmath_dtype(b1.dtype) if is_half(b1.dtype) else None
     if acc is not None and b1.shape[0] > 0:
         # PyTorch's CPU kernel runs one addmm_ per batch, rounding the
