@@ -64,6 +64,36 @@ def test_benchmark_first_call_includes_its_compiles(no_programs):
     assert res.first_call_seconds >= res.compile_seconds
 
 
+def _printed_seconds(text):
+    return float(text[:-3]) * 1e-3 if text.endswith(" ms") else (
+        float(text[:-3]) * 1e-6 if text.endswith(" us") else float(text[:-2]))
+
+
+def test_benchmark_compile_is_wall_time_within_what_it_is_printed_with(no_programs):
+    """The second warm-up call compiles (a new shape): the warm-up's compile time then
+    exceeds the first call's, so each is printed with the wall time that holds it."""
+    import re
+
+    shapes = iter([(5, 7), (9, 13)])
+
+    def f():
+        x = torch.ones(*next(shapes, (9, 13)), device="tpu")
+        return torch.tanh(x @ x.T + 1).sum(0)
+
+    res = bm.benchmark(f, warmup=2, iters=2, flops=None)
+    assert 0 < res.first_call_compile_seconds <= res.first_call_seconds
+    assert res.first_call_compile_seconds < res.compile_seconds <= res.warmup_seconds
+    assert res.first_call_seconds < res.warmup_seconds
+    text = str(res)
+    m = re.search(r"first call ([\d.]+ \w?s) \(compiling ([\d.]+ \w?s) of it\); "
+                  r"warm-up 2 calls ([\d.]+ \w?s) \(compiling ([\d.]+ \w?s) of it", text)
+    assert m, text
+    first, first_compile, warm, warm_compile = map(_printed_seconds, m.groups())
+    assert first_compile <= first and warm_compile <= warm, text
+    table = bm.format_table([res]).splitlines()
+    assert "of it compiling" in table[0]
+
+
 def test_benchmark_explicit_flops_sync_modes_and_progress():
     x = torch.randn(16, device="tpu")
     seen = []

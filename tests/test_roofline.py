@@ -134,6 +134,10 @@ def test_callable_programs_it_compiled_then_whole_call(fresh_programs):
     assert any("compiled nothing new" in n for n in again.notes)
 
 
+def _peaks_file(cache_dir):
+    return os.path.join(str(cache_dir), "roofline", "peaks.json")
+
+
 def test_host_peaks_measured_once_and_cached(cache_dir, monkeypatch):
     monkeypatch.setattr(rl, "_host_memo", {})
     calls = []
@@ -141,12 +145,14 @@ def test_host_peaks_measured_once_and_cached(cache_dir, monkeypatch):
 
     def counting():
         calls.append(1)
-        return measure()
+        return measure(repeats=2)
 
     monkeypatch.setattr(rl, "_measure", counting)
     first = rl.host_peaks()
     assert len(calls) == 1 and first.flops_per_second > 0 and first.bytes_per_second > 0
-    path = os.path.join(str(cache_dir), "roofline-peaks.json")
+    assert rl.is_measured(first) and "float32" in first.source and "bfloat16" in first.source
+    path = _peaks_file(cache_dir)
+    assert os.stat(path).st_mode & 0o077 == 0  # through cache.trust: this user's only
     data = json.loads(open(path).read())
     assert len(data) == 1
     [entry] = data.values()
@@ -161,6 +167,61 @@ def test_host_peaks_measured_once_and_cached(cache_dir, monkeypatch):
     assert len(calls) == 2 and again.flops_per_second > 0
     assert json.loads(open(path).read())[next(iter(data))]["flops_per_second"] == \
         again.flops_per_second
+
+
+def test_host_key_names_the_cpu_model_flags_and_count(cache_dir, monkeypatch):
+    """Another host's entry (same hostname, another CPU) is never this host's peak."""
+    model, flags = rl._cpu_identity()
+    key = rl._host_key()
+    assert model in key and f"{rl._cpus()} cpus" in key
+    monkeypatch.setattr(rl, "_cpu_identity", lambda: (model, flags + " amx_tile"))
+    assert rl._host_key() != key
+    monkeypatch.setattr(rl, "_cpu_identity", lambda: (model, flags))
+    monkeypatch.setattr(rl, "_cpus", lambda: 1024)
+    other = rl._host_key()
+    assert other != key
+    os.makedirs(os.path.dirname(_peaks_file(cache_dir)), mode=0o700)
+    with open(_peaks_file(cache_dir), "w") as f:
+        json.dump({other: dict(name="elsewhere", flops_per_second=1.0, bytes_per_second=1.0)}, f)
+    monkeypatch.undo()
+    monkeypatch.setattr(rl, "_host_memo", {})
+    monkeypatch.setattr(rl, "_measure", lambda: HOST_MEASURED)
+    assert rl.host_peaks() == HOST_MEASURED
+
+
+# This host's peaks as host_peaks would give them, set low: a calibration run
+# while the machine was busy.
+HOST_MEASURED = rl.Peaks("this host (test)", 1e6, 1e10, dtype="float32",
+                         source="measured on this host: float32 8x8 matmul 0.001 GFLOP/s")
+
+
+@pytest.fixture
+def slow_calibration(cache_dir, monkeypatch):
+    monkeypatch.setattr(rl, "_host_memo", {rl._host_key(): HOST_MEASURED})
+    return cache_dir
+
+
+def test_mfu_at_most_100_percent_benchmark(slow_calibration, monkeypatch):
+    """A benchmark faster than the calibrated peak raises it: MFU <= 100 %, and the
+    next report uses the raised peak (kept in the cache for the next process)."""
+    a = torch.randn(64, 64, device="tpu")
+    res = bm.benchmark(_matmul, a, a, warmup=1, iters=3, name="mm64")
+    assert res.flops_per_second > HOST_MEASURED.flops_per_second
+    assert 0 < res.mfu <= 1.0
+    assert res.peak_flops_per_second == rl.host_peaks().flops_per_second >= res.flops_per_second
+    assert "measured on this host: " in str(res)
+    raised = rl.host_peaks()
+    assert "raised to" in raised.source and "benchmark 'mm64'" in raised.source
+    monkeypatch.setattr(rl, "_host_memo", {})  # a new process reads the raised peak
+    assert rl.host_peaks() == raised
+
+
+def test_mfu_at_most_100_percent_roofline(slow_calibration):
+    a = torch.randn(64, 64, device="tpu")
+    rep = dbg.roofline(dbg.lower(_matmul, a, a), repeats=2)
+    assert 0 < rep.mfu <= 1.0
+    assert all(r.flops_per_second <= rep.host.flops_per_second for r in rep.rows)
+    assert "measured on this host: " in rep.summary() and "raised to" in rep.host.source
 
 
 def test_benchmark_reports_mfu():

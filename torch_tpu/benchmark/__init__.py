@@ -16,11 +16,14 @@ delays the next call, so the median over iterations still measures the
 steady-state step time.
 
 The first call is timed on its own (it includes tracing and compiling every
-program that is not cached yet); compile seconds are the wall time of the
-warm-up calls during which the executor had a compile in flight (compiles
-run in parallel on background threads: their own seconds summed can exceed
-the warm-up's time). Timed iterations that compile again are
-counted in `recompiles` (a shape or dtype that changes between calls).
+program that is not cached yet); compile seconds are the wall time during
+which the executor had a compile in flight (compiles run in parallel on
+background threads: their own seconds summed can exceed the elapsed time),
+within the first call (`first_call_compile_seconds`, at most the first
+call's time) and within the whole warm-up (`compile_seconds`, at most
+`warmup_seconds`: a compile can finish after the first call returns).
+Timed iterations that compile again are counted in `recompiles` (a shape
+or dtype that changes between calls).
 
 FLOPs: flops="auto" lowers the callable once into a single XLA program
 (torch_tpu.debug.lower: one more call of `fn`, with fake tensors, after the
@@ -30,9 +33,12 @@ covers what the lowering table lowers; ops that would run on the CPU are
 not counted.
 
 MFU (model FLOPs utilisation): the achieved FLOP/s as a fraction of this
-device's peak FLOP/s, measured once per host by a large matmul and cached
-(torch_tpu.debug.roofline.host_peaks); peaks="v6e" (or another published
-device, or a Peaks) divides by that device's peak instead, None skips it.
+device's peak FLOP/s, measured once per kind of host by a few matmuls and
+cached (torch_tpu.debug.roofline.host_peaks); a benchmark faster than that
+peak (FLOPs counted by XLA) raises it, so MFU against it is at most 100 %
+(a count you pass as `flops=` is yours, not checked); peaks="v6e" (or
+another published device, or a Peaks) divides by that device's peak
+instead, None skips it.
 `torch_tpu.debug.roofline(fn, *args)` breaks a step into its programs.
 
 `python -m torch_tpu.benchmark` runs registered models and scripts; see
@@ -52,7 +58,7 @@ from torch.utils import _pytree as pytree
 from ..debug.timing import block
 from ..runtime import executor
 from ..debug import lower
-from ..debug.roofline import host_peaks, reference_peaks
+from ..debug.roofline import PUBLISHED, host_peaks, raise_host_peak, reference_peaks
 
 __all__ = ["benchmark", "BenchmarkResult", "BenchmarkCase", "register_model", "models",
            "get_case", "format_table"]
@@ -81,7 +87,8 @@ class BenchmarkResult:
     warmup: int
     first_call_seconds: float    # the first call: tracing + compiling + running
     # Wall seconds of the warm-up during which an XLA compile (or a load from
-    # the disk cache) was in flight: parallel compiles count once.
+    # the disk cache) was in flight: parallel compiles count once, so it is at
+    # most warmup_seconds.
     compile_seconds: float
     compiles: int                # programs compiled during warm-up
     recompiles: int              # programs compiled during the timed calls
@@ -90,6 +97,10 @@ class BenchmarkResult:
     device: str = ""
     peak_flops_per_second: float | None = None  # the peak MFU is measured against
     peak_name: str = ""
+    peak_source: str = ""        # "measured on this host", "published", or the Peaks' own
+    # The same wall-clock count within the first call alone (<= first_call_seconds).
+    first_call_compile_seconds: float = 0.0
+    warmup_seconds: float = 0.0  # wall seconds of all the warm-up calls, the first included
 
     @property
     def iters(self) -> int:
@@ -144,8 +155,11 @@ class BenchmarkResult:
     def summary(self) -> str:
         parts = [f"{self.name}: median {_ms(self.median)}, min {_ms(self.min)}, "
                  f"p90 {_ms(self.p90)} over {self.iters} iters",
-                 f"first call {_ms(self.first_call_seconds)} "
-                 f"(compile {_ms(self.compile_seconds)}, {self.compiles} programs)"]
+                 f"first call {_ms(self.first_call_seconds)} (compiling "
+                 f"{_ms(self.first_call_compile_seconds)} of it)",
+                 f"warm-up {self.warmup} calls {_ms(self.warmup_seconds)} (compiling "
+                 f"{_ms(self.compile_seconds)} of it, {self.compiles} program"
+                 f"{'s' if self.compiles != 1 else ''})"]
         if self.recompiles:
             parts.append(f"{self.recompiles} recompiles during timing")
         if self.flops_per_second:
@@ -153,7 +167,8 @@ class BenchmarkResult:
                          f"{self.flops_per_second / 1e9:.2f} GFLOP/s")
         if self.mfu is not None:
             parts.append(f"MFU {_pct(self.mfu)} of {self.peak_name or 'peak'} "
-                         f"({self.peak_flops_per_second / 1e9:.3g} GFLOP/s)")
+                         f"({self.peak_source or 'given'}: "
+                         f"{self.peak_flops_per_second / 1e9:.4g} GFLOP/s)")
         return "; ".join(parts)
 
     __str__ = summary
@@ -240,19 +255,22 @@ def _auto_flops(fn, args, kwargs):
 _SYNC = ("auto", "outputs", "device", "none", None, False)
 
 
-def _peak(peaks):
-    """(peak FLOP/s, name) for benchmark's `peaks` argument, or (None, '')."""
+def _peak(peaks, achieved=None, what=""):
+    """(peak FLOP/s, name, where it comes from) for benchmark's `peaks` argument,
+    or (None, '', ''). `achieved`: a rate XLA counted for this benchmark, which
+    raises this host's measured peak when it is faster (MFU <= 100 %)."""
     if peaks is None:
-        return None, ""
+        return None, "", ""
     if not (isinstance(peaks, str) and peaks == "host"):
         p = reference_peaks(peaks)  # an unknown name raises, naming the known ones
-        return p.flops_per_second, p.name
+        return p.flops_per_second, p.name, "published" if p in PUBLISHED.values() else p.source
     try:
-        return host_peaks().flops_per_second, "this host's peak"
+        p = raise_host_peak(achieved, what) if achieved else host_peaks()
     except Exception as e:
         warnings.warn(f"benchmark: could not measure this device's peak FLOP/s "
                       f"({type(e).__name__}: {e}); MFU is not reported", stacklevel=3)
-        return None, ""
+        return None, "", ""
+    return p.flops_per_second, "this host's peak", "measured on this host"
 
 
 def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="auto",
@@ -278,10 +296,11 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
     if torch.tpu.is_available():
         torch.tpu.synchronize()
     misses0, secs0 = _compile_stats()
-    t0 = time.perf_counter()
+    t0 = t_start = time.perf_counter()
     out = fn(*args, **kwargs)
     _wait(out, sync)
     first = time.perf_counter() - t0
+    _, secs_first = _compile_stats()
     if progress:
         progress("warmup", 1, warmup, first)
     for i in range(1, warmup):
@@ -291,6 +310,7 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
         if progress:
             progress("warmup", i + 1, warmup, time.perf_counter() - t0)
     misses1, secs1 = _compile_stats()
+    warmup_seconds = time.perf_counter() - t_start
     times = []
     for i in range(iters):
         t0 = time.perf_counter()
@@ -302,6 +322,7 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
             progress("timed", i + 1, iters, dt)
     misses2, _ = _compile_stats()
     del out
+    counted = flops == "auto"  # XLA's count: a rate above the measured peak raises it
     if flops == "auto":
         flops = _auto_flops(fn, args, kwargs)
     elif flops is not None:
@@ -311,7 +332,9 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
         device = torch.tpu.get_device_name()
     except Exception:
         pass
-    peak, peak_name = _peak(peaks) if flops else (None, "")
+    achieved = flops / statistics.median(times) if counted and flops else None
+    peak, peak_name, peak_source = (_peak(peaks, achieved, f"benchmark {name!r}") if flops
+                                    else (None, "", ""))
     recompiles = misses2 - misses1
     if recompiles:
         warnings.warn(f"benchmark {name!r}: {recompiles} programs were compiled during the "
@@ -320,17 +343,20 @@ def benchmark(fn, *args, warmup: int = 3, iters: int = 20, flops="auto", sync="a
                            compile_seconds=secs1 - secs0, compiles=misses1 - misses0,
                            recompiles=recompiles, flops=flops,
                            sync=str(sync), device=device, peak_flops_per_second=peak,
-                           peak_name=peak_name)
+                           peak_name=peak_name, peak_source=peak_source,
+                           first_call_compile_seconds=secs_first - secs0,
+                           warmup_seconds=warmup_seconds)
 
 
 def format_table(results) -> str:
     """A text table of BenchmarkResults."""
-    head = ("benchmark", "median", "min", "p90", "first call", "compile", "GFLOP/s", "MFU")
+    head = ("benchmark", "median", "min", "p90", "first call", "of it compiling", "GFLOP/s",
+            "MFU")
     rows = []
     for r in results:
         fps = r.flops_per_second
         rows.append((r.name, _ms(r.median), _ms(r.min), _ms(r.p90), _ms(r.first_call_seconds),
-                     _ms(r.compile_seconds), f"{fps / 1e9:.2f}" if fps else "-",
+                     _ms(r.first_call_compile_seconds), f"{fps / 1e9:.2f}" if fps else "-",
                      _pct(r.mfu) if r.mfu is not None else "-"))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(head)]

@@ -24,9 +24,12 @@ programs are those it compiled on its first call here (compile log events);
 when it compiled nothing (all cached), the whole call is lowered into one
 program (`debug.lower`, what fused mode or compile_step would run).
 
-This device's peaks are measured once, by a large matmul and a large
-elementwise copy, and kept per host in `<cache dir>/roofline-peaks.json`
-(`host_peaks(remeasure=True)` measures again). The published peaks of TPU
+This device's peaks are measured once per kind of host (device kind, CPU
+model, feature flags, CPU count), by a few matmuls in float32 and bfloat16
+and a large elementwise copy, the best of several runs each, and kept in
+`<cache dir>/roofline/peaks.json` (`host_peaks(remeasure=True)` measures
+again). A program measured faster than that peak raises it, so the MFU
+printed against it is at most 100 %. The published peaks of TPU
 v4, v5e, v5p, v6e, v7 (Ironwood) and NVIDIA H100/H200 are in `PUBLISHED`,
 each with its source; docs/benchmarks.md ("Roofline") cites them.
 """
@@ -36,13 +39,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import hashlib
 import os
-import socket
 import statistics
 import threading
 import time
 from .. import cache
 from ..cache import store
+from ..cache.trust import TrustedDir
 from ..runtime import platform, programs
 from .hlo import Program
 from . import _events
@@ -50,7 +54,7 @@ from .timing import block
 from .hlo import lower
 
 __all__ = ["roofline", "RooflineReport", "RooflineRow", "Peaks", "PUBLISHED", "host_peaks",
-           "reference_peaks"]
+           "raise_host_peak", "reference_peaks"]
 
 
 # --------------------------------------------------------------------------
@@ -132,82 +136,148 @@ def reference_peaks(device) -> Peaks:
     return PUBLISHED[key]
 
 
-_PEAKS_FILE = "roofline-peaks.json"
+# <cache dir>/roofline/peaks.json: one entry per kind of host, read and
+# written through the cache's trust checks (a directory and file only this
+# user may change; cache.trust), so a peak is never another user's number.
+_PEAKS_TIER = "roofline"
+_PEAKS_FILE = "peaks.json"
 _host_memo: dict = {}
 _host_lock = threading.Lock()
 
 
+def _cpu_identity() -> tuple[str, str]:
+    """(model name, feature flags) of this host's CPU: /proc/cpuinfo where there is one."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                name = name.strip()
+                if name == "model name" and not model:
+                    model = value.strip()
+                elif name in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    import platform as host_platform
+
+    return model or host_platform.processor() or host_platform.machine(), flags
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (what XLA:CPU's thread pool gets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _host_key() -> str:
+    """What the peaks depend on: the device kind and platform, the CPU model, its
+    feature flags (AVX2, AVX-512, AMX, ... change a dot's speed) and the CPU count."""
     dev = platform.jax_device(0)
-    return f"{socket.gethostname()}|{platform.platform()}|{dev.device_kind}|{os.cpu_count()}"
+    model, flags = _cpu_identity()
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
+    return f"{platform.platform()}|{dev.device_kind}|{model}|flags {digest}|{_cpus()} cpus"
 
 
-def _peaks_path() -> str | None:
-    """The peaks file in the compile cache's directory (None when the cache is off)."""
-    root = None
+def _peaks_dir(create: bool):
+    """The checked directory that holds the peaks file (None when the cache is off or
+    the directory is refused: the peaks are then measured once per process)."""
     try:
         root = cache.cache_dir()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no cache configured yet
         root = None
-    if root is None:
-        root = store.configured_dir()
-    return os.path.join(root, _PEAKS_FILE) if root else None
+    root = root or store.configured_dir()
+    if not root:
+        return None
+    d, _ = TrustedDir.open(root, _PEAKS_TIER, create=create)
+    return d
 
 
-def _read_file(path) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+def _read_entries(d) -> dict:
+    if d is None:
         return {}
-
-
-def _write_file(path, data) -> None:
+    blob, _ = d.read(_PEAKS_FILE)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        data = json.loads(blob) if blob else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store_entry(key: str, peaks: Peaks) -> None:
+    """Write this host's entry (other hosts' entries kept)."""
+    try:
+        d = _peaks_dir(create=True)
+        if d is None:
+            return
+        data = _read_entries(d)
+        data[key] = dict(dataclasses.asdict(peaks), measured_at=time.time())
+        d.write(_PEAKS_FILE, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError:
         pass  # a read-only cache: the peaks are measured again next process
 
 
-def host_peaks(remeasure: bool = False) -> Peaks:
-    """This device's measured peaks (tpu:0), cached per host in the cache directory.
+def _entry_peaks(entry) -> Peaks | None:
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return Peaks(name=str(entry["name"]), flops_per_second=float(entry["flops_per_second"]),
+                     bytes_per_second=float(entry["bytes_per_second"]),
+                     dtype=str(entry.get("dtype", "")), source=str(entry.get("source", "")))
+    except (KeyError, TypeError, ValueError):
+        return None
 
-    Measured once by a large matmul (FLOP/s) and a large elementwise copy
-    (bytes/s), both counted by XLA's cost analysis; remeasure=True measures
-    again and rewrites the cache entry.
+
+def host_peaks(remeasure: bool = False) -> Peaks:
+    """This device's measured peaks (tpu:0), cached per kind of host in the cache directory.
+
+    Measured once by a few matmuls (float32 and bfloat16: the fastest is the
+    peak FLOP/s) and an elementwise copy (bytes/s), each the best of several
+    runs and counted by XLA's cost analysis. The key is the device kind, the
+    CPU model, its feature flags and the CPU count, so a cache directory
+    shared between hosts never gives one host another's peak.
+    remeasure=True measures again and rewrites the entry. A rate measured
+    later above the peak raises it (`raise_host_peak`): MFU against this
+    peak is at most 100 % by construction.
     """
     key = _host_key()
     with _host_lock:
         if not remeasure and key in _host_memo:
             return _host_memo[key]
-        path = _peaks_path()
-        data = _read_file(path) if path else {}
-        entry = data.get(key) if not remeasure else None
-        peaks = None
-        if isinstance(entry, dict):
-            try:
-                peaks = Peaks(name=str(entry["name"]),
-                              flops_per_second=float(entry["flops_per_second"]),
-                              bytes_per_second=float(entry["bytes_per_second"]),
-                              dtype=str(entry.get("dtype", "")), source=str(entry.get("source", "")))
-            except (KeyError, TypeError, ValueError):
-                peaks = None
+        peaks = None if remeasure else _entry_peaks(_read_entries(_peaks_dir(False)).get(key))
         if peaks is None:
             peaks = _measure()
-            if path:
-                data = _read_file(path)
-                data[key] = dict(dataclasses.asdict(peaks), measured_at=time.time())
-                _write_file(path, data)
+            _store_entry(key, peaks)
         _host_memo[key] = peaks
         return peaks
 
 
-def _run_median(fn, repeats):
+def raise_host_peak(flops_per_second: float, what: str) -> Peaks:
+    """This host's peaks, with the peak FLOP/s raised to `flops_per_second` when
+    a measured run (`what`: whose) was faster than the calibration: a peak is
+    the fastest rate seen here, so no MFU against it exceeds 100 %."""
+    peaks = host_peaks()
+    if not flops_per_second > peaks.flops_per_second:
+        return peaks
+    key = _host_key()
+    with _host_lock:
+        base = peaks.source.split("; raised to ")[0]
+        peaks = dataclasses.replace(
+            peaks, flops_per_second=float(flops_per_second),
+            source=f"{base}; raised to {flops_per_second / 1e9:.4g} GFLOP/s by {what}, a "
+                   "faster measured run")
+        _host_memo[key] = peaks
+        _store_entry(key, peaks)
+    return peaks
+
+
+def _best_seconds(fn, repeats):
+    """The least of `repeats` timed runs: a peak is the best the host does (a
+    median would carry the load of whatever else runs at that moment)."""
     import jax
 
     times = []
@@ -215,43 +285,48 @@ def _run_median(fn, repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
-def _measure() -> Peaks:
-    """Peak FLOP/s (a square matmul) and bytes/s (x + 1 over a large array) of tpu:0."""
+def _calibration_cases(on_cpu: bool) -> tuple[list, int]:
+    """([(dtype name, n)] of the square matmuls, elements of the copy)."""
+    if on_cpu:
+        return [("float32", 512), ("float32", 1024), ("bfloat16", 1024)], 16 << 20
+    return [("bfloat16", 8192), ("float32", 4096)], 256 << 20
+
+
+def _measure(repeats: int = 5) -> Peaks:
+    """Peak FLOP/s (the fastest of a few square matmuls, float32 and bfloat16) and
+    bytes/s (x + 1 over an array larger than the caches) of tpu:0."""
     import jax
     import jax.numpy as jnp
 
-
     plat = platform.platform()
     dev = platform.jax_device(0)
-    on_cpu = plat == "cpu"
-    # XLA:CPU has no fast bf16 matmul: float32 is its peak; accelerators peak in bf16.
-    dtype = jnp.float32 if on_cpu else jnp.bfloat16
-    n = 1024 if on_cpu else 8192
-    elems = (16 << 20) if on_cpu else (256 << 20)
+    dots, elems = _calibration_cases(plat == "cpu")
 
-    def measured(name, fn, *shapes):
+    def rate(name, fn, what, dtype, *shapes):
         sh = jax.sharding.SingleDeviceSharding(dev)
         specs = [jax.ShapeDtypeStruct(s, dtype, sharding=sh) for s in shapes]
-        lowered = jax.jit(fn).lower(*specs)
-        compiled, _, _ = programs.compile_lowered(f"roofline:{name}", lowered)
-        cost = Program(f"roofline:{name}", compiled=compiled).cost
+        compiled, _, _ = programs.compile_lowered(f"roofline:{name}", jax.jit(fn).lower(*specs))
+        count = Program(f"roofline:{name}", compiled=compiled).cost[what]
         args = [jax.device_put(jnp.ones(s, dtype), dev) for s in shapes]
         jax.block_until_ready(compiled(*args))
-        secs = _run_median(lambda: compiled(*args), 5)
-        return cost, secs
+        return count / _best_seconds(lambda: compiled(*args), repeats)
 
-    cost, secs = measured("matmul", lambda a, b: a @ b, (n, n), (n, n))
-    flops = cost["flops"] or 2.0 * n ** 3
-    cost_c, secs_c = measured("copy", lambda x: x + 1, (elems,))
-    nbytes = cost_c["bytes_accessed"] or 2.0 * elems * jnp.dtype(dtype).itemsize
+    flops = {(dt, n): rate(f"matmul_{dt}_{n}", lambda a, b: a @ b, "flops", jnp.dtype(dt),
+                           (n, n), (n, n))
+             for dt, n in dots}
+    copy_dtype = jnp.dtype(dots[0][0])
+    bandwidth = rate("copy", lambda x: x + 1, "bytes_accessed", copy_dtype, (elems,))
+    best = max(flops, key=flops.get)
+    dots_text = ", ".join(f"{dt} {n}x{n} matmul {r / 1e9:.4g} GFLOP/s"
+                          for (dt, n), r in flops.items())
     return Peaks(name=f"this host ({dev.device_kind}, {plat})",
-                 flops_per_second=flops / secs, bytes_per_second=nbytes / secs_c,
-                 dtype=jnp.dtype(dtype).name,
-                 source=f"measured: {n}x{n} matmul, {elems * jnp.dtype(dtype).itemsize >> 20} MiB "
-                        "x + 1")
+                 flops_per_second=flops[best], bytes_per_second=bandwidth, dtype=best[0],
+                 source=f"measured on this host: {dots_text}; "
+                        f"{elems * copy_dtype.itemsize >> 20} MiB x + 1 "
+                        f"{bandwidth / 1e9:.4g} GB/s (best of {repeats} runs each)")
 
 
 # --------------------------------------------------------------------------
@@ -355,7 +430,7 @@ class RooflineReport:
                  f"{_si(self.bytes_accessed)}B"
                  + (f" in {_time(self.seconds)}" if timed else " (not timed)")
                  + (f" (whole call {_time(self.call_seconds)})" if self.call_seconds else ""),
-                 (f"{_pct(self.mfu)} of this host's peak FLOP/s, " if timed else "")
+                 (f"{_pct(self.mfu)} of {_peak_words(self.host)}, " if timed else "")
                  + f"{self.bound}-bound here"]
         if self.reference is not None:
             parts.append(f"on a {self.reference.name}: {self.reference_bound}-bound, "
@@ -443,6 +518,19 @@ class RooflineReport:
                      fontsize=9)
         ax.legend(loc="lower right", fontsize="small")
         return ax
+
+
+def _peak_words(p: Peaks) -> str:
+    """Whose peak FLOP/s an MFU divides by, and where the number comes from."""
+    rate = f"{p.flops_per_second / 1e9:.4g} GFLOP/s"
+    if is_measured(p):
+        return f"this host's peak FLOP/s (measured on this host: {rate})"
+    return f"the peak FLOP/s of {p.name} ({rate}, {p.source or 'given'})"
+
+
+def is_measured(p: Peaks) -> bool:
+    """Peaks measured on this host by host_peaks (not published, not given)."""
+    return p.source.startswith("measured on this host")
 
 
 def _si(x: float) -> str:
@@ -614,6 +702,7 @@ def roofline(target, *args, device=None, repeats: int = 5, programs: str = "auto
     """
     if programs not in ("auto", "run", "lower"):
         raise ValueError(f"programs must be 'auto', 'run' or 'lower', got {programs!r}")
+    measured_host = host is None
     host = host if host is not None else host_peaks()
     ref = reference_peaks("v6e" if device is None else device)
     call_seconds, source, notes = None, "", []
@@ -629,18 +718,23 @@ def roofline(target, *args, device=None, repeats: int = 5, programs: str = "auto
     else:
         raise ValueError("roofline() takes a torch_tpu.debug.Program, a list of them, or a "
                          f"callable; got {type(target).__name__}")
-    rows = []
+    measured = []
     for p in progs:
         cost = p.cost
-        flops, nbytes = cost["flops"], cost["bytes_accessed"]
         try:
             secs = time_program(p, repeats) if repeats > 0 else math.nan
         except Exception as e:
             secs = math.nan
             notes.append(f"{p.name}: not timed ({type(e).__name__}: {e})")
+        measured.append((p.name, cost["flops"], cost["bytes_accessed"], secs))
+    fastest = max((f / s for _, f, _, s in measured if s > 0), default=0.0)
+    if measured_host and fastest > host.flops_per_second:
+        host = raise_host_peak(fastest, "a program timed by roofline()")
+    rows = []
+    for name, flops, nbytes, secs in measured:
         inten = flops / nbytes if nbytes > 0 else (math.inf if flops > 0 else 0.0)
         rows.append(RooflineRow(
-            name=p.name, flops=flops, bytes_accessed=nbytes, seconds=secs,
+            name=name, flops=flops, bytes_accessed=nbytes, seconds=secs,
             bound=host.bound(inten), reference_bound=ref.bound(inten) if ref else "",
             reference_seconds=ref.seconds(flops, nbytes) if ref else math.nan))
     return RooflineReport(rows=rows, host=host, reference=ref, call_seconds=call_seconds,
