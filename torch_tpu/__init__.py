@@ -5,13 +5,16 @@ runtime: on a Cloud TPU when present, otherwise on the GPU or the host CPU.
 
 Importing this package (which the `torch.backends` entry point does in every
 `import torch` of an environment where it is installed) registers the `tpu`
-device, `torch.tpu`, the `torch.compile` and `torch.distributed` backends,
-and nothing heavier: JAX, the lowering table and the kernels load on first
-use (`_load()`): the first op that reaches the device, a `torch.tpu` call
-that needs the runtime, `torch.compile`, or the first attribute of this
-package that is not one of those (`torch_tpu.debug`, `torch_tpu.jax_op`,
-...). `import torch` alone therefore costs about what it costs without the
-backend (see benchmarks/startup.py).
+device, `torch.tpu` and the `torch.distributed` backend, and nothing heavier
+and nothing else: JAX, the lowering table, the kernels and the patches of
+PyTorch that tpu tensors need load on first use (`_load()`): the first op
+that reaches the device, a `torch.tpu` call that needs the runtime, the first
+`torch.compile(..., backend="tpu")` (dynamo loads torch_tpu.compile.entry
+through the `torch_dynamo_backends` entry point), or the first attribute of
+this package that is not one of those (`torch_tpu.debug`, `torch_tpu.jax_op`,
+...). A process that never uses `tpu` therefore runs PyTorch as without the
+backend (torch.compile, dynamo and the collector untouched), and `import
+torch` costs about what it costs without it (see benchmarks/startup.py).
 """
 
 from __future__ import annotations
@@ -36,13 +39,9 @@ from .device import registration as _registration  # noqa: E402
 _registration.register()
 
 from .device import module as tpu  # noqa: E402,F401
-from . import compile as _compile_backend  # noqa: E402,F401  (torch.compile backend "tpu", lazily)
 from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
-from . import cache as _cache_tier  # noqa: E402  (already loaded by compile: the disk tier)
 from .runtime import gc_pause as _gc_pause  # noqa: E402
 from .runtime import loading as _loading_hook  # noqa: E402
-
-_gc_pause.freeze()  # torch's and our modules: never cyclic garbage (see gc_pause.freeze)
 
 _load_lock = _threading.RLock()
 _loaded = False
@@ -66,7 +65,7 @@ def _load() -> None:
             # The disk tier is JAX's compilation cache before any JAX compile:
             # kernels also compile through jnp directly, off the program
             # cache's compile step (which installed it first only by chance).
-            _cache_tier.disk_store()
+            _importlib.import_module(f"{__name__}.cache").disk_store()
             # debug listens to compile events (and JAX's cache events) from the
             # first program on: a plug-in of the runtime, nothing below imports it.
             _importlib.import_module(f"{__name__}.debug")
@@ -74,10 +73,15 @@ def _load() -> None:
             _importlib.import_module(f"{__name__}.device.autocast").install()  # torch.tpu precision/AMP API
             # Tensor.__dlpack__ for tpu tensors: replaced only once one can exist
             _importlib.import_module(f"{__name__}.device.dlpack").install()
+            _importlib.import_module(f"{__name__}.device.printing").install()  # one host copy
+            # torch.compile(model) (inductor) on tpu inputs: the tpu backend
+            _importlib.import_module(f"{__name__}.compile.redirect").install()
             _loaded = True
         finally:
             _gc_pause.end()
             _loading = False
+        if _loaded:
+            _gc_pause.freeze()  # what is alive now lives as long as the process
 
 
 _loading_hook.set_loader(_load, lambda: _loaded)  # the layers below load through it

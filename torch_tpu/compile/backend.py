@@ -35,10 +35,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from .. import _compat as compat
 from ..ops import registry
 from ..runtime import gc_pause
 from ..runtime import opt_level as _olevel
-from ..runtime.switches import switch_on, switch_set
+from ..runtime.switches import switch_set
 from . import graph_cache
 from .graph import CompiledGraph, prebuild_enabled
 
@@ -185,16 +186,26 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
 
 
 _registered = False
+BOOKKEEPING = "lighter dynamo bookkeeping"
+CUDAGRAPH = "no cudagraph import for non-CUDA optimizer steps"
+WHOLE_STEP = 'torch.compile(backend="tpu", options={"whole_step": True})'
 
 
 def register() -> None:
-    """Register "tpu" with dynamo and make it the backend for tpu inputs."""
+    """Prepare dynamo for tpu compiles (idempotent; imports dynamo).
+
+    Runs when dynamo loads the "tpu" backend (the `torch_dynamo_backends`
+    entry point, torch_tpu.compile.entry), at the first tpu compile, or from
+    `torch_tpu.compile.register()`: everything here serves tpu compiles
+    only, and a process that never asks for one never runs it. "tpu" is
+    registered by name only where the entry point is not installed.
+    """
     global _registered
     if _registered:
         return
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
-    if "tpu" not in _COMPILER_FNS:
+    if "tpu" not in _COMPILER_FNS and _BACKENDS.get("tpu") is None:
         register_backend(name="tpu")(tpu_backend)
     # Dynamo must never trace torch_tpu's own Python (the device kernels run
     # eagerly between graphs, e.g. `.item()` at a graph break), nor the JAX
@@ -205,18 +216,22 @@ def register() -> None:
 
     for module in ("torch_tpu", "jax", "jaxlib"):
         trace_rules.add(module)
-    _redirect_inductor()
-    _skip_cudagraph_import()
-    _lighter_dynamo_bookkeeping()
+    found = patches()
+    if not switch_set("TORCH_TPU_DYNAMO_BOOKKEEPING"):
+        compat.apply(BOOKKEEPING, found[BOOKKEEPING])
+    compat.apply(CUDAGRAPH, found[CUDAGRAPH])
+    compat.apply(WHOLE_STEP, found[WHOLE_STEP])
     gc_pause.install_dynamo_hooks()
     if _artifacts is not None:
         _artifacts.install()  # TORCH_TPU_PRECOMPILE=1: dynamo packages in the cache dir
     _registered = True
 
 
-def _lighter_dynamo_bookkeeping():
-    """Two pieces of dynamo bookkeeping that cost more than tracing itself
-    on the first call, and only feed logs and metrics:
+def patches() -> dict:
+    """Dynamo patches of the tpu backend (artifacts.patches has precompile's).
+
+    Two pieces of dynamo bookkeeping cost more than tracing itself on the
+    first call and only feed logs and metrics:
 
     - after building a frame's guards, dynamo times one guard evaluation for
       its metrics (``guard_latency_us``) after flushing the CPU caches
@@ -229,36 +244,78 @@ def _lighter_dynamo_bookkeeping():
 
     Nothing else changes: guards, graphs and error messages are the same.
     ``TORCH_TPU_DYNAMO_BOOKKEEPING=1`` keeps PyTorch's behaviour.
+
+    And dynamo's optimizer tracing asks every grad "is it static for CUDA
+    graphs?" by importing inductor's cudagraph_trees (0.5-1.3 s of imports)
+    even for non-CUDA tensors, for which the answer is always True: that case
+    is answered without the import; CUDA tensors still go to PyTorch's function.
     """
-    if switch_set("TORCH_TPU_DYNAMO_BOOKKEEPING"):
-        return
-    try:
-        from torch._dynamo import funcname_cache
-        from torch._dynamo import guards as dyn_guards
-        from torch._dynamo import symbolic_convert
-    except Exception:  # pragma: no cover - another torch layout
-        return
-    original_profile = getattr(dyn_guards, "profile_guard_manager", None)
-    if original_profile is not None and not getattr(original_profile, "_torch_tpu", False):
+    return {
+        BOOKKEEPING: [
+            compat.Patch("torch._dynamo.guards:profile_guard_manager", BOOKKEEPING,
+                         "times a guard evaluation for metrics only, after flushing CPU caches",
+                         lambda original: _no_guard_profile),
+            compat.Patch("torch._dynamo.symbolic_convert:get_funcname", BOOKKEEPING,
+                         "tokenizes whole source files for a debug log line", _funcname),
+        ],
+        CUDAGRAPH: [
+            compat.Patch("torch._dynamo.variables.optimizer:_is_static_for_cudagraphs",
+                         CUDAGRAPH, "imports inductor's cudagraph_trees for any tensor",
+                         _static_for_cudagraphs),
+        ],
+        WHOLE_STEP: [
+            compat.Patch("torch._dynamo:optimize", WHOLE_STEP,
+                         "a backend sees graphs, never the function: a training step as one "
+                         "program must be taken before dynamo splits it into frames",
+                         _whole_step_option),
+        ],
+    }
 
-        def profile_guard_manager(*args, **kwargs):
-            return 0.0
 
-        profile_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # our marker
-        dyn_guards.profile_guard_manager = profile_guard_manager
-    original_funcname = getattr(symbolic_convert, "get_funcname", None)
-    if original_funcname is not None and not getattr(original_funcname, "_torch_tpu", False):
+def _whole_step_option(optimize):
+    """`options={"whole_step": True}` of a tpu compile: the step goes to
+    torch_tpu.compile_step (one program) instead of dynamo's frames."""
+    def optimize_(*args, **kwargs):
+        wrapper = kwargs.get("backend", args[0] if args else None)
+        opts = (getattr(wrapper, "kwargs", None) or {}).get("options")
+        fn = getattr(wrapper, "compiler_fn", None)
+        if isinstance(opts, dict) and opts.get("whole_step") and \
+                str(getattr(fn, "__module__", "")).startswith("torch_tpu"):
+            from . import whole_step
 
-        def get_funcname(filename, lineno):
-            names = funcname_cache.cache.get(filename)
-            if names is not None:
-                return names.get(lineno)
-            if _dynamo_verbose():
-                return original_funcname(filename, lineno)
-            return None
+            rest = {k: v for k, v in opts.items() if k != "whole_step"}
+            return lambda step: whole_step(step, rest)
+        return optimize(*args, **kwargs)
 
-        get_funcname._torch_tpu = True  # type: ignore[attr-defined]  # our marker
-        symbolic_convert.get_funcname = get_funcname
+    return optimize_
+
+
+def _no_guard_profile(*args, **kwargs):
+    return 0.0
+
+
+def _funcname(original):
+    from torch._dynamo import funcname_cache
+
+    def get_funcname(filename, lineno):
+        names = funcname_cache.cache.get(filename)
+        if names is not None:
+            return names.get(lineno)
+        if _dynamo_verbose():
+            return original(filename, lineno)
+        return None
+
+    return get_funcname
+
+
+def _static_for_cudagraphs(original):
+    @functools.wraps(original)
+    def _is_static_for_cudagraphs(x):
+        if not x.is_cuda:
+            return True
+        return original(x)
+
+    return _is_static_for_cudagraphs
 
 
 def _dynamo_verbose() -> bool:
@@ -272,51 +329,3 @@ def _dynamo_verbose() -> bool:
         return logging.getLogger("torch._dynamo").isEnabledFor(logging.DEBUG)
     except Exception:  # pragma: no cover
         return True
-
-
-def _skip_cudagraph_import():
-    """Dynamo's optimizer tracing asks every grad "is it static for CUDA graphs?"
-    by importing inductor's cudagraph_trees (0.5-1.3 s of imports) even for
-    non-CUDA tensors, for which the answer is always True. Answer that case
-    without the import; CUDA tensors still go to PyTorch's function.
-    """
-    try:
-        from torch._dynamo.variables import optimizer as opt_vars
-    except Exception:  # pragma: no cover - another torch layout
-        return
-    original = getattr(opt_vars, "_is_static_for_cudagraphs", None)
-    if original is None or getattr(original, "_torch_tpu", False):
-        return
-
-    @functools.wraps(original)
-    def _is_static_for_cudagraphs(x):
-        if not x.is_cuda:
-            return True
-        return original(x)
-
-    _is_static_for_cudagraphs._torch_tpu = True  # type: ignore[attr-defined]  # our marker
-    opt_vars._is_static_for_cudagraphs = _is_static_for_cudagraphs
-
-
-def _redirect_inductor():
-    """`torch.compile(model)` (inductor) on tpu inputs uses this backend.
-
-    Inductor has no code generator for the tpu device; without this, the
-    default backend would fail on tpu tensors. Graphs on other devices still
-    go to inductor. TORCH_TPU_INDUCTOR_REDIRECT=0 turns this off.
-    """
-    if not switch_on("TORCH_TPU_INDUCTOR_REDIRECT"):
-        return
-    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
-    if wrapper is None or getattr(wrapper.__call__, "_torch_tpu", False):
-        return
-    original = wrapper.__call__
-
-    @functools.wraps(original)
-    def __call__(self, model_, inputs_):
-        if any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in inputs_):
-            return tpu_backend(model_, inputs_)
-        return original(self, model_, inputs_)
-
-    __call__._torch_tpu = True  # type: ignore[attr-defined]  # our marker
-    wrapper.__call__ = __call__

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from .._compat import flags as compat_flags
 from ..runtime import loading
 from . import backend, graph_cache
 from .graph import CompiledGraph
@@ -90,19 +91,6 @@ def _hashable(v):
         return v
     except TypeError:
         return repr(v)
-
-
-@contextlib.contextmanager
-def _compiling_flag():
-    """Optimizers read tensor step counts without .item() while compiling."""
-    import torch.compiler as tc
-
-    old = tc._is_compiling_flag
-    tc._is_compiling_flag = True
-    try:
-        yield
-    finally:
-        tc._is_compiling_flag = old
 
 
 class _Step:
@@ -236,7 +224,7 @@ class _Step:
         real = [*params, *(p.grad for p in grads), *buffers, *(s[3] for s in states),
                 *(flat_args[i] for i in arg_pos)]
         t0 = time.perf_counter()
-        with _compiling_flag(), torch.enable_grad():
+        with compat_flags.compiling(), torch.enable_grad():
             # Autograd runs in the first trace (functorch transforms refuse
             # requires_grad_ on their inputs); the second one functionalizes
             # the resulting aten graph: in-place updates become copy_ into

@@ -15,20 +15,18 @@ import torch
 
 from . import module
 
-_C = torch._C
-_originals: dict = {}
+from .._compat import Patch, apply
+
+FEATURE = "torch.accelerator for tpu"
+_WHY = ("a backend registered from Python has no C++ DeviceGuard index or allocator "
+        "for torch.accelerator's C++ entry points to reach")
 
 
 def _is_tpu() -> bool:
     return torch._C._get_privateuse1_backend_name() == "tpu"
 
 
-def _route(name, fn):
-    orig = getattr(_C, name, None)
-    if orig is None or name in _originals:
-        return
-    _originals[name] = orig
-
+def _routed(name, fn, orig):
     def routed(*args, **kwargs):
         if _is_tpu():
             return fn(*args, **kwargs)
@@ -36,7 +34,7 @@ def _route(name, fn):
 
     routed.__name__ = name
     routed.__doc__ = f"{name}, routed to torch.tpu for the tpu device (see {__name__})."
-    setattr(_C, name, routed)
+    return routed
 
 
 def _exchange(idx):
@@ -65,17 +63,29 @@ def _memory_info(idx):
     return (max(props.total_memory - used, 0), props.total_memory)
 
 
+_ROUTES = {
+    "_accelerator_getDeviceIndex": lambda: module.current_device(),
+    "_accelerator_setDeviceIndex": lambda idx: module.set_device(idx) if idx >= 0 else None,
+    "_accelerator_exchangeDevice": _exchange,
+    "_accelerator_maybeExchangeDevice": _exchange,
+    "_accelerator_synchronizeDevice":
+        lambda idx: module.synchronize(idx if idx is not None and idx >= 0 else None),
+    "_accelerator_isAllocatorInitialized": lambda: True,
+    "_accelerator_emptyCache": lambda: module.empty_cache(),
+    "_accelerator_getDeviceStats": _stats,
+    "_accelerator_resetPeakStats":
+        lambda idx: module.reset_peak_memory_stats(idx if idx >= 0 else None),
+    "_accelerator_resetAccumulatedStats": lambda idx: None,
+    "_accelerator_getMemoryInfo": _memory_info,
+}
+
+
+def patches() -> dict:
+    """The torch._C entry points routed to torch.tpu while tpu is the accelerator."""
+    return {FEATURE: [Patch(f"torch._C:{name}", FEATURE, _WHY,
+                            lambda orig, name=name, fn=fn: _routed(name, fn, orig))
+                      for name, fn in _ROUTES.items()]}
+
+
 def install() -> None:
-    _route("_accelerator_getDeviceIndex", lambda: module.current_device())
-    _route("_accelerator_setDeviceIndex", lambda idx: module.set_device(idx) if idx >= 0 else None)
-    _route("_accelerator_exchangeDevice", _exchange)
-    _route("_accelerator_maybeExchangeDevice", _exchange)
-    _route("_accelerator_synchronizeDevice",
-           lambda idx: module.synchronize(idx if idx is not None and idx >= 0 else None))
-    _route("_accelerator_isAllocatorInitialized", lambda: True)
-    _route("_accelerator_emptyCache", lambda: module.empty_cache())
-    _route("_accelerator_getDeviceStats", _stats)
-    _route("_accelerator_resetPeakStats",
-           lambda idx: module.reset_peak_memory_stats(idx if idx >= 0 else None))
-    _route("_accelerator_resetAccumulatedStats", lambda idx: None)
-    _route("_accelerator_getMemoryInfo", _memory_info)
+    apply(FEATURE, patches()[FEATURE])

@@ -16,35 +16,49 @@ from typing import Any
 import torch
 import torch.utils.dlpack as _dl
 
+from .._compat import Patch, apply
 from ..runtime import storage
 
 _KDL_EXT_DEV = 12
-_original_device = torch.Tensor.__dlpack_device__
-_original_export = torch.Tensor.__dlpack__
-_original_to_dlpack = _dl.to_dlpack
+FEATURE = "DLPack for tpu tensors"
+_WHY = ("PyTorch names a PrivateUse1 DLPack device only while the backend is called "
+        "privateuse1, and has no hook to note an export")
 
 
-def _dlpack_device(self: torch.Tensor) -> Any:
-    if self.device.type == "tpu":
-        return (_dl.DLDeviceType(_KDL_EXT_DEV), self.device.index or 0)
-    return _original_device(self)
+def _device(original):
+    def __dlpack_device__(self: torch.Tensor) -> Any:
+        if self.device.type == "tpu":
+            return (_dl.DLDeviceType(_KDL_EXT_DEV), self.device.index or 0)
+        return original(self)
+
+    return __dlpack_device__
 
 
-def _dlpack_export(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    if self.device.type == "tpu":
-        storage.note_exported(self)
-    return _original_export(self, *args, **kwargs)
+def _export(original):
+    def __dlpack__(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.device.type == "tpu":
+            storage.note_exported(self)
+        return original(self, *args, **kwargs)
+
+    return __dlpack__
 
 
-def _to_dlpack(tensor: torch.Tensor) -> Any:
-    if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
-        storage.note_exported(tensor)
-    return _original_to_dlpack(tensor)
+def _to_dlpack(original):
+    def to_dlpack(tensor: torch.Tensor) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            storage.note_exported(tensor)
+        return original(tensor)
+
+    return to_dlpack
+
+
+def patches() -> dict:
+    return {FEATURE: [Patch("torch:Tensor.__dlpack_device__", FEATURE, _WHY, _device),
+                      Patch("torch:Tensor.__dlpack__", FEATURE, _WHY, _export),
+                      Patch("torch.utils.dlpack:to_dlpack", FEATURE, _WHY, _to_dlpack),
+                      Patch("torch:to_dlpack", FEATURE, _WHY, _to_dlpack)]}
 
 
 def install() -> None:
-    """Put the three in place (idempotent)."""
-    torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
-    torch.Tensor.__dlpack__ = _dlpack_export  # type: ignore[method-assign]
-    _dl.to_dlpack = _to_dlpack
-    torch.to_dlpack = _to_dlpack
+    """Put the four in place (idempotent)."""
+    apply(FEATURE, patches()[FEATURE])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 
@@ -73,6 +75,20 @@ def index_of(device=None) -> int:
 
 
 def is_available() -> bool:
+    """Whether a tpu device exists.
+
+    Until the runtime starts this is answered without starting it: dynamo
+    asks `torch.accelerator.is_available()` for every frame it traces, in
+    processes that never use tpu too, and starting JAX for that would load it
+    into every `torch.compile`. JAX always has its CPU platform, which torch_tpu
+    runs on when there is no TPU or GPU, so an installed JAX is a device;
+    only a platform named by ``TORCH_TPU_PLATFORM`` (which may be missing)
+    needs the runtime to answer.
+    """
+    wanted = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    if not is_initialized() and wanted in ("", "cpu") and \
+            importlib.util.find_spec("jax") is not None:
+        return True
     try:
         return device_count() > 0
     except Exception:

@@ -4,23 +4,33 @@
 On `tpu` each would be a device op, and a new shape a new compile, so the
 formatter gets a CPU copy instead: one transfer, no compiles. The suffix
 (`device='tpu:0'`, `grad_fn=...`) is computed from the original tensor.
+Installed when the backend loads (the first `tpu` tensor): a process that
+never makes one prints with PyTorch's formatter untouched.
 """
 
 from __future__ import annotations
 
 import torch
-import torch._tensor_str as _ts
 
-_original = _ts._tensor_str
+from .._compat import Patch, apply
+
+FEATURE = "printing tpu tensors from one host copy"
 
 
-def _tensor_str(self, indent):
-    if self.device.type == "tpu":
-        with torch.no_grad():
-            self = self.detach().to("cpu")
-    return _original(self, indent)
+def _formatter(original):
+    def _tensor_str(self, indent):
+        if self.device.type == "tpu":
+            with torch.no_grad():
+                self = self.detach().to("cpu")
+        return original(self, indent)
+
+    return _tensor_str
+
+
+def patches() -> dict:
+    return {FEATURE: [Patch("torch._tensor_str:_tensor_str", FEATURE,
+                            "PyTorch has no per-device hook for its tensor formatter", _formatter)]}
 
 
 def install() -> None:
-    if _ts._tensor_str is not _tensor_str:
-        _ts._tensor_str = _tensor_str
+    apply(FEATURE, patches()[FEATURE])

@@ -18,7 +18,7 @@ import threading
 import torch
 
 from ..runtime import loading
-from . import accelerator, module, printing, serialization
+from . import accelerator, module, serialization
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -86,7 +86,6 @@ def register() -> None:
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
 
     accelerator.install()
-    printing.install()
     serialization.install()
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1", with_keyset=True)

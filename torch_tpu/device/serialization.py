@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 
 import torch
+
+from .._compat import Patch, apply
 from ..device import module
 
 _TPU_LOCATION = re.compile(r"^tpu(:\d+)?$")
@@ -65,6 +67,16 @@ def _storage_tpu(self, device=None, non_blocking=False):
     return storage_to_tpu(self, device)
 
 
+FEATURE = "storage.tpu()"
+
+
+def patches() -> dict:
+    return {FEATURE: [Patch("torch.storage:_StorageBase.tpu", FEATURE,
+                            "PyTorch's generated storage.tpu() copies through a C++ "
+                            "allocator a Python backend does not have",
+                            lambda _absent: _storage_tpu)]}
+
+
 def install() -> None:
     torch.serialization.register_package(19, _tag, _deserialize)
-    torch.storage._StorageBase.tpu = _storage_tpu
+    apply(FEATURE, patches()[FEATURE])

@@ -21,32 +21,33 @@ already provides); `create()` of the "tpu" process group calls it.
 
 from __future__ import annotations
 
-import torch
+from .._compat import Patch, apply
 
-_installed = False
-
-
-_storage_resize = None
+FEATURE = "storage.resize_ for FSDP2 on tpu"
 
 
-def _resize_(self, size):
-    if self.device.type != "tpu":
-        return _storage_resize(self, size)
-    size = int(size)
-    if size == 0 or size == self.nbytes():
-        # resize_(0): the buffer is kept (see the module docstring).
-        return self
-    raise RuntimeError(
-        f"resizing a tpu storage from {self.nbytes()} to {size} bytes is not supported "
-        "(only resize_(0), which keeps the buffer, and resize_ to the current size)")
+def _resizer(original):
+    def _resize_(self, size):
+        if self.device.type != "tpu":
+            return original(self, size)
+        size = int(size)
+        if size == 0 or size == self.nbytes():
+            # resize_(0): the buffer is kept (see the module docstring).
+            return self
+        raise RuntimeError(
+            f"resizing a tpu storage from {self.nbytes()} to {size} bytes is not supported "
+            "(only resize_(0), which keeps the buffer, and resize_ to the current size)")
+
+    return _resize_
+
+
+def patches() -> dict:
+    return {FEATURE: [Patch("torch:UntypedStorage.resize_", FEATURE,
+                            "the C++ hook PyTorch calls to resize a PrivateUse1 storage "
+                            "(resizePrivateUse1Bytes) cannot be provided from Python",
+                            _resizer)]}
 
 
 def install() -> None:
     """Give tpu storages the `resize_` FSDP2 uses (idempotent)."""
-    global _installed, _storage_resize
-    if _installed:
-        return
-    if _storage_resize is None:
-        _storage_resize = torch.UntypedStorage.resize_
-        torch.UntypedStorage.resize_ = _resize_
-    _installed = True
+    apply(FEATURE, patches()[FEATURE])

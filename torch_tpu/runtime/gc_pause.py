@@ -99,23 +99,24 @@ def install_dynamo_hooks() -> None:
 def freeze() -> None:
     """Move the objects alive now out of the collector's reach (`gc.freeze`).
 
-    Called once, when torch_tpu is imported (by ``import torch``'s backend
-    autoload): what is alive then is torch's and our modules, classes and
-    functions (~170k objects), which live as long as the process. A full
-    collection scans every tracked object that is not frozen: without this,
-    the one that lands in the compile benchmark's first compiled step scans
-    ~430k objects for ~0.28 s (a third of a warm process's first step), and
-    every later full collection pays the same. Frozen: warm first step 0.80 s -> 0.44-0.53 s,
-    gc over that step + 300 steps + a second compiled model 0.9 s -> 0.45 s.
+    Called once, when the backend has loaded (the process's first `tpu` use,
+    torch_tpu._load): what is alive then is mostly torch's, JAX's and our
+    modules, classes and functions (~400k objects), which live as long as
+    the process. A full collection scans every tracked object that is not
+    frozen: without this, the one that lands in the compile benchmark's first
+    compiled step scans ~430k objects for ~0.28 s (a third of a warm
+    process's first step), and every later full collection pays the same.
+    Frozen: warm first step 0.80 s -> 0.44-0.53 s, gc over that step + 300
+    steps + a second compiled model 0.9 s -> 0.45 s.
 
-    Not done later (e.g. after JAX loads), when the user's objects are
-    alive: a frozen object in a reference cycle is never collected, and a
-    module in a cycle would keep its device tensors. Frozen objects are
-    still freed by reference counting. ``TORCH_TPU_GC_FREEZE=0`` turns this
-    off; nothing is frozen while the collector is off, nor where torch's
-    autoload is off (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``): torch_tpu is then
-    imported whenever the user chooses, maybe with their objects alive.
+    A full collection runs first, so no garbage is frozen. The user's objects
+    alive at that moment are frozen too (a script's model, made before its
+    first `.to("tpu")`): they are still freed by reference counting, but one
+    that later becomes part of a garbage reference cycle is not collected.
+    A process that never uses `tpu` is not touched (nothing is frozen at
+    `import torch`). ``TORCH_TPU_GC_FREEZE=0`` turns this off; nothing is
+    frozen while the collector is off.
     """
-    if (switch_on("TORCH_TPU_GC_FREEZE") and gc.isenabled()
-            and os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"):
+    if switch_on("TORCH_TPU_GC_FREEZE") and gc.isenabled():
+        gc.collect()
         gc.freeze()

@@ -66,6 +66,7 @@ import types
 import uuid
 from typing import Any, NoReturn
 
+from ..._compat import Patch, apply
 from ...cache import disk_store
 from ...cache import store as _store
 from ...cache.trust import TrustedDir
@@ -425,263 +426,270 @@ def aot_context():
         _local.tpu = prev
 
 
-def _patch() -> None:
-    from torch._dynamo import guards
-    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+FEATURE = "warm start of torch.compile (PyTorch's precompile packages)"
+_WHY_213 = "PyTorch 2.13's caching precompile, mended for this backend's frames"
 
-    # 1. A frame whose package is bypassed (a compiled optimizer step) leaves
-    #    no serialized guards, which PyTorch 2.13 then asserts on: record an
-    #    empty state for the bypassed entry (bypassed entries are never loaded).
-    init = guards.CheckFunctionManager.__init__
-    if not getattr(init, "_torch_tpu", False):
-        sig = inspect.signature(init)
 
-        def __init__(self, *args, **kwargs):
-            from torch._dynamo import config as dynamo_config
+def _init_manager(init):
+    """1. A frame whose package is bypassed (a compiled optimizer step) leaves
+    no serialized guards, which PyTorch 2.13 then asserts on: record an empty
+    state for the bypassed entry (bypassed entries are never loaded)."""
+    sig = inspect.signature(init)
 
-            bound = sig.bind(self, *args, **kwargs)
-            # Off while the guards are built: PyTorch's precompile would drop
-            # from the live guards every guard it cannot serialize (see
-            # _serialize_guards for what is done with them here).
-            with dynamo_config.patch(caching_precompile=False):
-                init(*bound.args, **bound.kwargs)
-            if bound.arguments.get("save_guards") and self.guards_state is None:
-                self.guards_state = b""
+    def __init__(self, *args, **kwargs):
+        from torch._dynamo import config as dynamo_config
 
-        # (a marker on our wrapper, and a patched method of torch's class)
-        __init__._torch_tpu = True  # type: ignore[attr-defined]
-        guards.CheckFunctionManager.__init__ = __init__  # type: ignore[method-assign]
+        bound = sig.bind(self, *args, **kwargs)
+        # Off while the guards are built: PyTorch's precompile would drop
+        # from the live guards every guard it cannot serialize (see
+        # _serialize_guards for what is done with them here).
+        with dynamo_config.patch(caching_precompile=False):
+            init(*bound.args, **bound.kwargs)
+        if bound.arguments.get("save_guards") and self.guards_state is None:
+            self.guards_state = b""
 
-    # 2. AOTAutograd's local cache: not for tpu graphs (see aot_context).
-    lookup = AOTAutogradCache._lookup
-    if not getattr(lookup, "_torch_tpu", False):
-        def _lookup(*args, **kwargs):
-            if getattr(_local, "tpu", False):
-                return None
-            return lookup(*args, **kwargs)
+    return __init__
 
-        _lookup._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        AOTAutogradCache._lookup = staticmethod(_lookup)  # type: ignore[method-assign]
-    save_entry = AOTAutogradCache.save
-    if not getattr(save_entry, "_torch_tpu", False):
-        def _save(key, entry, remote):
-            if not _is_tpu_entry(entry):
-                return save_entry(key, entry, remote)
-            prev = getattr(_local, "no_write", False)
-            _local.no_write = True
-            try:
-                return save_entry(key, entry, remote)
-            finally:
-                _local.no_write = prev
 
-        _save._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        AOTAutogradCache.save = staticmethod(_save)  # type: ignore[method-assign]
-    write = AOTAutogradCache._write_to_local_cache
-    if not getattr(write, "_torch_tpu", False):
-        def _write(key, content):
-            if getattr(_local, "no_write", False):
-                return None
-            return write(key, content)
+def _aot_lookup(lookup):
+    """2. AOTAutograd's local cache: not for tpu graphs (see aot_context)."""
+    def _lookup(*args, **kwargs):
+        if getattr(_local, "tpu", False):
+            return None
+        return lookup(*args, **kwargs)
 
-        _write._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        AOTAutogradCache._write_to_local_cache = staticmethod(_write)  # type: ignore[method-assign]
+    return _lookup
 
-    # 3. A package that fails to install (a clash, a missing global) falls
-    #    back to tracing: dynamo catches RuntimeError only.
-    from torch._dynamo.package import CompilePackage
 
-    install = CompilePackage.install
-    if not getattr(install, "_torch_tpu", False):
-        def _install(self, backends):
-            try:
-                out = install(self, backends)
+def _aot_save(save_entry):
+    def _save(key, entry, remote):
+        if not _is_tpu_entry(entry):
+            return save_entry(key, entry, remote)
+        prev = getattr(_local, "no_write", False)
+        _local.no_write = True
+        try:
+            return save_entry(key, entry, remote)
+        finally:
+            _local.no_write = prev
+
+    return _save
+
+
+def _aot_write(write):
+    def _write(key, content):
+        if getattr(_local, "no_write", False):
+            return None
+        return write(key, content)
+
+    return _write
+
+
+def _package_install(install):
+    """3. A package that fails to install (a clash, a missing global) falls
+    back to tracing: dynamo catches RuntimeError only."""
+    def _install(self, backends):
+        try:
+            out = install(self, backends)
+            _past_installed_names(self)
+            return out
+        except Exception as e:
+            # Undo it, so that dynamo's fallback (a fresh package, traced
+            # again) can initialize this one anew.
+            with contextlib.suppress(Exception):
                 _past_installed_names(self)
-                return out
-            except Exception as e:
-                # Undo it, so that dynamo's fallback (a fresh package, traced
-                # again) can initialize this one anew.
-                with contextlib.suppress(Exception):
-                    _past_installed_names(self)
-                    self.uninstall()
-                self._initialized = False
-                self._codes = {}
-                with _lock:
-                    STATS.rejected += 1
-                    STATS.hits = max(0, STATS.hits - 1)
-                _store.warn_once("artifact-install", f"could not install a PyTorch compile "
-                                                     f"package ({type(e).__name__}: {e}); the "
-                                                     "function is traced and compiled again")
-                raise RuntimeError(f"torch_tpu: cannot install a compile package: {e}") from e
+                self.uninstall()
+            self._initialized = False
+            self._codes = {}
+            with _lock:
+                STATS.rejected += 1
+                STATS.hits = max(0, STATS.hits - 1)
+            _store.warn_once("artifact-install", f"could not install a PyTorch compile "
+                                                 f"package ({type(e).__name__}: {e}); the "
+                                                 "function is traced and compiled again")
+            raise RuntimeError(f"torch_tpu: cannot install a compile package: {e}") from e
 
-        _install._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        CompilePackage.install = _install  # type: ignore[method-assign]
+    return _install
 
-    # 4. A tensor in a frame's locals is pickled with its `.grad`; a `.grad`
-    #    no guard reads is pickled as PyTorch's `_Missing` placeholder, which
-    #    its loader then assigns to the new tensor's `.grad` and fails ("assigned
-    #    grad expected to be a Tensor or None"), so the package was not
-    #    installed. No guard reads it: load it as None.
-    #    (A classmethod of the same name: the pickles name it as an attribute
-    #    of GuardsStatePickler, in this process and the next.)
-    unpickle_tensor = guards.GuardsStatePickler._unpickle_tensor
-    if not getattr(unpickle_tensor, "_torch_tpu", False):
-        def _unpickle_tensor(cls, meta_tensor, device, pytype, dispatch_keys_raw, grad):
-            if isinstance(grad, guards._Missing):
-                grad = None
-            return unpickle_tensor(meta_tensor, device, pytype, dispatch_keys_raw, grad)
 
-        _unpickle_tensor._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        guards.GuardsStatePickler._unpickle_tensor = classmethod(  # type: ignore[method-assign,assignment]
-            _unpickle_tensor)
+def _unpickle_tensor_grad(unpickle_tensor):
+    """4. A tensor in a frame's locals is pickled with its `.grad`; a `.grad`
+    no guard reads is pickled as PyTorch's `_Missing` placeholder, which its
+    loader then assigns to the new tensor's `.grad` and fails ("assigned grad
+    expected to be a Tensor or None"), so the package was not installed. No
+    guard reads it: load it as None. (A classmethod of the same name: the
+    pickles name it as an attribute of GuardsStatePickler.)"""
+    from torch._dynamo import guards
 
-    # 5. A frame whose code has no module (generated code, file "<string>":
-    #    JAX's dataclass `__init__`s, run by a torch_tpu op after a graph
-    #    break) cannot be named in a package, and PyTorch 2.13 raises
-    #    PackageError out of the user's call for it. Such a frame gets an
-    #    entry of its own that is bypassed and never saved: it is handled as
-    #    without precompile.
-    code_context = CompilePackage.code_context
-    if not getattr(code_context, "_torch_tpu", False):
-        @contextlib.contextmanager
-        def _code_context(self, code):
-            if code in self._codes or inspect.getmodule(code) is not None:
-                with code_context(self, code):
-                    yield
-                return
-            from torch._dynamo.package import _DynamoCodeCacheEntry
+    def _unpickle_tensor(cls, meta_tensor, device, pytype, dispatch_keys_raw, grad):
+        if isinstance(grad, guards._Missing):
+            grad = None
+        return unpickle_tensor(meta_tensor, device, pytype, dispatch_keys_raw, grad)
 
-            self._current_entry = _DynamoCodeCacheEntry(
-                python_code=None,  # type: ignore[arg-type]  # never saved
-                python_module="", function_names=[], guarded_codes=[], import_sources={},
-                backend_ids=[], code_source=None, install_to_global=False, bypassed=True)
-            try:
+    return _unpickle_tensor
+
+
+def _code_context(code_context):
+    """5. A frame whose code has no module (generated code, file "<string>":
+    JAX's dataclass `__init__`s, run by a torch_tpu op after a graph break)
+    cannot be named in a package, and PyTorch 2.13 raises PackageError out of
+    the user's call for it. Such a frame gets an entry of its own that is
+    bypassed and never saved: it is handled as without precompile."""
+    @contextlib.contextmanager
+    def _context(self, code):
+        if code in self._codes or inspect.getmodule(code) is not None:
+            with code_context(self, code):
                 yield
-            finally:
-                self._current_entry = None
+            return
+        from torch._dynamo.package import _DynamoCodeCacheEntry
 
-        _code_context._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        CompilePackage.code_context = _code_context  # type: ignore[method-assign]
+        self._current_entry = _DynamoCodeCacheEntry(
+            python_code=None,  # type: ignore[arg-type]  # never saved
+            python_module="", function_names=[], guarded_codes=[], import_sources={},
+            backend_ids=[], code_source=None, install_to_global=False, bypassed=True)
+        try:
+            yield
+        finally:
+            self._current_entry = None
 
-    # 6. Identity guards (a global function the frame calls, a module it
-    #    reads, a function passed as an argument): serialized, where their
-    #    object can be found again by name, with a fingerprint checked on
-    #    load. See _serialize_guards.
-    serialize = guards.CheckFunctionManager.serialize_guards
-    if not getattr(serialize, "_torch_tpu", False):
-        def serialize_guards(self, builder, sorted_guards, output_graph):
-            return _serialize_guards(serialize, self, builder, sorted_guards, output_graph)
+    return _context
 
-        serialize_guards._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        guards.CheckFunctionManager.serialize_guards = serialize_guards  # type: ignore[method-assign]
-    from torch._dynamo import package as dynamo_package
 
-    load_state = dynamo_package.load_guards_state
-    if not getattr(load_state, "_torch_tpu", False):
-        def load_guards_state(blob):
-            return _load_guards_state(load_state, blob)
+def _serialize(serialize):
+    """6. Identity guards (a global function the frame calls, a module it
+    reads, a function passed as an argument): serialized, where their object
+    can be found again by name, with a fingerprint checked on load (see
+    _serialize_guards, _load_guards_state and _guard_manager)."""
+    def serialize_guards(self, builder, sorted_guards, output_graph):
+        return _serialize_guards(serialize, self, builder, sorted_guards, output_graph)
 
-        load_guards_state._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        dynamo_package.load_guards_state = load_guards_state
-    load_manager = dynamo_package.load_guard_manager
-    if not getattr(load_manager, "_torch_tpu", False):
-        def load_guard_manager(guards_state, target_code, runtime_global_scope):
-            manager = load_manager(guards_state, target_code, runtime_global_scope)
-            stale = getattr(guards_state, "_torch_tpu_stale", None)
-            if stale is not None:
-                # Another object of that name now: this graph never runs here.
-                manager.root.add_lambda_guard(
-                    lambda _: False, [f"torch_tpu: {stale} changed since it was compiled"], None)
-            return manager
+    return serialize_guards
 
-        load_guard_manager._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        dynamo_package.load_guard_manager = load_guard_manager
 
-    # 7. AOTAutograd's cache key: its hash of the graph's inductor settings
-    #    imports inductor's code generators (about a second, once a process),
-    #    and a tpu graph is never looked up by it (see aot_context; it is
-    #    found through the package). Only the check that the graph can be
-    #    cached runs.
+def _load_state(load_state):
+    def load_guards_state(blob):
+        return _load_guards_state(load_state, blob)
+
+    return load_guards_state
+
+
+def _guard_manager(load_manager):
+    def load_guard_manager(guards_state, target_code, runtime_global_scope):
+        manager = load_manager(guards_state, target_code, runtime_global_scope)
+        stale = getattr(guards_state, "_torch_tpu_stale", None)
+        if stale is not None:
+            # Another object of that name now: this graph never runs here.
+            manager.root.add_lambda_guard(
+                lambda _: False, [f"torch_tpu: {stale} changed since it was compiled"], None)
+        return manager
+
+    return load_guard_manager
+
+
+def _cache_key(cache_key):
+    """7. AOTAutograd's cache key: its hash of the graph's inductor settings
+    imports inductor's code generators (about a second, once a process), and
+    a tpu graph is never looked up by it (see aot_context; it is found through
+    the package). Only the check that the graph can be cached runs."""
     from torch._functorch._aot_autograd import autograd_cache
 
-    cache_key = autograd_cache.autograd_cache_key
-    if not getattr(cache_key, "_torch_tpu", False):
-        def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
-            if not getattr(_local, "tpu", False):
-                return cache_key(mod, example_inputs, config, compiler_config_extra)
-            gm = getattr(mod, "gm", mod)  # dynamo's GmWrapper or the module
-            with autograd_cache.sanitize_gm_for_cache(gm):
-                autograd_cache.check_cacheable(gm)
-            return f"{autograd_cache.AOTAUTOGRAD_CACHE_PREFIX}tpu{uuid.uuid4().hex}", []
+    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+        if not getattr(_local, "tpu", False):
+            return cache_key(mod, example_inputs, config, compiler_config_extra)
+        gm = getattr(mod, "gm", mod)  # dynamo's GmWrapper or the module
+        with autograd_cache.sanitize_gm_for_cache(gm):
+            autograd_cache.check_cacheable(gm)
+        return f"{autograd_cache.AOTAUTOGRAD_CACHE_PREFIX}tpu{uuid.uuid4().hex}", []
 
-        autograd_cache_key._torch_tpu = True  # type: ignore[attr-defined]  # see 1.
-        autograd_cache.autograd_cache_key = autograd_cache_key
-
-    # 8. Precompile for tpu compiles only (PyTorch's switch is process-wide).
-    _scope_to_tpu_compiles()
-
-    for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropNoise) for f in logger.filters):
-            logger.addFilter(_DropNoise())
+    return autograd_cache_key
 
 
-def _scope_to_tpu_compiles() -> None:
-    """Caching precompile for `torch.compile(..., backend="tpu")` only.
+# 8. Precompile for tpu compiles only (PyTorch's switch is process-wide).
+# PyTorch 2.13 has one process-wide switch (``caching_precompile``), read
+# when `torch.compile` wraps a function (make a package, load it), after each
+# frame is compiled (record the package) and by AOTAutograd (bundle the
+# graphs). Here the switch stays off; a tpu compile gets its package at wrap
+# time and the switch is on only while that compile wraps its function and
+# compiles its frames, so another backend in the same process (inductor,
+# eager, `torch._dynamo.explain`) compiles as without torch_tpu.
 
-    PyTorch 2.13 has one process-wide switch (``caching_precompile``), read
-    when `torch.compile` wraps a function (make a package, load it), after
-    each frame is compiled (record the package) and by AOTAutograd (bundle
-    the graphs). Here the switch stays off; a tpu compile gets its package at
-    wrap time and the switch is on only while that compile wraps its
-    function and compiles its frames, so another backend in the same process
-    (inductor, eager, `torch._dynamo.explain`) compiles as without torch_tpu.
-    """
-    import torch
+
+def _scoped_optimize(optimize):
+    """A tpu compile gets a package where precompile is usable."""
     import torch._dynamo.config as dynamo_config
-    from torch._dynamo import convert_frame, eval_frame
     from torch._dynamo.package import CompilePackage
 
-    optimize = eval_frame._optimize
-    if not getattr(optimize, "_torch_tpu", False):
-        def _optimize(rebuild_ctx, backend="inductor", **kwargs):
-            if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
-                    _tpu_backend(backend) and enabled() and artifact_store().usable:
-                kwargs["package"] = CompilePackage(fn=None, dynamo=None,
-                                                   ignore_inlined_sources=False)
-            return optimize(rebuild_ctx, backend, **kwargs)
+    def _optimize(rebuild_ctx, backend="inductor", **kwargs):
+        if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
+                _tpu_backend(backend) and enabled() and artifact_store().usable:
+            kwargs["package"] = CompilePackage(fn=None, dynamo=None,
+                                               ignore_inlined_sources=False)
+        return optimize(rebuild_ctx, backend, **kwargs)
 
-        _optimize._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
-        eval_frame._optimize = _optimize
+    return _optimize
 
-    wrap = eval_frame._TorchDynamoContext.__call__
-    if not getattr(wrap, "_torch_tpu", False):
-        def __call__(self, fn):
-            if getattr(self, "_package", None) is None or dynamo_config.caching_precompile:
-                return wrap(self, fn)
-            target = eval_frame.innermost_fn(fn.forward if isinstance(fn, torch.nn.Module)
-                                             else fn)
-            if not hasattr(target, "__code__"):
-                # A builtin (`torch.compile(torch.linalg.inv)`): no code to
-                # package, and PyTorch 2.13 fails making one. Compiled as
-                # without precompile.
-                _drop_package(self)
-                return wrap(self, fn)
-            with dynamo_config.patch(caching_precompile=True):
-                return wrap(self, fn)
 
-        __call__._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
-        eval_frame._TorchDynamoContext.__call__ = __call__  # type: ignore[method-assign]
+def _scoped_wrap(wrap):
+    """Precompile on while a tpu compile with a package wraps its function."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo import eval_frame
 
-    convert = convert_frame.ConvertFrameAssert.__call__
-    if not getattr(convert, "_torch_tpu", False):
-        def convert_call(self, frame, cache_entry, hooks, frame_state, *, skip=0):
-            if self._package is None or dynamo_config.caching_precompile:
-                return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
-            with dynamo_config.patch(caching_precompile=True):
-                return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+    def __call__(self, fn):
+        if getattr(self, "_package", None) is None or dynamo_config.caching_precompile:
+            return wrap(self, fn)
+        target = eval_frame.innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+        if not hasattr(target, "__code__"):
+            # A builtin (`torch.compile(torch.linalg.inv)`): no code to
+            # package, and PyTorch 2.13 fails making one. Compiled as
+            # without precompile.
+            _drop_package(self)
+            return wrap(self, fn)
+        with dynamo_config.patch(caching_precompile=True):
+            return wrap(self, fn)
 
-        convert_call._torch_tpu = True  # type: ignore[attr-defined]  # see _patch
-        convert_frame.ConvertFrameAssert.__call__ = convert_call  # type: ignore[method-assign]
+    return __call__
+
+
+def _scoped_convert(convert):
+    """Precompile on while a packaged tpu compile converts a frame."""
+    import torch._dynamo.config as dynamo_config
+
+    def convert_call(self, frame, cache_entry, hooks, frame_state, *, skip=0):
+        if self._package is None or dynamo_config.caching_precompile:
+            return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+        with dynamo_config.patch(caching_precompile=True):
+            return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+
+    return convert_call
+
+
+def patches() -> dict:
+    """PyTorch 2.13's caching precompile, usable for this backend: its storage
+    replaced by this module's (the trusted store), scoped to tpu compiles,
+    identity guards kept; each target below is checked by torch_tpu._compat."""
+    def p(target, make, why=_WHY_213):
+        return Patch(target, FEATURE, why, make)
+
+    guards = "torch._dynamo.guards:"
+    aot = "torch._functorch._aot_autograd.autograd_cache:"
+    return {FEATURE: [
+        p(guards + "CheckFunctionManager.__init__", _init_manager),
+        p(aot + "AOTAutogradCache._lookup", _aot_lookup),
+        p(aot + "AOTAutogradCache.save", _aot_save),
+        p(aot + "AOTAutogradCache._write_to_local_cache", _aot_write),
+        p("torch._dynamo.package:CompilePackage.install", _package_install),
+        p(guards + "GuardsStatePickler._unpickle_tensor", _unpickle_tensor_grad),
+        p("torch._dynamo.package:CompilePackage.code_context", _code_context),
+        p(guards + "CheckFunctionManager.serialize_guards", _serialize),
+        p("torch._dynamo.package:load_guards_state", _load_state),
+        p("torch._dynamo.package:load_guard_manager", _guard_manager),
+        p(aot + "autograd_cache_key", _cache_key),
+        p("torch._dynamo.eval_frame:_optimize", _scoped_optimize),
+        p("torch._dynamo.eval_frame:_TorchDynamoContext.__call__", _scoped_wrap),
+        p("torch._dynamo.convert_frame:ConvertFrameAssert.__call__", _scoped_convert),
+        p("torch._dynamo.package:DynamoCache", lambda _cache: _make_dynamo_cache(),
+          "the package cache's storage: entries in the trusted artifact store"),
+    ]}
 
 
 def _drop_package(context: Any) -> None:
@@ -920,17 +928,19 @@ def serializable_compiler(compile_graph: Any, pending: list | None = None) -> An
 
 def install() -> bool:
     """Turn caching precompile on for tpu compiles, with this module's
-    storage (when enabled()). The directory's trust check runs at the first
-    tpu compile (it needs JAX's versions), not here: this runs at any
-    backend's first `torch.compile`."""
+    storage (when enabled() and every target is the code the patches were
+    written for: torch_tpu._compat). The directory's trust check runs at the
+    first tpu compile (it needs JAX's versions), not here."""
     if STATE["installed"]:
         return True
     if not enabled():
         return False
-    from torch._dynamo import package
-
-    _patch()
-    package.DynamoCache = _make_dynamo_cache()
+    if not apply(FEATURE, patches()[FEATURE]):
+        return False
+    for name in ("torch._dynamo.guards", "torch._dynamo.output_graph", "torch._dynamo.package"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
     atexit.register(_save_at_exit)
     STATE["installed"] = True
     return True
