@@ -49,6 +49,10 @@ storage kernel, graph-mode rule and padding rule, each with the module:line
 that registered it; `print()` it through `op_table.format_entry`, or run
 `python -m torch_tpu.debug op aten.cat.default`).
 
+Memory: `memory_timeline(snapshot=None, ax=None, top=5)` (a MemoryTimeline:
+bytes over time from `torch.tpu.memory._snapshot()`'s history, the peak and
+the ops and lines holding memory at it; `.plot()`, `print()`).
+
 Roofline: `roofline(fn_or_program, *args, device="v6e")` (a RooflineReport:
 per program FLOPs, bytes, measured time, FLOP/s, intensity and the bounding
 roof here and on a published device; its first line is the summary).
@@ -66,6 +70,7 @@ from .parity import LayerDiff, ParityReport, parity  # noqa: F401
 from . import recompiles
 from .recompiles import RecompileReport  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
+from .memory_timeline import MemoryTimeline, memory_timeline  # noqa: F401
 from .op_table import describe_op  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 from ..device import module
@@ -77,7 +82,7 @@ __all__ = [
     "hlo", "lower", "Program", "cost_analysis", "memory_analysis", "last_graphs",
     "last_programs", "STAGES", "compile_log", "clear_compile_log", "CompileEvent",
     "set_log", "dump_to", "fallback_report", "FallbackReport", "parity", "ParityReport",
-    "explain_recompiles", "RecompileReport",
+    "explain_recompiles", "RecompileReport", "memory_timeline", "MemoryTimeline",
     "fusions", "FusionGraph",
     "roofline", "RooflineReport",
     "describe_op",

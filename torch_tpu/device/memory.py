@@ -21,7 +21,7 @@ import functools
 import gc
 import sys
 
-from ..runtime import oom, platform
+from ..runtime import memory_history, oom, platform
 from ..runtime import storage as st
 from ..runtime.oom import fmt
 
@@ -38,21 +38,26 @@ def allocated(index: int) -> int:
         value = int(stats["bytes_in_use"])
     else:
         value = _live_bytes(index)
+    if st.RECORD is not None:  # a memory history: its arrays become the live ones
+        memory_history.reconcile(index, oom.live_arrays(index))
     _peak[index] = max(_peak.get(index, 0), value)
     return value
 
 
 def peak(index: int) -> int:
+    """PJRT's peak where reported; else the largest value sampled, or, while
+    a memory history records, the largest it saw (exact at op granularity)."""
     stats = raw_stats(index)
     if stats and "peak_bytes_in_use" in stats:
         return int(stats["peak_bytes_in_use"])
     allocated(index)
-    return _peak.get(index, 0)
+    return max(_peak.get(index, 0), memory_history.recorded_peak(index))
 
 
 def reset_peak(index: int) -> None:
     _peak[index] = 0
     _peak[index] = allocated(index)
+    memory_history.reset_peak(index)
 
 
 def reserved(index: int) -> int:

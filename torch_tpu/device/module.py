@@ -366,3 +366,10 @@ def __getattr__(name):
         if name in globals():
             return globals()[name]
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
+# `torch.tpu.memory` (torch.cuda.memory's names; the memory history): last,
+# as it imports the functions above. No JAX at import.
+from . import memory_module as memory  # noqa: E402
+
+sys.modules.setdefault("torch.tpu.memory", memory)

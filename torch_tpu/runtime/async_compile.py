@@ -43,7 +43,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from . import gc_pause, oom, platform, programs
+from . import gc_pause, memory_history, oom, platform, programs
 from . import opt_level as _olevel
 from . import storage as st
 from .context import CONTEXT
@@ -391,8 +391,10 @@ def launch(entry: Any, sig: Any, name: str) -> tuple[list, list]:
             inputs.append(raw)
     out_specs, base_specs, committed = _specs(entry.compiled)
     _, runner = _executors()
+    # The launching stack, for the memory history (its allocs happen in _run).
+    where = memory_history.launch_frames(name) if st.RECORD is not None else None
     f = _submit(runner, _run, entry.compiled, inputs, list(sig.dyn), name, sig.device,
-                entry.nbytes)
+                entry.nbytes, where)
     f.add_done_callback(_keep_error)
     n = len(out_specs)
     outs = [Value(shape, dtype, f, i, committed) for i, (shape, dtype) in enumerate(out_specs)]
@@ -401,7 +403,8 @@ def launch(entry: Any, sig: Any, name: str) -> tuple[list, list]:
     return outs, bases
 
 
-def _run(exe: Any, inputs: list, dyn: list, name: str, device: int, nbytes: int) -> list:
+def _run(exe: Any, inputs: list, dyn: list, name: str, device: int, nbytes: int,
+         where: list | None = None) -> list:
     import jax
 
     if type(exe) is PendingExecutable:
@@ -414,6 +417,8 @@ def _run(exe: Any, inputs: list, dyn: list, name: str, device: int, nbytes: int)
         raise oom.translate(e, name, device, nbytes) from None
     except Exception as e:  # noqa: BLE001
         raise _named(e, name) from None
+    if where is not None:
+        memory_history.launched(list(outs) + list(bases), device, name, where)
     return list(outs) + list(bases)
 
 

@@ -822,7 +822,7 @@ class Runner:
                 raise oom.translate(e, plan.name, sig.device, entry.nbytes) from None
         for slot, arr in zip(entry.writes, new_bases):
             data = sig.slot_data[slot]
-            data.array = arr
+            data.write(arr, plan.name)
             if data.origin in st.ALLOCATING_OPS:
                 # A storage made by empty() and filled in place (randn is
                 # empty + normal_): the op that filled it produced it.

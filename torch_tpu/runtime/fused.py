@@ -78,7 +78,7 @@ import torch
 from jax import lax
 
 from . import async_compile as aco
-from . import fastpath, oom, platform, programs, scalars
+from . import fastpath, memory_history, oom, platform, programs, scalars
 from .switches import switch_on
 from . import storage as st
 from .context import CONTEXT
@@ -539,6 +539,8 @@ def flush() -> None:
             tr.ext.clear()
             tr.ext_ids.clear()
             raise
+        if st.RECORD is not None:
+            memory_history.fused_outputs(tr.ops, tr.device, live_nodes, values)
         for n, v in zip(live_nodes, values):
             n.value = v
             n.trace = None

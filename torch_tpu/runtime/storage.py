@@ -192,6 +192,11 @@ def _to_float8(x: jax.Array, dtype: torch.dtype) -> jax.Array:
 # --------------------------------------------------------------------------
 # device data and tensor creation
 
+# The memory history's hook (runtime.memory_history): called with (array,
+# device index, op name or None) where an array becomes a storage's value;
+# None while no history is recorded (the one test this costs when off).
+RECORD: Any = None
+
 
 class Deferred:
     """A storage value that is not computed yet.
@@ -235,17 +240,29 @@ class DeviceData:
         self.sig = (self.shape, self.dtype)
         # The op that created the storage (torch.tpu.memory_snapshot() shows it).
         self.origin = origin
+        if RECORD is not None and not isinstance(array, Deferred):
+            RECORD(array, index, origin)
 
     @property
     def array(self) -> jax.Array:
         v = self.raw
         if isinstance(v, Deferred):
             v = self.raw = v.resolve()
+            if RECORD is not None:
+                RECORD(v, self.index, self.origin)
         return v
 
     @array.setter
     def array(self, value: jax.Array | Deferred) -> None:
         self.raw = value
+        if RECORD is not None and not isinstance(value, Deferred):
+            RECORD(value, self.index, None)
+
+    def write(self, value: jax.Array | Deferred, op: str) -> None:
+        """`array = value`, written by `op` (the memory history names it)."""
+        self.raw = value
+        if RECORD is not None and not isinstance(value, Deferred):
+            RECORD(value, self.index, op)
 
     @property
     def nbytes(self) -> int:
