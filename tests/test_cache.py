@@ -754,17 +754,24 @@ def test_clear_removes_everything_it_does_not_recognise(cache_dir, monkeypatch, 
     (d / "stray.txt").write_text("foreign")              # a foreign file
     (d / ("1" * 64 + store_mod.SUFFIX + ".tmp-1-2-3")).write_bytes(b"half")  # a killed writer
     os.symlink(d / "nowhere", d / ("2" * 64 + store_mod.SUFFIX))  # a dangling link
+    packages = cache_dir / store_mod.PACKAGES_SUBDIR   # a torch.compile package beside it
+    packages.mkdir(mode=0o700)
+    (packages / "graph.tpk").write_bytes(b"package")
     info = s.info()
-    assert info["entries"] == 2 and info["other_files"] == 4
+    assert info["entries"] == 2 and info["other_files"] == 4 and info["packages"] == 1
     monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(cache_dir))
     assert main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["entries"] == 2 and data["other_files"] == 4
+    assert data["entries"] == 2 and data["other_files"] == 4 and data["packages"] == 1
     assert main(["info"]) == 0
-    assert "4 unrecognised item(s)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "entries   : 2" in shown and "4 unrecognised item(s)" in shown
+    assert "packages  : 1 " in shown
     assert main(["clear"]) == 0
-    assert "removed 6" in capsys.readouterr().out
-    assert list(d.iterdir()) == []
+    # counted in info's kinds, from the same scan: the numbers match info's
+    assert (f"removed 2 cached program(s), 1 compile package item(s), 4 unrecognised "
+            f"item(s) from {cache_dir}") in capsys.readouterr().out
+    assert list(d.iterdir()) == [] and list(packages.iterdir()) == []
     assert s.info()["entries"] == 0 and s.info()["other_files"] == 0
 
 

@@ -298,8 +298,9 @@ def _(guide_cache, info_after, process_cache, shutil, torch_tpu, user_cache_dir)
     torch_tpu.cache.set_dir(user_cache_dir)                                # back to yours
     for _tmp in (guide_cache, process_cache):  # the notebook's temporary directories
         shutil.rmtree(_tmp, ignore_errors=True)
-    print(f"removed {removed_guide_entries} entries and the temporary directories "
-          f"{guide_cache}, {process_cache}; disk tier back at {torch_tpu.cache.cache_dir()}")
+    print(f"removed {removed_guide_entries} cached item(s) (programs and packages) and the "
+          f"temporary directories {guide_cache}, {process_cache}; disk tier back at "
+          f"{torch_tpu.cache.cache_dir()}")
     return (removed_guide_entries,)
 
 
@@ -423,9 +424,17 @@ def test_warm_start(cold, warm):
 
 
 @app.cell
-def test_cli_clear(info_after, info_before):
+def test_cli_clear(cleared, info_after, info_before):
+    import re as _re
+
     assert "entries   : 0" not in info_before
     assert "entries   : 0" in info_after
+    # one count: `clear` removed exactly the programs `info` listed
+    _entries = int(_re.search(r"entries   : (\d+)", info_before).group(1))
+    assert cleared.startswith(f"removed {_entries} cached program(s)"), (info_before, cleared)
+    _packages = _re.search(r"packages  : (\d+)", info_before)
+    if _packages:
+        assert f"{_packages.group(1)} compile package item(s)" in cleared, cleared
     return
 
 

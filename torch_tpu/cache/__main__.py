@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from typing import Any
-from .store import DiskStore, configured_dir
+from .store import PACKAGES_SUBDIR, DiskStore, configured_dir
 
 
 def _human(n: float) -> str:
@@ -48,12 +48,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"refused to clear {root} ({store.reason}); nothing was removed",
               file=sys.stderr)
         return 1
-    removed, left, why = store.clear_report()
-    print(f"removed {removed} cached program(s) from {store.root}")
+    removed, left, why = store.clear_counts()
+    print(f"removed {_removed_text(removed)} from {store.root}")
     if left:
         print(f"could not remove {left} item(s) ({why})", file=sys.stderr)
         return 1
     return 0
+
+
+def _removed_text(removed: dict[str, int]) -> str:
+    """What `clear` removed, in the words and kinds `info` counts them in."""
+    parts = [f"{removed['entries']} cached program(s)"]
+    if removed["packages"]:
+        parts.append(f"{removed['packages']} compile package item(s)")
+    if removed["other_files"]:
+        parts.append(f"{removed['other_files']} unrecognised item(s)")
+    return ", ".join(parts)
 
 
 def _info(store: DiskStore | None, as_json: bool) -> int:
@@ -65,7 +75,8 @@ def _info(store: DiskStore | None, as_json: bool) -> int:
     else:
         full = store.info()
         data = {k: full[k] for k in ("enabled", "writable", "dir", "status", "entries",
-                                      "bytes", "max_bytes", "other_files", "shared_dir",
+                                      "bytes", "max_bytes", "other_files", "packages",
+                                      "shared_dir",
                                       "shared_status", "shared_entries", "shared_bytes")}
     if as_json:
         print(json.dumps(data, indent=2))
@@ -75,6 +86,9 @@ def _info(store: DiskStore | None, as_json: bool) -> int:
         print(f"entries   : {data['entries']}")
         print(f"size      : {_human(data['bytes'])}"
               + (f" (cap {_human(data['max_bytes'])})" if data.get("max_bytes") else ""))
+        if data.get("packages"):
+            print(f"packages  : {data['packages']} torch.compile package item(s) "
+                  f"({PACKAGES_SUBDIR}/; 'clear' removes them)")
         if data.get("other_files"):
             print(f"other     : {data['other_files']} unrecognised item(s) ('clear' removes them)")
         if data.get("shared_dir"):

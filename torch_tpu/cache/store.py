@@ -89,6 +89,8 @@ from .trust import TrustedDir
 MAGIC = b"TTPUXC01"
 SUFFIX = ".tpx"
 SUBDIR = "xla-v1"
+# torch.compile's packages beside it (torch_tpu.compile.persist.artifacts.SUBDIR)
+PACKAGES_SUBDIR = "torch-v1"
 DEFAULT_MAX_BYTES = 4 << 30
 
 
@@ -587,21 +589,30 @@ class DiskStore:
         left). Everything is removed through the checked directories' held
         descriptors: a link is removed, never followed; a tier directory that
         fails the trust check (``torch-v1`` too) is left alone, and counted."""
-        removed, left, why = 0, 0, None
+        removed, left, why = self.clear_counts()
+        return sum(removed.values()), left, why
+
+    def clear_counts(self) -> tuple[dict[str, int], int, str | None]:
+        """`clear_report` with the items removed counted by kind, the kinds
+        `info` counts: {'entries': program files, 'other_files': anything else
+        in the program tier, 'packages': compile-package items beside it}."""
+        removed = {"entries": 0, "other_files": 0, "packages": 0}
+        left, why = 0, None
         with self._lock:
             local = self._checked(False)
-            tiers = [local] if local is not None else []
+            tiers = [(local, None)] if local is not None else []
             # PyTorch's compile packages (torch_tpu.compile.persist.artifacts) beside it.
             if local is not None and self.root:
-                packages, problem = TrustedDir.open(self.root, "torch-v1")
+                packages, problem = TrustedDir.open(self.root, PACKAGES_SUBDIR)
                 if packages is not None:
-                    tiers.append(packages)
+                    tiers.append((packages, "packages"))
                 elif problem != "it does not exist":
-                    left, why = left + 1, f"torch-v1: {problem}"
-            for d in tiers:
-                for name, _ in d.scan():
+                    left, why = left + 1, f"{PACKAGES_SUBDIR}: {problem}"
+            for d, kind in tiers:
+                for name, st in d.scan():
                     gone, error = d.remove(name)
-                    removed += gone
+                    entry = st is not None and name.endswith(SUFFIX)
+                    removed[kind or ("entries" if entry else "other_files")] += gone
                     if not gone and error is not None:
                         left, why = left + 1, why or error
             self._bytes_estimate = None
@@ -610,6 +621,9 @@ class DiskStore:
     def info(self) -> dict:
         entries, other = self._scan(self._dir)
         shared, _ = self._scan(self._shared)
+        packages = None
+        if self._dir is not None and self.root:
+            packages, _ = TrustedDir.open(self.root, PACKAGES_SUBDIR)
         s = self.stats
         return {
             "enabled": self.enabled,
@@ -625,6 +639,7 @@ class DiskStore:
             "entries": len(entries),
             "bytes": sum(size for _, size, _ in entries),
             "other_files": len(other),
+            "packages": len(packages.scan()) if packages is not None else 0,
             "max_bytes": self.max_bytes,
             "shared_dir": self.shared_root,
             "shared_status": self.shared_reason,
