@@ -15,6 +15,7 @@ from torch.cuda import _memory_viz
 
 import torch_tpu
 import torch_tpu.debug as ttd
+from torch_tpu.runtime import memory_history
 
 pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
@@ -126,19 +127,22 @@ def test_timeline_plot_marks_the_peak(history):
 
 
 def test_nothing_is_recorded_when_off():
-    torch.tpu.memory._record_memory_history(enabled=None)
-    from torch_tpu.runtime import memory_history, storage
+    from torch_tpu.runtime import storage
 
-    assert storage.RECORD is None
-    before = memory_history.RECORDER
-    n = sum(len(q) for q in before.events.values()) if before is not None else 0
+    torch.tpu.memory._record_memory_history()
     x = torch.randn(256, 256, device="tpu")
-    _step(x, x)
     torch.tpu.synchronize()
-    after = memory_history.RECORDER
-    assert after is before
-    if after is not None:
-        assert sum(len(q) for q in after.events.values()) == n
+    torch.tpu.memory._record_memory_history(enabled=None)
+    rec = memory_history.RECORDER
+    n = len(rec.events[0])
+    assert n > 0 and storage.RECORD is None
+    _step(x, x)
+    with torch_tpu.fused():
+        _step(x, x)
+    torch.tpu.synchronize()
+    torch.tpu.memory_allocated()
+    assert len(memory_history.RECORDER.events[0]) == n
+    assert all(b.ref is None for b in rec.blocks.values())  # no free callbacks either
 
 
 def test_fused_region_records(history):
@@ -160,8 +164,9 @@ def test_compiled_region_records(history):
     y = f(x, x)
     torch.tpu.synchronize()
     snap = history._snapshot()
-    new = _events(snap, "alloc")[n0:]
-    assert any(e["size"] == MIB for e in new)
+    made = [e for e in _events(snap, "alloc")[n0:] if e["size"] == MIB]
+    assert made and all(memory_history.UNTRACKED not in str(e["frames"]) for e in made)
+    assert __file__ in {f["filename"] for e in made for f in e["frames"]}
     torch.testing.assert_close(y.cpu(), (x.cpu() * x.cpu() + 1) * 2)
 
 
