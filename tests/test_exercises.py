@@ -11,6 +11,7 @@ check cells name check functions that exist.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -58,13 +59,34 @@ def _call(name, answer):
     return ex.check(getattr(ex, name), *args)
 
 
+def _mentions(text, value) -> bool:
+    """`value` in `text` as a whole word or number (3 is not in '13' or 'x3')."""
+    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w])", text) is not None
+
+
+# What a wrong verdict's hint points at: a tool or API, or a cell of the notebook.
+_TOOLS = ("torch_tpu.", "torch._dynamo.explain", "torch.profiler", "model.parameters()",
+          " cell")
+
+
 @pytest.mark.parametrize("name,right,wrong", CASES)
 def test_right_passes_wrong_fails(name, right, wrong):
     good = _call(name, right)
     assert good.answered and good.ok, good.why
     bad = _call(name, wrong)
     assert bad.answered and not bad.ok, bad.why
-    assert len(bad.why) > 20, bad.why  # says why
+    # A wrong verdict hints where to look and keeps the measured answer for
+    # "Show the answer": the right answer is not in the hint, it is in `answer`.
+    truth = right[0] if isinstance(right, tuple) else right
+    assert any(t in bad.why for t in _TOOLS), bad.why
+    assert not _mentions(bad.why, truth), bad.why
+    assert bad.answer and bad.answer not in bad.why, bad
+    if name != "check_compute_bound":  # its answer is the least compute-bound size
+        assert _mentions(bad.answer, truth), bad.answer
+    if importlib.util.find_spec("marimo") is not None:  # the answer only in the folded control
+        box, folded = ex.show(bad).text.split("<marimo-accordion", 1)
+        assert not _mentions(re.sub(r"<[^>]*>", " ", box), truth), box
+        assert ex.SHOW_ANSWER in folded
 
 
 @pytest.mark.parametrize("answer", [None, "", "  "])
@@ -116,6 +138,11 @@ def test_show_renders_each_kind():
         html = ex.show(v).text
         assert f"exercise-{kind}" in html and "marimo-" not in html
         assert "because" in html or not v.answered
+    # a wrong verdict with a measured answer: the hint in the box, the answer folded
+    html = ex.show(ex.wrong("look with capture()", "measured: 42")).text
+    box, folded = html.split("<marimo-accordion", 1)
+    assert "exercise-wrong" in box and "look with capture()" in box and "42" not in box
+    assert ex.SHOW_ANSWER in folded and "42" in folded
 
 
 # --------------------------------------------------------------------------

@@ -53,12 +53,17 @@ def _():
     import torch_tpu.debug as dbg
     from torch_tpu.runtime.storage import data_of
 
-    from hlo_view import readable_hlo, side_by_side  # guide/notebooks/hlo_view.py
+    from hlo_view import (  # guide/notebooks/hlo_view.py
+        kernels_sentence,
+        readable_hlo,
+        side_by_side,
+    )
 
     return (
         data_of,
         dbg,
         jax,
+        kernels_sentence,
         plt,
         readable_hlo,
         side_by_side,
@@ -301,7 +306,10 @@ def _(mo):
     `torch_tpu.debug.hlo(op, *args, stage=...)` lowers one ATen op through the
     same lowering table the executor uses. `stablehlo` is what the lowering
     produced; `optimized` is the HLO after XLA's passes — the program that runs.
-    Here is `aten.addmm` (what `nn.Linear` calls), bias-add fused into the dot:
+    Here is `aten.addmm` (what `nn.Linear` calls): a dot and a bias add. Whether
+    XLA fuses the add into the dot's kernel depends on the backend and the
+    host's CPU; the sentence under the programs is read from the optimized HLO
+    shown, by `torch_tpu.debug.fusions`.
     """)
     return
 
@@ -316,6 +324,14 @@ def _(dbg, readable_hlo, side_by_side, torch):
     side_by_side(("StableHLO (lowered)", readable_hlo(addmm_stablehlo)),
                  ("Optimized HLO (runs)", readable_hlo(addmm_optimized)))
     return addmm_optimized, addmm_stablehlo
+
+
+@app.cell(hide_code=True)
+def _(addmm_optimized, dbg, kernels_sentence, mo):
+    addmm_kernels = dbg.fusions(addmm_optimized)
+    addmm_sentence = kernels_sentence(addmm_kernels, "dot_general", "add")
+    mo.md(addmm_sentence)
+    return addmm_kernels, addmm_sentence
 
 
 @app.cell(hide_code=True)
@@ -388,8 +404,10 @@ def _(mo):
     ## Exercises
 
     Answer in the controls below. Each check *measures* the answer by running
-    torch_tpu here (transfers counted by `debug.capture()`, the tensor itself) and says whether yours is right, and why. The
-    solutions are folded away under each exercise.
+    torch_tpu here (transfers counted by `debug.capture()`, the tensor itself)
+    and says whether yours is right. A wrong answer gets a hint: where to look,
+    with which cell or tool; the measured answer waits under *Show the answer*,
+    and the written solution is folded away under each exercise.
     """)
     return
 
@@ -553,9 +571,16 @@ def test_cache(call_compiles, call_hits):
 
 
 @app.cell
-def test_hlo(addmm_optimized, addmm_stablehlo):
+def test_hlo(addmm_kernels, addmm_optimized, addmm_sentence, addmm_stablehlo):
     assert "dot_general" in addmm_stablehlo
     assert " dot(" in addmm_optimized or "fusion" in addmm_optimized
+    # the sentence names exactly the kernels of the HLO shown, each in it
+    _kernels = [_n for _n in addmm_kernels.nodes if _n.is_compute]
+    assert _kernels and f"into {len(_kernels)} kernel" in addmm_sentence
+    for _n in _kernels:
+        assert f"`{_n.name}`" in addmm_sentence and _n.name in addmm_optimized
+    _fused = any({"dot_general", "add"} <= set(_n.jax_ops) for _n in _kernels)
+    assert ("is fused into" in addmm_sentence) == _fused
     return
 
 

@@ -421,8 +421,10 @@ def _(mo):
 
     Answer in the controls below. Each check *measures* the answer by running
     torch_tpu here (the recompile report of `explain_recompiles()`, the
-    per-layer differences of `parity()`) and says whether yours is right, and
-    why. The solutions are folded away under each exercise.
+    per-layer differences of `parity()`) and says whether yours is right. A
+    wrong answer gets a hint: where to look, with which cell or tool; the
+    measured answer waits under *Show the answer*, and the written solution is
+    folded away under each exercise.
     """)
     return
 

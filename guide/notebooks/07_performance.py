@@ -380,8 +380,10 @@ def _(mo):
     ## Exercises
 
     Answer in the controls below. Each check *measures* the answer by running
-    torch_tpu here (XLA's cost analysis against a published device's roofs) and says whether yours is right, and why. The
-    solutions are folded away under each exercise.
+    torch_tpu here (XLA's cost analysis against a published device's roofs) and
+    says whether yours is right. A wrong answer gets a hint: where to look, with
+    which cell or tool; the measured answer waits under *Show the answer*, and
+    the written solution is folded away under each exercise.
     """)
     return
 

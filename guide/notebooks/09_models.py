@@ -368,8 +368,11 @@ def _(mo):
     ## Exercises
 
     Answer in the controls below. Each check *measures* the answer by running
-    torch_tpu here (the model built and counted, programs counted by `debug.capture()`) and says whether yours is right, and why. The
-    solutions are folded away under each exercise.
+    torch_tpu here (the model built and counted, programs counted by
+    `debug.capture()`) and says whether yours is right. A wrong answer gets a
+    hint: where to look, with which cell or tool; the measured answer waits
+    under *Show the answer*, and the written solution is folded away under each
+    exercise.
     """)
     return
 

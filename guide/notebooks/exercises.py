@@ -5,10 +5,14 @@ cell passes the answer to a `check_<name>(answer, ...)` function here, which
 returns a `Verdict`: right or wrong, and why. The truth is measured by
 running torch_tpu (programs compiled, transfers, fallbacks, roofline bounds,
 collectives), not written down, so an exercise cannot drift from what the
-code does. `show(verdict)` draws the verdict as a coloured box; an answer
+code does. A wrong answer gets a hint, the cell or tool to look with, never
+the measured answer: that is in `Verdict.answer`, which `show(verdict)`
+puts behind a "Show the answer" control, so a learner who guesses still has
+to look. `show(verdict)` draws the verdict as a coloured box; an answer
 left at its default (None, '' or the starter code) is "not answered yet",
 never wrong, so the notebooks run clean in tests and on the docs site.
-tests/test_exercises.py feeds every check a right and a wrong answer.
+tests/test_exercises.py feeds every check a right and a wrong answer, and
+checks that a wrong verdict's text does not hold the answer.
 
 Counting checks run their code on shapes this process has not used yet
 (`_fresh`), so "how many programs compile" is measured the same the first
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import sys
 import textwrap
 import traceback
@@ -34,11 +39,21 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """A check's answer: `ok` (right or wrong) and `why`; `answered` False: nothing to judge."""
+    """A check's answer: `ok` (right or wrong) and `why` (right: the explanation;
+    wrong: a hint, where to look); `answered` False: nothing to judge.
+    `answer`: the measured answer and its explanation, for a wrong verdict,
+    shown only on request (`show`)."""
 
     ok: bool
     why: str
     answered: bool = True
+    answer: str = ""
+
+
+def wrong(hint: str, answer: str) -> Verdict:
+    """A wrong answer: the `hint` says where to look; the measured `answer` waits
+    behind "Show the answer"."""
+    return Verdict(False, hint, answer=answer)
 
 
 NOT_ANSWERED = Verdict(False, "Not answered yet.", answered=False)
@@ -63,8 +78,13 @@ def check(fn, answer, *args, starter: str | None = None, **kwargs) -> Verdict:
 _COLORS = {"right": "#2e7d32", "wrong": "#c62828", "unanswered": "#757575"}
 
 
+SHOW_ANSWER = "Show the answer (measured here)"
+
+
 def show(verdict: Verdict):
-    """A verdict as a bordered box: green when right, red when wrong, grey when unanswered.
+    """A verdict as a bordered box: green when right, red when wrong, grey when
+    unanswered; a wrong one's measured answer folded under SHOW_ANSWER (a marimo
+    accordion: closed until the learner opens it).
 
     Plain HTML rather than mo.callout, whose content lives in an attribute:
     the static docs page (tools/build_docs.py) keeps an element's children only.
@@ -76,8 +96,11 @@ def show(verdict: Verdict):
     else:
         kind = "right" if verdict.ok else "wrong"
         text = ("**Right.** " if verdict.ok else "**Not yet.** ") + verdict.why
-    return mo.Html(f'<div class="exercise-verdict exercise-{kind}" style="border-left:4px solid '
-                   f'{_COLORS[kind]};padding:0.2em 0.8em;margin:0.4em 0">{mo.md(text).text}</div>')
+    box = mo.Html(f'<div class="exercise-verdict exercise-{kind}" style="border-left:4px solid '
+                  f'{_COLORS[kind]};padding:0.2em 0.8em;margin:0.4em 0">{mo.md(text).text}</div>')
+    if verdict.ok or not verdict.answer:
+        return box
+    return mo.vstack([box, mo.accordion({SHOW_ANSWER: mo.md(verdict.answer)})])
 
 
 def code(block: str):
@@ -95,13 +118,15 @@ def _number(answer) -> int | None:
     return int(value) if value == int(value) else None
 
 
-def _count_verdict(answer, truth: int, what: str, why: str) -> Verdict:
+def _count_verdict(answer, truth: int, what: str, why: str, hint: str) -> Verdict:
+    """Right: the count and why. Wrong: whether it is more or fewer, and `hint`."""
     n = _number(answer)
     if n is None:
         return Verdict(False, f"{answer!r} is not a whole number: answer with a count.")
     if n == truth:
         return Verdict(True, f"{what}: {truth}. {why}")
-    return Verdict(False, f"You said {n}; measured here: {truth}. {why}")
+    more = "more" if n > truth else "fewer"
+    return wrong(f"You said {n}: {more} than measured here. {hint}", f"{what}: {truth}. {why}")
 
 
 # --------------------------------------------------------------------------
@@ -182,7 +207,10 @@ def check_transfers(answer) -> Verdict:
         f"{m['item_calls']} scalar reads (`if y.sum() > 0` calls `bool()` on a tensor, then "
         f"`.item()`) and {d2h} copy to the host (`.cpu()`); the arithmetic only queued "
         f"programs. The other direction: {h2d} host -> device copy (`back.to('tpu')`); "
-        "`randn(..., device='tpu')` made its data on the device.")
+        "`randn(..., device='tpu')` made its data on the device.",
+        "Run the block inside `with torch_tpu.debug.capture() as c:` and read "
+        "`c['transfers']` and `c['item_calls']`, as the transfers cell above does; "
+        "look for every line that needs a value on the host, not only `.item()`.")
 
 
 DEVICE_DTYPE_EXPR = 'torch.arange(4, device="tpu") / 2 + torch.tensor(1.0)'
@@ -199,7 +227,9 @@ def check_device_dtype(answer) -> Verdict:
            "as a scalar, as it would with CUDA.")
     if str(answer) == truth:
         return Verdict(True, f"`{truth}`. {why}")
-    return Verdict(False, f"You said `{answer}`; it is `{truth}`. {why}")
+    return wrong(f"Not `{answer}`. Evaluate it in a cell and print `z.device, z.dtype`; "
+                 "what does `/` give for integer tensors in PyTorch, and which operand decides "
+                 "where an op runs when one is a 0-dim CPU tensor?", f"`{truth}`. {why}")
 
 
 VIEW_BLOCK = """\
@@ -217,7 +247,10 @@ def check_view_write(answer) -> Verdict:
     return _count_verdict(
         answer, zeros, "Zeros in x",
         "`x.t()[1]` is column 1 of x (3 elements), on x's own storage; the in-place `mul_` "
-        "replaced the storage's array, so x sees the write.")
+        "replaced the storage's array, so x sees the write.",
+        "Run the block and print `x` (or `x == 0`); which elements of `x` is row 1 of "
+        "`x.t()`? The views cell (section on views and in-place ops) shows a write "
+        "through a transpose.")
 
 
 # --------------------------------------------------------------------------
@@ -247,7 +280,10 @@ def check_loop_programs(answer) -> Verdict:
         answer, cap.metrics["cache"]["misses"], "Executables compiled",
         f"The loop ran {ops}. One executable per distinct (op, shapes, dtypes): the first "
         "iteration compiles each op, the other nine hit the cache, and the Python scalar `i` "
-        "is a runtime input, not part of the key.")
+        "is a runtime input, not part of the key.",
+        "Run the loop inside `torch_tpu.debug.capture()` and read `c['cache']['misses']` "
+        "(or `torch_tpu.debug.compile_log()`): one program per distinct op, shapes and "
+        "dtypes; is the Python `i` part of that key?")
 
 
 _FALLBACK_LIB = None
@@ -306,7 +342,10 @@ def check_fallback_op(answer) -> Verdict:
            "have one, so it stays on the device.")
     if str(answer) in fell:
         return Verdict(True, why)
-    return Verdict(False, f"`{answer}` ran on the device. {why}")
+    return wrong(f"`{answer}` ran on the device. Run the block, then "
+                 "`torch_tpu.debug.fallback_report()` (or read `capture()['fallbacks']`): it "
+                 "lists the ops that ran on the CPU. An op stays on the device when it has a "
+                 "lowering or decomposes into ops that have one.", why)
 
 
 # --------------------------------------------------------------------------
@@ -339,7 +378,9 @@ def check_backward_op(answer) -> Verdict:
            "are ATen ops, lowered to XLA like the forward ones.")
     if str(answer) in ran:
         return Verdict(True, why)
-    return Verdict(False, f"`{answer}` did not run. {why}")
+    return wrong(f"`{answer}` did not run. Run the backward inside "
+                 "`with torch_tpu.debug.capture() as c:` and read `c['ops']`; each forward op "
+                 "has its own backward formula.", why)
 
 
 def check_steady_compiles(answer) -> Verdict:
@@ -363,7 +404,10 @@ def check_steady_compiles(answer) -> Verdict:
         f"Steps 1, 2, 3 compiled {per_step[0]}, {per_step[1]}, {per_step[2]}. Step 1 compiles "
         "every op of forward, backward and update; step 2 only the momentum update's ops (the "
         "buffers exist from then on); later steps repeat the same ops on the same shapes, so "
-        "every executable is a cache hit.")
+        "every executable is a cache hit.",
+        "Count per step: `torch_tpu.debug.capture()` around each of three steps, "
+        "`c['cache']['misses']`. Which ops run for the first time after step one (the "
+        "optimizer's momentum buffers), and what is left to compile after that?")
 
 
 # --------------------------------------------------------------------------
@@ -465,7 +509,9 @@ def check_graph_breaks(answer) -> Verdict:
     return _count_verdict(
         answer, exp.graph_break_count, "Graph breaks",
         f"`torch._dynamo.explain` reports {exp.graph_count} graphs ({reasons}). Each read of a "
-        "tensor's value on the host (`.item()`, `float(tensor)`) ends the graph.")
+        "tensor's value on the host (`.item()`, `float(tensor)`) ends the graph.",
+        "`torch._dynamo.explain(f)(x)` (the graph-break cell above) reports the graphs and "
+        "each break's reason; look for every line where `f` needs a tensor's value in Python.")
 
 
 # --------------------------------------------------------------------------
@@ -499,7 +545,10 @@ def check_disk_hits(answer) -> Verdict:
         answer, hits, "Executables loaded from the disk tier",
         "One per op of the call (matmul, gelu, sum; `x.T` is a view and runs nothing of its "
         "own): the memory tier was empty, the disk tier held each op's serialized executable "
-        "from the first call, found by the op's key without tracing it again.")
+        "from the first call, found by the op's key without tracing it again.",
+        "Run the call, `torch_tpu.cache.clear(memory=True, disk=False)`, run it again and "
+        "compare `torch_tpu.cache.stats()['disk']['hits']` before and after (the stats cell "
+        "above); which of the call's ops run a program of their own (is `x.T` one)?")
 
 
 CACHE_KEY_OPTIONS = ["x + 2.0 instead of x + 1.0", "new random values in x",
@@ -526,7 +575,10 @@ def check_cache_key(answer) -> Verdict:
            + ".")
     if results[answer]:
         return Verdict(True, why)
-    return Verdict(False, f"'{answer}' is a cache hit. {why}")
+    return wrong(f"'{answer}' is a cache hit: it compiles nothing. Try each change after "
+                 "`(x + 1.0)` inside `torch_tpu.debug.capture()` and read "
+                 "`c['cache']['misses']`; the key holds what a program is specialised on, "
+                 "not the values it runs on.", why)
 
 
 # --------------------------------------------------------------------------
@@ -574,8 +626,12 @@ def check_recompile_cause(answer) -> Verdict:
            "`native_dropout`'s program, not of the multiply.")
     if truth is not None and str(answer) == truth:
         return Verdict(True, why)
-    return Verdict(False, f"The report names {', '.join(f'`{c}`' for c in causes) or 'nothing'} "
-                          f"for `{RECOMPILE_OP}`, not `{answer}`. {why}")
+    return wrong(f"Not `{answer}`. Run the steps inside `torch_tpu.debug.capture() as c` and "
+                 "print `torch_tpu.debug.explain_recompiles(events=c.compiles)` (the recompiles "
+                 f"cell above): it names a cause per op; read `{RECOMPILE_OP}`'s, and compare "
+                 "the arguments of the calls that compiled again.",
+                 f"The report names {', '.join(f'`{c}`' for c in causes) or 'nothing'} for "
+                 f"`{RECOMPILE_OP}`. {why}")
 
 
 _PARITY_LIB = None
@@ -663,7 +719,11 @@ def check_parity_layer(answer) -> Verdict:
            "clip, where its CPU kernel is `2 * tanh(x / 2)`.")
     if truth is not None and str(answer) == truth:
         return Verdict(True, why)
-    return Verdict(False, f"The first layer that diverges is `{truth}`, not `{answer}`. {why}")
+    return wrong(f"Not `{answer}`. Run `torch_tpu.debug.parity(make_model(), x)` (the parity "
+                 "cell above) and read the difference per layer, or "
+                 "`report.first_divergence()`: the layer where you notice a difference is not "
+                 "always the one that makes it.",
+                 f"The first layer that diverges is `{truth}`. {why}")
 
 
 # --------------------------------------------------------------------------
@@ -701,13 +761,20 @@ def check_compute_bound(n, dtype, device: str = "v6e") -> Verdict:
         return Verdict(False, f"Choose the dtype ({', '.join(MATMUL_DTYPES)}).")
     rep = _matmul_roofline(size, dtype, device)
     ref = rep.reference
+    per_n = rep.intensity / size  # a square matmul's intensity grows as n
     why = (f"XLA counts {rep.flops:.3g} FLOP and {rep.bytes_accessed:.3g} bytes: intensity "
            f"{rep.intensity:.0f} FLOP/byte against the {ref.name}'s ridge of {ref.ridge:.0f}. "
            "A square matmul does 2n³ FLOPs while it reads and writes about 3n² elements, so "
            "its intensity grows with n." + _cpu_dtype_note(dtype))
     if rep.reference_bound == "compute":
         return Verdict(True, f"Compute-bound on the {ref.name}. {why}")
-    return Verdict(False, f"Memory-bound on the {ref.name}. {why}")
+    return wrong(f"A {size}×{size} {dtype} matmul is not compute-bound on the {ref.name}: its "
+                 f"intensity is {rep.intensity:.0f} FLOP/byte. Compare it with the device's "
+                 "ridge point (`torch_tpu.debug.roofline(prog, device=...)` prints both, as in "
+                 "the roofline section); how do a matmul's FLOPs and bytes grow with n?",
+                 f"Compute-bound from about n = {math.ceil(ref.ridge / per_n)} in {dtype} "
+                 f"here (the ridge {ref.ridge:.0f} ÷ {per_n:.3f} FLOP/byte per unit of n). "
+                 + why)
 
 
 BOUND_OPTIONS = ["compute", "memory"]
@@ -728,7 +795,10 @@ def check_softmax_bound(answer, device: str = "v6e") -> Verdict:
            "bandwidth bounds them on every accelerator.")
     if answer == truth:
         return Verdict(True, f"{truth.capitalize()}-bound. {why}")
-    return Verdict(False, f"It is {truth}-bound. {why}")
+    return wrong("Not that roof. Lower it (`torch_tpu.debug.lower`) and pass it to "
+                 f"`torch_tpu.debug.roofline(prog, device='{device}')`: compare its FLOP per "
+                 "byte with the ridge point. How many FLOPs does softmax do per element it "
+                 "reads and writes?", f"It is {truth}-bound. {why}")
 
 
 # --------------------------------------------------------------------------
@@ -780,7 +850,9 @@ def check_ddp_collective(answer) -> Verdict:
            "backward still runs: every rank ends with the same averaged gradient.")
     if answer in names:
         return Verdict(True, why)
-    return Verdict(False, f"DDP does not run `{answer}` per step. {why}")
+    return wrong(f"DDP does not run `{answer}` per step. Profile one DDP step "
+                 "(`torch.profiler.profile`) and look for the `gloo:` events; what must happen "
+                 "to the replicas' gradients so that every rank takes the same step?", why)
 
 
 def check_ddp_bytes(answer) -> Verdict:
@@ -793,7 +865,10 @@ def check_ddp_bytes(answer) -> Verdict:
         answer, total, "Bytes all-reduced per step",
         f"{len(found)} all-reduce of every gradient once: {numels} parameters × 4 bytes "
         "(float32), whatever the batch size. Data parallelism's communication grows with the "
-        "model, not with the data.")
+        "model, not with the data.",
+        "Count what DDP sends: every gradient once, so sum `p.numel()` over "
+        "`model.parameters()` and multiply by the bytes per element; does the batch "
+        "size enter?")
 
 
 # --------------------------------------------------------------------------
@@ -822,7 +897,10 @@ def check_gpt_params(answer) -> Verdict:
     return _count_verdict(
         answer, total, "Parameters",
         f"By module: {breakdown}. Each block holds about 12·d² weights (attention 4·d², MLP "
-        "8·d²), so at this width the embeddings and biases are a visible part.")
+        "8·d²), so at this width the embeddings and biases are a visible part.",
+        "Build the model (the minGPT cell above) and sum `p.numel()` over "
+        "`model.parameters()`, or by module with `model.named_parameters()`: embeddings, "
+        "biases and layer norms count too.")
 
 
 FASTER_OPTIONS = ["with the KV cache", "without the KV cache (recompute the sequence)"]
@@ -856,7 +934,10 @@ def check_fewer_programs(answer) -> Verdict:
            "(one token against a cache of fixed length) and reuses the first step's programs.")
     if answer == best:
         return Verdict(True, why)
-    return Verdict(False, why)
+    return wrong("Count what each path compiles: `torch_tpu.debug.capture()` around "
+                 "`generate(model, prompt, 3, use_cache=...)` for both, and read "
+                 "`c['cache']['misses']`. Which path gives each decoding step the same shapes "
+                 "as the step before?", why)
 
 
 # --------------------------------------------------------------------------
@@ -924,7 +1005,10 @@ def check_op_programs(answer) -> Verdict:
     return _count_verdict(
         answer, compiled, "Executables compiled",
         "A jax_op is cached like any ATen op: one executable per input shape and dtype. The "
-        "second call has the first one's shape (a hit); (4, n) is a new shape.")
+        "second call has the first one's shape (a hit); (4, n) is a new shape.",
+        "Run the three calls inside `torch_tpu.debug.capture()` and read "
+        "`c['cache']['misses']`: a jax_op is cached like an ATen op; which calls have an "
+        "input shape not seen before?")
 
 
 @functools.lru_cache(maxsize=1)

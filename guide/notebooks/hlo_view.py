@@ -102,3 +102,20 @@ def side_by_side(*columns):
 
     boxes = "".join(_box(title, _pre(text)) for title, text in columns)
     return mo.Html(_GRID.format(boxes))
+
+
+def kernels_sentence(graph, first: str, then: str) -> str:
+    """What XLA made of a program on this host, read from its fusion graph
+    (`torch_tpu.debug.fusions`): the kernels and their JAX ops, and whether the
+    ops `first` and `then` (e.g. 'dot_general', 'add') share one kernel.
+
+    Prose generated from the HLO shown beside it, so it is true on whichever
+    host's compiler produced that HLO.
+    """
+    kernels = [n for n in graph.nodes if n.is_compute]
+    listed = ", ".join(f"`{n.name}` ({', '.join(n.jax_ops) or n.opcode})" for n in kernels)
+    together = any(first in n.jax_ops and then in n.jax_ops for n in kernels)
+    verdict = (f"`{then}` is fused into the `{first}` kernel" if together else
+               f"`{then}` runs as a kernel of its own after `{first}`")
+    count = f"{len(kernels)} kernel{'s' if len(kernels) != 1 else ''}"
+    return f"On this host XLA compiled it into {count}: {listed}. So here {verdict}."
