@@ -150,4 +150,9 @@ def _user_line(frames: list) -> str:
         if name.startswith(_LIBS) or name.startswith("<"):
             continue
         return f"{name}:{f.get('line')} ({f.get('name')})"
-    return "(no frame outside torch/torch_tpu)" if frames else "(before the history)"
+    if not frames:
+        return "(before the history)"
+    if all(f.get("filename", "").startswith("<") for f in frames):
+        # Called from no Python frame at all: autograd's backward thread.
+        return "(backward pass: no Python stack)"
+    return "(no frame outside torch/torch_tpu)"
