@@ -326,7 +326,15 @@ def _measure(repeats: int = 5) -> Peaks:
                  flops_per_second=flops[best], bytes_per_second=bandwidth, dtype=best[0],
                  source=f"measured on this host: {dots_text}; "
                         f"{elems * copy_dtype.itemsize >> 20} MiB x + 1 "
-                        f"{bandwidth / 1e9:.4g} GB/s (best of {repeats} runs each)")
+                        f"{bandwidth / 1e9:.4g} GB/s (best of {repeats} runs each{_load()})")
+
+
+def _load() -> str:
+    """The host's load while it was measured: a busy host measures low peaks."""
+    try:
+        return f"; load average {os.getloadavg()[0]:.1f} on {_cpus()} CPUs"
+    except (AttributeError, OSError):
+        return ""
 
 
 # --------------------------------------------------------------------------
