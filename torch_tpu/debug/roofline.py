@@ -434,10 +434,13 @@ class RooflineReport:
         if not n:
             return "roofline: no programs" + ("; " + self.notes[-1] if self.notes else "")
         timed = any(not math.isnan(r.seconds) for r in self.rows)
+        # Each program is timed alone (waited for), so their sum is not a share of
+        # the whole call's time, which overlaps them: both are said as what they are.
         parts = [f"roofline: {n} program{'s' if n != 1 else ''}, {_si(self.flops)}FLOP, "
                  f"{_si(self.bytes_accessed)}B"
-                 + (f" in {_time(self.seconds)}" if timed else " (not timed)")
-                 + (f" (whole call {_time(self.call_seconds)})" if self.call_seconds else ""),
+                 + (f", timed one by one: {_time(self.seconds)} in all" if timed
+                    else " (not timed)")
+                 + (f", the whole call {_time(self.call_seconds)}" if self.call_seconds else ""),
                  (f"{_pct(self.mfu)} of {_peak_words(self.host)}, " if timed else "")
                  + f"{self.bound}-bound here"]
         if self.reference is not None:
