@@ -108,6 +108,8 @@ def test_timeline_peak_is_max_memory_allocated(history):
     assert tl.bytes[-1] == torch.tpu.memory_allocated()
     assert "aten.mul_.Tensor" in dict(tl.top_ops) or "aten.add.Tensor" in dict(tl.top_ops)
     assert "peak" in str(tl) and "by op" in str(tl)
+    history._record_memory_history(enabled=None)
+    assert torch.tpu.max_memory_allocated() == peak  # kept after the history stops
     del y
 
 

@@ -26,6 +26,9 @@ _LIBS = tuple(p + os.sep for p in (os.path.dirname(os.path.dirname(__file__)),
                                     sysconfig.get_paths()["stdlib"]))
 
 
+_COMPILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "compile", "")
+
+
 @dataclasses.dataclass
 class MemoryTimeline:
     """Bytes allocated on one device after each event of a memory history."""
@@ -139,9 +142,15 @@ def _initial(snapshot: dict, events: list, device: int) -> dict:
 
 
 def _op(frames: list) -> str:
-    if frames and frames[0].get("filename") == "<tpu op>":
+    if not frames:
+        return "(before the history)"
+    if frames[0].get("filename") == "<tpu op>":
         return frames[0]["name"]
-    return "(before the history)" if not frames else "(unknown op)"
+    # No op named: a compiled graph's output, or the function that made it.
+    if any(_COMPILE in f.get("filename", "") for f in frames):
+        return "(compiled graph)"
+    f = frames[0]
+    return f"(in {os.path.basename(f.get('filename', '?'))}:{f.get('name')})"
 
 
 def _user_line(frames: list) -> str:

@@ -60,6 +60,13 @@ def reset_peak(index: int) -> None:
     memory_history.reset_peak(index)
 
 
+def keep_peaks(peaks: dict) -> None:
+    """Keep a stopping memory history's peaks (device index -> bytes) as the
+    sampled peaks, so max_memory_allocated() still reports them after it."""
+    for i, v in peaks.items():
+        _peak[i] = max(_peak.get(i, 0), v)
+
+
 def reserved(index: int) -> int:
     stats = raw_stats(index)
     if stats and "bytes_reserved" in stats:

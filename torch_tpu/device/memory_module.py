@@ -15,7 +15,7 @@ import pickle
 import sys
 from typing import Any
 
-from .module import (_Lazy, empty_cache, max_memory_allocated,  # noqa: F401
+from .module import (_Lazy, _memory, empty_cache, max_memory_allocated,  # noqa: F401
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
                      memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats)
 
@@ -55,6 +55,9 @@ def _record_memory_history(enabled: Any = "all", context: str | None = "all",
         raise ValueError(f"skip_actions: unknown actions {sorted(skip - _ACTIONS)}; "
                          f"expected some of {sorted(_ACTIONS)}")
     if enabled is None:
+        rec = _history.active()
+        if rec is not None:
+            _memory.keep_peaks(rec.peak)
         _history.stop()
         return
     rec = _history.active()
