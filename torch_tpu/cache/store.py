@@ -600,7 +600,9 @@ class DiskStore:
         left, why = 0, None
         with self._lock:
             local = self._checked(False)
-            tiers = [(local, None)] if local is not None else []
+            tiers: list[tuple[TrustedDir, str | None]] = []
+            if local is not None:
+                tiers.append((local, None))
             # PyTorch's compile packages (torch_tpu.compile.persist.artifacts) beside it.
             if local is not None and self.root:
                 packages, problem = TrustedDir.open(self.root, PACKAGES_SUBDIR)
