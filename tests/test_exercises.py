@@ -39,6 +39,7 @@ CASES = [
     ("check_cache_key", "x with one more row", "x + 2.0 instead of x + 1.0"),
     ("check_compute_bound", (4096, "float32"), (256, "float32")),
     ("check_softmax_bound", "memory", "compute"),
+    ("check_lowest_peak", "tpu fused eager", "tpu eager"),
     ("check_recompile_cause", "scalar type", "static value"),
     ("check_parity_layer", "clip", "head"),
     ("check_ddp_collective", "all_reduce", "all_gather"),

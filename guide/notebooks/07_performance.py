@@ -2,7 +2,7 @@
 # [tool.marimo.runtime]
 # reactive_tests = false
 # ///
-"""07 · Performance: sync-aware benchmarks, eager vs compiled vs CPU, FLOPs, matmul precision, a profiler trace, the roofline."""
+"""07 · Performance: sync-aware benchmarks, eager vs compiled vs CPU, FLOPs, matmul precision, a profiler trace, the roofline, memory timelines."""
 
 import marimo
 
@@ -377,10 +377,58 @@ def _(plt, roofline_device, roofline_report):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    ## 7. Memory: where the peak comes from
+
+    `torch.tpu.memory._record_memory_history()` records every allocation and
+    free of `tpu` arrays with the op and the Python line that made it, in
+    PyTorch's snapshot format (`torch.tpu.memory._dump_snapshot("snap.pickle")`
+    opens in PyTorch's viewer: `python -m torch.cuda._memory_viz trace_plot
+    snap.pickle -o out.html`). `torch_tpu.debug.memory_timeline` draws bytes
+    over time, marks the peak and lists what was live there. Below: one step
+    of section 2's model on each `tpu` path (already warm), recorded.
+
+    On `tpu` an in-place op (`param.add_(...)`, the optimizer's update) is a
+    *new* array: XLA arrays are immutable, so the old value stays alive until
+    the new one exists, unless the program donates its buffer.
+    """)
+    return
+
+
+@app.cell
+def _(dbg, plt, torch, variants):
+    def record_step(step):
+        """One call of `step` under a memory history: its timeline and the bytes before it."""
+        torch.tpu.synchronize()
+        torch.tpu.memory._record_memory_history()
+        torch.tpu.reset_peak_memory_stats()
+        start = torch.tpu.memory_allocated()
+        step()
+        torch.tpu.synchronize()
+        timeline = dbg.memory_timeline(None, top=3)
+        assert timeline.peak == torch.tpu.max_memory_allocated()  # the same peak
+        torch.tpu.memory._record_memory_history(enabled=None)
+        return timeline, start
+
+    memory_runs = {name: record_step(variants[name])
+                   for name in ("tpu eager", "tpu fused eager", "tpu compiled")}
+    _fig, _axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+    for _ax, (_name, (_tl, _start)) in zip(_axes, memory_runs.items()):
+        _tl.plot(_ax)
+        _ax.set_title(f"{_name}: peak +{(_tl.peak - _start) / 1024:.0f} KiB", fontsize=9)
+        print(f"== {_name}\n{_tl}\n")
+    _fig.tight_layout()
+    _fig
+    return (memory_runs,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## Exercises
 
     Answer in the controls below. Each check *measures* the answer by running
-    torch_tpu here (XLA's cost analysis against a published device's roofs) and
+    torch_tpu here (XLA's cost analysis against a published device's roofs, a
+    memory history) and
     says whether yours is right. A wrong answer gets a hint: where to look, with
     which cell or tool; the measured answer waits under *Show the answer*, and
     the written solution is folded away under each exercise.
@@ -470,6 +518,45 @@ def _(mo):
     return
 
 
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### Exercise 3 · which path peaks lowest
+
+    One SGD step of a small MLP (256 → 256 → 10, batch 64), warm: in strict
+    eager, fused eager or compiled (forward and backward as graphs, the
+    optimizer eager), which adds the **fewest bytes above its start at its
+    peak**? The check records one step of each with a memory history.
+    """)
+    return
+
+
+@app.cell
+def _(ex, mo):
+    peak_answer = mo.ui.dropdown(ex.PEAK_OPTIONS, value=None, label="lowest peak")
+    peak_answer
+    return (peak_answer,)
+
+
+@app.cell
+def _(ex, peak_answer):
+    ex.show(ex.check(ex.check_lowest_peak, peak_answer.value))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.accordion({"Solution": mo.md(r"""
+        **Fused eager.** The whole step is one program, which donates the old
+        parameters' buffers: the update is written into them, and the
+        activations and gradients live only inside the program. Strict eager
+        and the compiled graphs return gradients as arrays, and the eager
+        optimizer's `add_` makes each new parameter while the old one is alive
+        (section 7's timelines: the peak is reached by `aten._foreach_add_.List`).
+    """)})
+    return
+
+
 @app.cell
 def test_benchmark(matmul_result, n):
     assert matmul_result.iters == 30 and matmul_result.median > 0
@@ -518,6 +605,14 @@ def test_roofline(roofline_report, roofline_view):
     for _row in roofline_view.rows:
         assert _row.flops_per_second == _row.flops / _row.seconds
         assert _row.reference_bound == roofline_view.reference.bound(_row.intensity)
+    return
+
+
+@app.cell
+def test_memory_timelines(memory_runs):
+    assert set(memory_runs) == {"tpu eager", "tpu fused eager", "tpu compiled"}
+    for _tl, _start in memory_runs.values():
+        assert _tl.peak >= _start and len(_tl.times_us) > 1 and _tl.top_ops
     return
 
 

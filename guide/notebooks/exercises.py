@@ -801,6 +801,74 @@ def check_softmax_bound(answer, device: str = "v6e") -> Verdict:
                  "reads and writes?", f"It is {truth}-bound. {why}")
 
 
+PEAK_OPTIONS = ["tpu eager", "tpu fused eager", "tpu compiled"]
+
+
+def _mlp_step(path: str):
+    """One SGD step of a small MLP on `path` (PEAK_OPTIONS), warmed up."""
+    import torch_tpu
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    fwd = torch.compile(model, backend="tpu") if path == "tpu compiled" else model
+    x = torch.randn(64, 256, device="tpu")
+    y = torch.randint(0, 10, (64,), device="tpu")
+
+    def step():
+        with torch_tpu.fused(path == "tpu fused eager"):
+            loss = torch.nn.functional.cross_entropy(fwd(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    for _ in range(2):
+        step()
+    return step
+
+
+def step_peak(step) -> int:
+    """Bytes that one call of `step` adds at its peak, from a memory history."""
+    import torch_tpu.debug as dbg
+
+    torch.tpu.synchronize()
+    torch.tpu.memory._record_memory_history()
+    try:
+        torch.tpu.reset_peak_memory_stats()
+        base = torch.tpu.memory_allocated()
+        step()
+        torch.tpu.synchronize()
+        return dbg.memory_timeline(None).peak - base
+    finally:
+        torch.tpu.memory._record_memory_history(enabled=None)
+
+
+@functools.lru_cache(maxsize=1)
+def step_peaks() -> dict:
+    """07: {path: bytes added at the peak} for one step of the same MLP on each path."""
+    return {path: step_peak(_mlp_step(path)) for path in PEAK_OPTIONS}
+
+
+def check_lowest_peak(answer) -> Verdict:
+    """07: the path whose training step peaks lowest above its start."""
+    peaks = step_peaks()
+    low = min(peaks.values())
+    lowest = [p for p, v in peaks.items() if v == low]
+    table = ", ".join(f"{p}: {v / 1024:.1f} KiB" for p, v in peaks.items())
+    why = (f"Measured above each step's start: {table}. In fused mode the step runs as one "
+           "program that donates the old parameters' buffers, so the update writes in place "
+           "and the intermediates never leave the program; strict eager and the compiled "
+           "forward/backward keep gradients and activations as arrays, and the eager "
+           "optimizer's in-place update makes each new parameter while the old one lives.")
+    if answer in lowest:
+        return Verdict(True, why)
+    return wrong("Record one step of each path (the cell above does) and compare their "
+                 "`memory_timeline(...).peak`. What happens to a parameter's old value "
+                 "when the optimizer updates it in place, on each path?",
+                 f"{' and '.join(lowest)}. {why}")
+
+
 # --------------------------------------------------------------------------
 # 08 · distributed
 
