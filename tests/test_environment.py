@@ -212,11 +212,11 @@ SCRIPT = textwrap.dedent("""
         table = backend.decompositions()
         return {
             "inductor_redirected": bool(getattr(torch._TorchCompileInductorWrapper.__call__,
-                                                "_torch_tpu", False)),
+                                                "_torch_tpu_patch", False)),
             "guard_profile_skipped": bool(getattr(guards.profile_guard_manager,
-                                                  "_torch_tpu", False)),
+                                                  "_torch_tpu_patch", False)),
             "funcname_skipped": bool(getattr(symbolic_convert.get_funcname,
-                                             "_torch_tpu", False)),
+                                             "_torch_tpu_patch", False)),
             "decompositions": len(table),
             "composite_decomposed": torch.ops.aten._cast_Byte.default in table,
         }

@@ -49,7 +49,7 @@ print(json.dumps({
     "is_tpu": torch.empty(0).is_tpu,
     "initialized": torch.tpu.is_initialized(),
     "dist": "tpu" in dist.Backend.backend_list,
-    "compile_wrapped": bool(getattr(torch.compile, "_torch_tpu", False)),
+    "compile_is_torchs": torch.compile.__module__ == "torch" and not hasattr(torch.compile, "__wrapped__"),
     "still_light": loaded(),
 }))
 """)
@@ -57,7 +57,7 @@ print(json.dumps({
     assert out["backend"] == "tpu" and out["module"] == "torch_tpu.device.module"
     assert out["device"] == "tpu:1" and out["is_tpu"] is False
     assert out["initialized"] is False
-    assert out["dist"] and out["compile_wrapped"]
+    assert out["dist"] and out["compile_is_torchs"]
 
 
 # Each is the first thing that touches the device in its process.

@@ -20,6 +20,7 @@ torch` costs about what it costs without it (see benchmarks/startup.py).
 from __future__ import annotations
 
 import importlib as _importlib
+import sys as _sys
 import threading as _threading
 
 from ._version import __version__  # noqa: F401
@@ -137,6 +138,11 @@ def __getattr__(name):
     # use of the backend: load it, then the submodule if that is what it names.
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    loading_now = _sys.modules.get(f"{__name__}.{name}")
+    if loading_now is not None:
+        # a subpackage being imported (`from .. import cache` inside
+        # torch_tpu.cache): not a use of the backend
+        return loading_now
     if not _loading:
         _load()
     if name in globals():
