@@ -1,8 +1,10 @@
 """Builds torch_tpu's native fast path (csrc/*.cpp -> torch_tpu.runtime._native).
 
 Everything else is in pyproject.toml. The extension compiles against the
-torch that pip's build isolation installs ([build-system] requires pins the
-version the package is tested with). TORCH_TPU_NATIVE=0 at install time skips
+torch `import torch` finds here: the build backend
+(build_backend/torch_tpu_backend.py) makes it the one already installed in
+the target environment, or, where that has none in the supported range,
+the range's newest release, installed for the build. TORCH_TPU_NATIVE=0 at install time skips
 it (a platform without a C++ compiler); torch_tpu then runs its pure-Python
 path, and `torch_tpu.runtime.fastpath.ACTIVE` says which one is in use.
 """
