@@ -562,9 +562,9 @@ def _sympy_to_dim(expr, dims: dict) -> Any:
     if name in ("Mod", "PythonMod"):
         return args[0] % args[1]
     if name in ("Max", "Min"):
-        from jax._src import core
+        import jax.core
 
-        f = core.max_dim if name == "Max" else core.min_dim
+        f = jax.core.max_dim if name == "Max" else jax.core.min_dim
         return _fold(f, args)
     raise NotImplementedError(f"torch_tpu.export: the size expression {expr} ({name}) has no "
                               "jax.export equivalent")

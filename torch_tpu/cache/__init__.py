@@ -61,6 +61,7 @@ import collections
 import os
 import threading
 
+from .._compat import jax_api
 from ..runtime import programs as _programs
 from .store import CacheWarning, DiskStore, configured_dir, default_dir, warn_once  # noqa: F401
 from .store import configured_shared_dir
@@ -92,10 +93,11 @@ def disk_store() -> DiskStore:
 
 
 def _install(s: DiskStore) -> None:
-    """Make `s` JAX's persistent compilation cache for this process."""
+    """Make `s` JAX's persistent compilation cache for this process (through
+    the checked slot in torch_tpu._compat.jax_api; where JAX's cache code
+    changed, the tier stays out of JAX's compiles, with one warning)."""
     global _installed
     import jax
-    from jax._src import compilation_cache as cc
 
     # Every executable is worth keeping: an eager op compiles in milliseconds,
     # but thousands of them add up to the seconds a warm start saves. (The
@@ -103,15 +105,7 @@ def _install(s: DiskStore) -> None:
     # tier writes them itself: see `_write_entry`.)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    with cc._cache_initialized_mutex:
-        # JAX types the slot as its CacheInterface; DiskStore implements
-        # that interface's get/put by duck typing (see store.DiskStore).
-        cc._cache = s  # type: ignore[assignment]
-        cc._cache_initialized = True
-        # Re-evaluate "is the cache used" with our store in place.
-        cc._cache_checked = False
-        cc._cache_used = False
-    _installed = True
+    _installed = jax_api.install_disk_tier(s)
 
 
 # -- the disk tier's hooks (runtime.programs.DiskTier, installed below) ----------
@@ -165,16 +159,12 @@ def _write_entry(store: DiskStore, name: str, seconds: float, compiled: object) 
     keys = store.last_keys
     if len(keys) != 1 or not store.writable:
         return
-    unsafe_call = getattr(getattr(compiled, "_executable", None), "unsafe_call", None)
-    if getattr(unsafe_call, "has_host_callbacks", True):
+    if jax_api.has_host_callbacks(compiled):
         return  # a host callback, or an executable type we cannot inspect: not stored
     if os.path.exists(store.file_for(keys[0])):
         return  # another process wrote it (programs that span processes share a key)
-    from jax._src import compilation_cache as cc
-
     try:
-        exe = compiled.runtime_executable()  # type: ignore[attr-defined]
-        cc.put_executable_and_time(keys[0], name, exe, exe.client, int(max(seconds, 0.0)))
+        jax_api.store_executable(keys[0], name, compiled, seconds)
     except Exception as e:  # noqa: BLE001 - the program runs; only the disk copy is lost
         warn_once("write", f"could not write {name}'s executable to the cache ({e})")
 

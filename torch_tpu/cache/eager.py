@@ -32,8 +32,10 @@ indexed: no effects, host callbacks, constants or extended dtypes (PRNG key
 types). Edits to torch_tpu's sources change the source fingerprint.
 
 The rebuilding uses JAX internals (`pxla.UnloadedMeshExecutable`,
-`stages.Compiled`): a JAX whose internals differ fails the rebuild, which is
-a miss with one warning, and the op is lowered as before.
+`stages.Compiled`), read through `torch_tpu._compat.jax_api`, which checks
+them against the JAX they were written for: a JAX whose internals differ
+turns the tier off with one warning (every op is lowered, as without it),
+and a rebuild that still fails is a miss with one warning.
 A warm process loads the entries it will ask for ahead of its ops, in the
 order the previous run asked for them (`torch_tpu.cache.prefetch`).
 ``TORCH_TPU_EAGER_INDEX=0`` turns the tier off; so does
@@ -50,6 +52,7 @@ from typing import Any
 from . import graphs, index, prefetch
 from .index import Index, executable
 from .store import warn_once
+from .._compat import jax_api
 from .. import cache as _cache  # this package
 
 PREFIX = "torch_tpu-eager-v1:"
@@ -130,46 +133,17 @@ def _aval_text(aval: Any) -> list | None:
 
 def describe(compiled: Any) -> dict | None:
     """The index entry's description of `compiled`, or None (not indexable)."""
-    import jax
-    from jax._src import stages
-    from jax._src.interpreters import pxla
-
-    if type(compiled) is not stages.Compiled:
-        return None
-    mexe = compiled._executable
-    if type(mexe) is not pxla.MeshExecutable:
-        return None
-    u = mexe._unloaded_executable
-    if (u is None or u.ordered_effects or u.unordered_effects or u.host_callbacks
-            or u.mut is not None or u.keepalive or compiled._params.const_args
-            or compiled._params.is_high or len(u.device_list) != 1):
-        return None
-    shardings = list(mexe._in_shardings) + list(mexe._out_shardings)
-    if not all(type(s) is jax.sharding.SingleDeviceSharding and s.memory_kind in (None, "device")
-               for s in shardings):
-        return None
-    if any(layout is not None for layout in mexe._dispatch_in_layouts):
-        return None
-    infos = jax.tree_util.tree_leaves(compiled.args_info)
-    if any(a.donated for a in infos):
-        return None  # (the executor donates nothing; rebuilt programs never do)
-    args = [_aval_text(a._aval) for a in infos]
-    outs = [_aval_text(a) for a in mexe.out_avals]
-    kept = sorted(mexe._kept_var_idx)
-    if any(a is None for a in args) or any(o is None for o in outs):
-        return None
-    if [args[i] for i in kept] != [_aval_text(a) for a in mexe.in_avals]:
+    meta = jax_api.describe_compiled(compiled, _aval_text)
+    if meta is None:
         return None
     out_info = compiled.out_info  # the executor's programs return ([results], [new storages])
     if not (type(out_info) is tuple and len(out_info) == 2
             and all(type(part) is list for part in out_info)):
         return None
     n_res = len(out_info[0])
-    if compiled.out_tree != _out_tree(n_res, len(outs) - n_res):
+    if compiled.out_tree != _out_tree(n_res, len(meta["outs"]) - n_res):
         return None
-    return {"name": u.name, "args": args, "kept": kept, "outs": outs, "n_results": n_res,
-            "committed": bool(u.committed), "in_tree": str(compiled.in_tree),
-            "no_kwargs": bool(compiled._no_kwargs)}
+    return {**meta, "n_results": n_res}
 
 
 def _out_tree(n_results: int, n_bases: int) -> Any:
@@ -184,9 +158,6 @@ def _rebuild(exe: Any, meta: dict, args: Any, device: Any) -> Any:
     """The `jax.stages.Compiled` for loaded executable `exe` and `args`, or None."""
     import jax
     import jax.numpy as jnp
-    from jax._src import core, stages
-    from jax._src.interpreters import pxla
-    from jax._src.lib import xla_client as xc
 
     in_tree = jax.tree_util.tree_structure((args, {}))
     if str(in_tree) != meta["in_tree"]:
@@ -197,37 +168,17 @@ def _rebuild(exe: Any, meta: dict, args: Any, device: Any) -> Any:
         return None
     avals = []
     for leaf, (shape, dtype, weak) in zip(leaves, stored):
-        aval = core.ShapedArray(tuple(shape), jnp.dtype(dtype), weak_type=bool(weak))
-        if _aval_text(core.shaped_abstractify(leaf)) != _aval_text(aval):
+        aval = jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype), weak_type=bool(weak))
+        if _aval_text(jax.typeof(leaf)) != _aval_text(aval):
             return None  # called with other shapes or dtypes than the entry's
         avals.append(aval)
-    kept = [int(i) for i in meta["kept"]]
-    in_avals = [avals[i] for i in kept]
-    out_avals = [core.ShapedArray(tuple(s), jnp.dtype(d), weak_type=w) for s, d, w in meta["outs"]]
-    if list(exe.local_devices()) != [device]:
-        return None  # compiled for another device (another process's entry)
-    if (len(exe.get_parameter_layouts()) != len(in_avals)
-            or len(exe.get_output_layouts()) != len(out_avals)):
-        return None
+    out_avals = [jax.core.ShapedArray(tuple(s), jnp.dtype(d), weak_type=w)
+                 for s, d, w in meta["outs"]]
     out_tree = _out_tree(int(meta["n_results"]), len(out_avals) - int(meta["n_results"]))
     if out_tree is None:
         return None
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    in_sh, out_sh = [sharding] * len(in_avals), [sharding] * len(out_avals)
-    xla_in, xla_out = pxla._get_layouts_from_executable(
-        exe, [None] * len(in_avals), [None] * len(out_avals), 0, in_avals, out_avals)
-    unloaded = pxla.UnloadedMeshExecutable(
-        xla_executable=exe, device_list=xc.DeviceList((device,)), backend=device.client,
-        input_avals=in_avals, input_shardings=in_sh, output_avals=out_avals,
-        output_shardings=out_sh, committed=bool(meta["committed"]), name=str(meta["name"]),
-        unordered_effects=[], ordered_effects=[], keepalive=[], host_callbacks=[],
-        kept_var_idx=set(kept), mut=None, xla_in_layouts=xla_in,
-        dispatch_in_layouts=pxla.get_dispatch_layouts(xla_in, in_sh, in_avals),
-        xla_out_layouts=xla_out, all_args_info=None, pgle_profiler=None)
-    args_info = jax.tree_util.tree_unflatten(
-        in_tree, [stages.ArgInfo(a, False) for a in avals])
-    return stages.Compiled(unloaded.load(), [], args_info, out_tree,
-                           no_kwargs=bool(meta["no_kwargs"]))
+    return jax_api.rebuild_compiled(exe, device, avals, [int(i) for i in meta["kept"]],
+                                    out_avals, in_tree, out_tree, meta)
 
 
 # -- store / load -------------------------------------------------------------------

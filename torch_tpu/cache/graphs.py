@@ -15,7 +15,7 @@ to the JAX cache key of its executable and to what the runtime needs besides
 the executable (Python values recorded while tracing, the output
 de-duplication map, argument/result counts). A later process with the same
 key reads that entry, loads the executable straight from the executable
-tier (`jax._src.compilation_cache.get_executable_and_time`, no pickle), and
+tier (JAX's own deserializer through `_compat.jax_api.load_executable`, no pickle), and
 runs it with the PJRT executable's own `execute_sharded`.
 
 Anything unusual makes a miss, never a wrong program: an index entry whose

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from . import needs
+from .._compat import jax_api
 from .. import cache as _cache  # this package (its disk_store() is read at each call)
 
 
@@ -121,12 +122,4 @@ class Index:
 
 def executable(jax_key: str, device: Any) -> Any:
     """The loaded executable stored under `jax_key` for JAX device `device`, or None."""
-    from jax._src import compilation_cache as cc
-    from jax._src.lib import xla_client as xc
-
-    try:
-        exe, _ = cc.get_executable_and_time(jax_key, None, device.client,
-                                            xc.DeviceList((device,)))
-    except Exception:  # noqa: BLE001 - an entry this jaxlib cannot load: lower instead
-        return None
-    return exe
+    return jax_api.load_executable(jax_key, device)

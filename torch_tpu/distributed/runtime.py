@@ -33,6 +33,8 @@ import threading
 import time
 
 import jax
+
+from .._compat import jax_api
 from ..runtime import platform, programs
 from .launch import set_tpu_launch_env
 
@@ -92,9 +94,7 @@ def _env_float(name, default):
 
 
 def _backends_started() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
+    return jax_api.backends_started()
 
 
 def _restart_device_client():
@@ -111,9 +111,9 @@ def _restart_device_client():
             "multi-process runtime can only start before its devices are in use. Move "
             "init_process_group (or torch_tpu.distributed.initialize()) to the top of the "
             "script, before model.to('tpu').")
-    from jax._src import api as jax_api
+    from jax.extend.backend import clear_backends
 
-    jax_api.clear_backends()
+    clear_backends()
     _clear_torch_tpu_caches()
 
 
@@ -206,11 +206,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             return _state
         if not (0 <= process_id < num_processes):
             raise ValueError(f"process_id {process_id} is not in [0, {num_processes})")
-        from jax._src import distributed as jax_distributed
-
-        if jax_distributed.global_state.client is not None:
+        gs = jax_api.distributed_state()
+        if gs is not None and gs.client is not None:
             # Someone (the user, a launcher) started jax.distributed already.
-            gs = jax_distributed.global_state
             if gs.num_processes != num_processes or gs.process_id != process_id:
                 raise RuntimeError(
                     f"jax.distributed was initialized as process {gs.process_id} of "
@@ -346,9 +344,9 @@ def _at_exit():
     rt = _state
     if rt is None or rt.broken is None or not rt.distributed:
         return
-    from jax._src import distributed as jax_distributed
-
-    gs = jax_distributed.global_state
+    gs = jax_api.distributed_state()
+    if gs is None:
+        return  # JAX's state changed: its shutdown barrier runs
     for name in ("preemption_sync_manager", "client", "service"):
         obj = getattr(gs, name, None)
         if obj is not None:

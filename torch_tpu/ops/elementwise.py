@@ -32,6 +32,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 from torch._prims_common import elementwise_dtypes
 
 from . import core
+from .._compat import jax_api
 from .registry import lower
 from ..runtime.storage import from_bool, torch_dtype
 from ..runtime.storage import TORCH_TO_JAX
@@ -958,7 +959,8 @@ _unary([aten.special_modified_bessel_i1.default], _i1)
 _unary([aten.special_spherical_bessel_j0.default], _spherical_j0)
 _unary([aten.special_ndtri.default], jsp.ndtri)
 _unary([aten.special_log_ndtr.default], jsp.log_ndtr)
-_unary([aten.special_erfcx.default], jsp.erfcx)
+if (_erfcx := jax_api.erfcx()) is not None:  # JAX >= 0.10
+    _unary([aten.special_erfcx.default], _erfcx)
 _unary([aten.special_entr.default], _entr)
 _unary([aten.sigmoid.default], _sigmoid)
 _unary([aten.sinc.default], _sinc)

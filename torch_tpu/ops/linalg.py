@@ -21,6 +21,7 @@ import torch
 from jax import lax
 
 from . import core
+from .._compat import jax_api
 from .opmath import is_half, opmath_dtype, upcast
 from .registry import arg_meta, lower, out_dtype, out_meta
 from ..runtime.precision import lax_precision
@@ -1061,10 +1062,11 @@ def _geqrf_kernel(A):
 
 def geqrf_values(a):
     """(qr, tau) of `a` (non-empty; the eager kernel and the graph rule)."""
-    # jax has geqrf (LAPACK's on CPU/GPU, a Householder loop elsewhere) but
-    # does not export it from jax.lax.linalg.
-    from jax._src.lax.linalg import geqrf
-
+    geqrf = jax_api.geqrf()
+    if geqrf is None:
+        raise NotImplementedError(
+            "aten::geqrf is not implemented for the tpu device with this JAX (its geqrf is "
+            "not the code torch_tpu was written for; see `python -m torch_tpu._compat`)")
     return tuple(geqrf(a))
 
 

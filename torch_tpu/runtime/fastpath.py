@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import TypeVar
 
 from .switches import switch_on
+from .._compat import jax_api
 
 _T = TypeVar("_T")
 
@@ -46,11 +47,13 @@ else:
         elif (api := getattr(_native, "KERNEL_API", 1)) != NATIVE_API:
             REASON = (f"the extension was built from an older torch_tpu (API {api}, this one "
                       f"needs {NATIVE_API}); reinstall with `pip install -e .`")
+        elif not jax_api.native_call_usable():  # (its one warning said so)
+            REASON = f"JAX's Compiled changed: {jax_api.NATIVE_CALL} is off"
         else:
             NATIVE = _native
 
 ACTIVE = NATIVE is not None
-if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0":
+if not ACTIVE and REASON != "TORCH_TPU_NATIVE=0" and not REASON.startswith("JAX's"):
     # A build that silently goes unused makes every eager op slower: said out
     # loud (TORCH_TPU_NATIVE=0 chooses the pure-Python path and stays quiet).
     import warnings

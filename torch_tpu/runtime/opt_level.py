@@ -38,17 +38,12 @@ import warnings
 from typing import Any
 
 from .context import CONTEXT
+from .._compat import jax_api
 
 ENV = "TORCH_TPU_XLA_OPT_LEVEL"
 LEVELS = (0, 1, 2, 3)
 DEFAULT = 3
 
-try:  # jax's EffortLevel enum (O0=9 ... O3=39): the values ExecutableBuildOptions takes
-    from jax._src.config import EffortLevel as _Effort
-
-    _EFFORT = {0: _Effort.O0.value, 1: _Effort.O1.value, 2: _Effort.O2.value}
-except Exception:  # pragma: no cover - jax moved it; xla's EffortLevel proto values
-    _EFFORT = {0: 9, 1: 19, 2: 29}
 
 
 def check(value: Any, where: str) -> int:
@@ -95,7 +90,12 @@ def compiler_options(value: int) -> dict | None:
     """The XLA compile options of a level (None: XLA's defaults)."""
     if value == 3:
         return None
-    opts = {"optimization_level": _EFFORT[value], "xla_backend_optimization_level": value}
+    # jax's EffortLevel enum (O0=9 ... O3=39): the values ExecutableBuildOptions takes
+    # (None: JAX's enum changed, one warning; the backend level and flags only)
+    effort = jax_api.effort_levels()
+    opts: dict = {"xla_backend_optimization_level": value}
+    if effort is not None:
+        opts["optimization_level"] = effort[value]
     if value == 0:
         opts["xla_llvm_disable_expensive_passes"] = True
     return opts

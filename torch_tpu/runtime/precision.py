@@ -43,11 +43,11 @@ from typing import Any
 import jax
 import torch
 
-JAX_PRECISION_STATE: Any
-try:  # the State object: reading its value is ~40 ns (cache_token is on the hot path)
-    from jax._src.config import default_matmul_precision as JAX_PRECISION_STATE
-except Exception:  # pragma: no cover - JAX moved it
-    JAX_PRECISION_STATE = None
+from .._compat import jax_api
+
+# the State object: reading its value is ~40 ns (cache_token is on the hot
+# path); None where JAX's changed (then read from jax.config)
+JAX_PRECISION_STATE: Any = jax_api.matmul_precision_state()
 
 PRECISIONS = ("default", "high", "highest")
 

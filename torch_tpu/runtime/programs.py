@@ -864,14 +864,13 @@ def compile_lowered(name: str, lowered: Any, options: Any = None,
     # for this call, on this thread only: the tier writes the entry in `end`,
     # from every process. JAX compiles outside this function (eager jnp in a
     # kernel) keep JAX's own write.
-    from jax._src import config as jax_config
+    from .._compat import jax_api
 
     tier = disk_tier()
     token = tier.begin() if tier is not None else None
     t0 = time.perf_counter()
     try:
-        with jax_config.persistent_cache_min_compile_time_secs(float("inf")), \
-                flushing_denormals():
+        with jax_api.no_jax_cache_write(), flushing_denormals():
             compiled = lowered.compile(options) if options is not None else lowered.compile()
     except BaseException:
         if tier is not None:
