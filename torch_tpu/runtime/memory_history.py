@@ -35,7 +35,16 @@ UNTRACKED = "(no tensor op: found in the live arrays)"
 
 
 class _Block:
+    """One followed array: its virtual address, bytes, device and stack."""
+
     __slots__ = ("addr", "size", "index", "frames", "op", "ref", "time_us")
+    addr: int
+    size: int
+    index: int
+    frames: list
+    op: str | None
+    ref: weakref.ref | None
+    time_us: int
 
 
 def frames(skip: int = 1, limit: int = MAX_FRAMES) -> list[dict]:
@@ -46,7 +55,7 @@ def frames(skip: int = 1, limit: int = MAX_FRAMES) -> list[dict]:
         if f.f_back is None:
             break
         f = f.f_back
-    out = []
+    out: list[dict] = []
     known = _FRAMES
     while f is not None and len(out) < limit:
         code = f.f_code
@@ -116,7 +125,7 @@ class Recorder:
         q.append({"action": action, "addr": b.addr, "size": b.size, "stream": 0,
                   "time_us": self._now(), "frames": fr})
 
-    def _track(self, array: Any, index: int, op: str | None, fr: list | None) -> _Block | None:
+    def _track(self, array: Any, index: int, op: str | None, fr: list) -> _Block | None:
         """Start following `array`; None if it is already followed."""
         key = id(array)
         if key in self.blocks:
@@ -178,7 +187,7 @@ class Recorder:
             if id(a) not in self.blocks:
                 self.alloc(a, index, UNTRACKED, skip=3)
         for key, b in list(self.blocks.items()):
-            a = b.ref() if b.index == index else None
+            a = b.ref() if b.index == index and b.ref is not None else None
             if a is not None and a.is_deleted():
                 del self.blocks[key]
                 self.by_ref.pop(id(b.ref), None)
