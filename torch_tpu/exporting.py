@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._compat import torch_api
+from ._compat.torch_api import pytree
 from .runtime import loading
 from .compile.backend import decompositions
 from .ops import registry
@@ -176,9 +178,7 @@ def _decompose_unlowered(ep, rounds=4):
     """Ops left without a lowering or graph rule, decomposed here, at export
     level, where sizes stay symbolic (GraphProgram's own per-op fallback
     re-traces them at concrete sizes, which a symbolic export does not have)."""
-    from torch._decomp import decomposition_table
-
-
+    decomposition_table = torch_api.decomposition_table
     for _ in range(rounds):
         extra = {}
         for n in ep.graph.nodes:
@@ -268,7 +268,7 @@ class _Plan:
             kinds = sorted({s.kind.name for s in sig.output_specs})
             raise NotImplementedError(f"torch_tpu.export: unsupported graph outputs {kinds}")
         # The user's (args, kwargs), flattened as torch.export flattened them.
-        flat, self.in_tree = torch.utils._pytree.tree_flatten((args, kwargs))
+        flat, self.in_tree = pytree.tree_flatten((args, kwargs))
         self.flat_user = flat
         self.tensor_leaf = [isinstance(x, torch.Tensor) for x in flat]
         self.builtin_in = _is_builtin_tree((args, kwargs))
@@ -336,7 +336,7 @@ class _Plan:
     def _user_tree(self, leaves):
         """(positional, keyword) arguments of the call, tensors replaced by `leaves`."""
         if self.builtin_in:
-            args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.in_tree)
+            args, kwargs = pytree.tree_unflatten(leaves, self.in_tree)
             return tuple(args), dict(kwargs)
         return tuple(v for v, t in zip(leaves, self.tensor_leaf) if t), {}
 
@@ -386,7 +386,7 @@ class _Plan:
                 outs, _ = program.trace(inputs, consts_graph, None, syms, hook=_NamingHook(plan))
             outs = [jnp.asarray(o) if not hasattr(o, "shape") and o is not None else o
                     for o in outs[:plan.n_user_out]]
-            tree = torch.utils._pytree.tree_unflatten(outs, plan.ep.call_spec.out_spec)
+            tree = pytree.tree_unflatten(outs, plan.ep.call_spec.out_spec)
             if _is_builtin_tree(tree):
                 return tree
             return tuple(outs)
@@ -494,8 +494,7 @@ class _SymbolicDims:
 def _finite(bound) -> bool:
     """A range bound that is a number (not sympy's oo nor torch's int_oo)."""
     import sympy
-    from torch.utils._sympy.numbers import int_oo
-
+    int_oo = torch_api.int_oo
     return bool(bound.is_number) and bound not in (sympy.oo, -sympy.oo, int_oo, -int_oo)
 
 
@@ -504,7 +503,7 @@ def _dim_names(user_placeholders, args, kwargs, dynamic_shapes) -> dict:
     if dynamic_shapes is None:
         return {}
     names = {}
-    leaves, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+    leaves, _ = pytree.tree_flatten((args, kwargs))
     if isinstance(dynamic_shapes, dict) and not isinstance(args, dict):
         # by argument name: positional args first, then kwargs, in signature order
         specs = list(dynamic_shapes.values())

@@ -29,6 +29,8 @@ PROVIDERS = (
     "torch_tpu.compile.backend:patches",
     "torch_tpu.compile.persist.artifacts:patches",
     "torch_tpu._compat.flags:patches",
+    "torch_tpu._compat.torch_api:patches",
+    "torch_tpu._compat.dynamo_api:patches",
     "torch_tpu._compat.jax_api:patches",
 )
 

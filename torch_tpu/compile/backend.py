@@ -36,6 +36,7 @@ import torch
 import torch.fx
 
 from .. import _compat as compat
+from .._compat import dynamo_api, torch_api
 from ..ops import registry
 from ..runtime import gc_pause
 from ..runtime import opt_level as _olevel
@@ -62,22 +63,18 @@ def _core_table():
     """PyTorch's core-ATen decompositions.
 
     By default the post-autograd table alone: the full table
-    (`core_aten_decompositions`, what export uses) adds an entry for every
+    (`torch.export.default_decompositions()`, what export uses) adds an entry for every
     CompositeImplicitAutograd op, which tracing decomposes by itself anyway,
     and collecting those ops costs ~0.5 s per process.
     ``TORCH_TPU_DECOMP_TABLE=full`` uses the full table.
     """
     if os.environ.get("TORCH_TPU_DECOMP_TABLE", "core") == "full":
-        from torch._decomp import core_aten_decompositions
-
-        return dict(core_aten_decompositions())
+        return dict(torch.export.default_decompositions())
     try:
-        from torch._decomp import _core_aten_decompositions_post_autograd
+        post_autograd = torch_api.core_aten_decompositions_post_autograd
     except ImportError:  # pragma: no cover - another torch
-        from torch._decomp import core_aten_decompositions
-
-        return dict(core_aten_decompositions())
-    return dict(_core_aten_decompositions_post_autograd())
+        return dict(torch.export.default_decompositions())
+    return dict(post_autograd())
 
 
 def decompositions():
@@ -105,7 +102,7 @@ def _partition_fn(options):
     in the backward to save memory, but its first use imports inductor's
     lowering tables (about a second).
     """
-    from torch._functorch import partitioners
+    from functorch import compile as partitioners
 
     choice = options.get("partitioner") or os.environ.get("TORCH_TPU_PARTITIONER", "default")
     if choice in ("min_cut", "min-cut", "mincut"):
@@ -142,8 +139,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
         (default: ``TORCH_TPU_XLA_OPT_LEVEL``, else 3; see
         torch_tpu.runtime.opt_level).
     """
-    from torch._dynamo.backends.common import aot_autograd
-
     t0 = time.perf_counter()
     gc_pause.install_dynamo_hooks()
     options = dict(options or {})
@@ -161,7 +156,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
     prebuild = prebuild_enabled()
     made: list[CompiledGraph] | None = [] if prebuild else None
     pending: list[Any] = []  # (packaged: pairs the frame's forward and backward)
-    aot = aot_autograd(
+    aot = dynamo_api.aot_autograd(
         fw_compiler=_compiler("forward", options, packaged, made, pending),
         bw_compiler=_compiler("backward", options, packaged, made, pending),
         inference_compiler=_compiler("inference", options, packaged),
@@ -169,7 +164,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
         partition_fn=_partition_fn(options),
         keep_inference_input_mutations=True,
     )
-    from torch._functorch import config as functorch_config
+    from functorch.compile import config as functorch_config
 
     try:
         if not (prebuild or packaged):
@@ -203,19 +198,15 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
-
-    if "tpu" not in _COMPILER_FNS and _BACKENDS.get("tpu") is None:
-        register_backend(name="tpu")(tpu_backend)
+    if "tpu" not in dynamo_api.COMPILER_FNS and dynamo_api.BACKENDS.get("tpu") is None:
+        dynamo_api.register_backend(name="tpu")(tpu_backend)
     # Dynamo must never trace torch_tpu's own Python (the device kernels run
     # eagerly between graphs, e.g. `.item()` at a graph break), nor the JAX
     # those kernels call: a frame dynamo skips still has its callees traced,
     # and tracing jax.device_put under an eager op at a graph break (ctc_loss,
     # whose output shape depends on data) broke the call.
-    from torch._dynamo import trace_rules
-
     for module in ("torch_tpu", "jax", "jaxlib"):
-        trace_rules.add(module)
+        dynamo_api.skip_module(module)
     found = patches()
     if not switch_set("TORCH_TPU_DYNAMO_BOOKKEEPING"):
         compat.apply(BOOKKEEPING, found[BOOKKEEPING])
@@ -295,10 +286,8 @@ def _no_guard_profile(*args, **kwargs):
 
 
 def _funcname(original):
-    from torch._dynamo import funcname_cache
-
     def get_funcname(filename, lineno):
-        names = funcname_cache.cache.get(filename)
+        names = dynamo_api.funcname_cache.get(filename)
         if names is not None:
             return names.get(lineno)
         if _dynamo_verbose():
@@ -322,9 +311,7 @@ def _dynamo_verbose() -> bool:
     try:
         import logging
 
-        from torch._dynamo import config
-
-        if config.verbose:
+        if dynamo_api.dynamo_config.verbose:
             return True
         return logging.getLogger("torch._dynamo").isEnabledFor(logging.DEBUG)
     except Exception:  # pragma: no cover

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.fx
 
+from .._compat import dynamo_api
 from ..device import module as _device_module
 from ..ops import core
 from ..runtime import rng as tpu_random
@@ -121,7 +122,7 @@ class CompiledGraph:
         self.n_user_outputs = len(self.out_specs)
         if kind == "forward":
             try:
-                ctx = torch._guards.TracingContext.try_get()
+                ctx = dynamo_api.TracingContext.try_get()
                 md = ctx.fw_metadata if ctx is not None else None
                 if md is not None:
                     self.n_user_outputs = int(md.num_forward)

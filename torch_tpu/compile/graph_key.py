@@ -33,6 +33,7 @@ import jax
 import torch
 
 # The matmul precision setting: part of every graph executable's key.
+from .._compat import dynamo_api
 from ..runtime.precision import cache_token as precision_token
 from ..runtime.programs import ProgramKind
 
@@ -179,11 +180,9 @@ def _dynamo_frame() -> tuple[str | None, str | None]:
     size mismatch at index 1. expected 8, actual 9") for the frame's earlier
     compiles; None on a frame's first compile, (None, None) outside dynamo."""
     try:
-        from torch._dynamo import guard_failures
-        from torch._guards import CompileContext, TracingContext
-
-        cid = CompileContext.current_compile_id()
-        tc = TracingContext.try_get()
+        guard_failures = dynamo_api.guard_failures
+        cid = dynamo_api.CompileContext.current_compile_id()
+        tc = dynamo_api.TracingContext.try_get()
     except Exception:  # noqa: BLE001 - another torch: no reason, nothing else changes
         return None, None
     if cid is None or cid.frame_id is None:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.fx
 
+from .._compat.torch_api import decomposition_table, pytree
 from ..ops import registry
 from ..runtime import calling
 from ..runtime import storage as st
@@ -530,8 +531,6 @@ _decomposing = threading.local()
 
 
 def _decompose(op, n, args, kwargs, tr):
-    from torch._decomp import decomposition_table
-
     decomp = decomposition_table.get(op)
     active = getattr(_decomposing, "ops", None)
     if active is None:
@@ -546,7 +545,7 @@ def _decompose(op, n, args, kwargs, tr):
 
 
 def _decompose_with(decomp, op, n, args, kwargs, tr):
-    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    flat, spec = pytree.tree_flatten((args, kwargs))
     metas = []
     parts = [op, spec]
     for x in flat:
@@ -567,17 +566,17 @@ def _decompose_with(decomp, op, n, args, kwargs, tr):
                                    device="meta")
             return x
 
-        margs, mkwargs = torch.utils._pytree.tree_map(meta_of, (args, kwargs))
+        margs, mkwargs = pytree.tree_map(meta_of, (args, kwargs))
         tensor_pos = [i for i, x in enumerate(flat) if _is_array(x)]
 
         def run(*tensors):
-            vals = list(torch.utils._pytree.tree_leaves((margs, mkwargs)))
+            vals = list(pytree.tree_leaves((margs, mkwargs)))
             for i, t in zip(tensor_pos, tensors):
                 vals[i] = t
-            a, k = torch.utils._pytree.tree_unflatten(vals, spec)
+            a, k = pytree.tree_unflatten(vals, spec)
             return decomp(*a, **k)
 
-        meta_inputs = [torch.utils._pytree.tree_leaves((margs, mkwargs))[i] for i in tensor_pos]
+        meta_inputs = [pytree.tree_leaves((margs, mkwargs))[i] for i in tensor_pos]
         try:
             # Only `op` itself is decomposed: the ATen ops its decomposition
             # calls go through the lowering table like any other node.
@@ -641,7 +640,7 @@ def _cpu_callback(op, args, kwargs, out, name):
     _warn_once(("cpu", name),
                f"The operator '{name}' has no tpu lowering: inside compiled graphs it runs "
                "on the CPU through a host callback, which is slow.")
-    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    flat, spec = pytree.tree_flatten((args, kwargs))
     arr_pos = [i for i, x in enumerate(flat) if _is_array(x)]
     arr_dtypes = [st.JAX_TO_TORCH[np.dtype(flat[i].dtype)] for i in arr_pos]
     outs_meta = out if isinstance(out, (list, tuple)) else [out]
@@ -656,7 +655,7 @@ def _cpu_callback(op, args, kwargs, out, name):
         vals = list(vals_cpu)
         for i, a, dt in zip(arr_pos, arrays, arr_dtypes):
             vals[i] = st.host_tensor(np.asarray(a), dt)
-        a, k = torch.utils._pytree.tree_unflatten(vals, spec)
+        a, k = pytree.tree_unflatten(vals, spec)
         res = op(*a, **k)
         res = res if isinstance(res, (list, tuple)) else [res]
         return [np.asarray(r.detach().contiguous().view(

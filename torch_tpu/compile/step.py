@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from .._compat import flags as compat_flags
+from .._compat import torch_api
+from .._compat.torch_api import pytree
 from ..runtime import loading
 from . import backend, graph_cache
 from .graph import CompiledGraph
@@ -170,7 +171,6 @@ class _Step:
 
     def _trace(self, params, buffers, states, flat_args, spec):
         from torch.fx.experimental.proxy_tensor import make_fx
-        from torch.nn.utils.stateless import _reparametrize_module
 
         grads = [p for p in params if p.grad is not None]
         arg_pos = [i for i, a in enumerate(flat_args) if isinstance(a, torch.Tensor)]
@@ -202,7 +202,7 @@ class _Step:
                     sub = {n: traced[id(v)] for n, v in m.named_parameters(remove_duplicate=False)}
                     sub.update({n: bmap[id(v)]
                                 for n, v in m.named_buffers(remove_duplicate=False)})
-                    stack.enter_context(_reparametrize_module(m, sub, tie_weights=True))
+                    stack.enter_context(torch_api.reparametrize_module(m, sub, tie_weights=True))
                 new_states = []
                 for oi, o in enumerate(self.optimizers):
                     stack.enter_context(_swap_optimizer(o, traced, [
@@ -331,11 +331,9 @@ def _check_no_parameter_constants(gm: torch.fx.GraphModule) -> None:
             v = getattr(gm, n.target, None)
             if isinstance(v, torch.Tensor) and (isinstance(v, torch.nn.Parameter)
                                                 or v.requires_grad):
-                from torch._subclasses.fake_tensor import FakeTensor
-
                 for m in gm.graph.nodes:  # traced values the backward left in .grad
                     c = getattr(gm, m.target, None) if m.op == "get_attr" else None
-                    if isinstance(c, torch.Tensor) and isinstance(c.grad, FakeTensor):
+                    if isinstance(c, torch.Tensor) and isinstance(c.grad, torch_api.FakeTensor):
                         c.grad = None
                 raise ValueError(
                     "torch_tpu.compile_step: the step uses a parameter of a module it was "
@@ -348,10 +346,8 @@ def _first_pass_table():
     running statistics without saying so in its schema, which
     functionalization then cannot see; its decomposition writes them with
     copy_, which it can."""
-    from torch._decomp import decomposition_table
-
     aten = torch.ops.aten
-    return {aten.native_batch_norm.default: decomposition_table[aten.native_batch_norm.default]}
+    return {aten.native_batch_norm.default: torch_api.decomposition_table[aten.native_batch_norm.default]}
 
 
 def _check_functional(gm: torch.fx.GraphModule) -> None:

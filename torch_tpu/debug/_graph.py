@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from .._compat import torch_api
 from ..runtime.storage import TORCH_TO_JAX
 from ..ops import registry
 from ..runtime import executor
@@ -158,9 +159,7 @@ _CTX = _Ctx()
 
 def decompositions() -> dict:
     """PyTorch decompositions for every op the lowering table cannot run."""
-    from torch._decomp import decomposition_table
-
-    return {op: fn for op, fn in decomposition_table.items()
+    return {op: fn for op, fn in torch_api.decomposition_table.items()
             if op not in registry.LOWERINGS and op not in VALUE_RULES
             and isinstance(op, torch._ops.OpOverload)}
 

@@ -24,9 +24,8 @@ from __future__ import annotations
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils import _pytree as pytree
 
+from .._compat.torch_api import TorchDispatchMode, pytree
 from . import metrics as _metrics
 
 

@@ -10,8 +10,8 @@ import math
 import jax.numpy as jnp
 import torch
 from jax import lax
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
+from .._compat.torch_api import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 from .elementwise import (const, is_bool, is_complex, max_of, min_of, no_complex_clamp, one,
                           zero, prep)
 from .registry import lower, out_meta

@@ -28,9 +28,9 @@ import jax.scipy.special as jsp
 import numpy as np
 import torch
 from jax import lax
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
-from torch._prims_common import elementwise_dtypes
 
+from .._compat.torch_api import ELEMENTWISE_TYPE_PROMOTION_KIND as K
+from .._compat.torch_api import elementwise_dtypes
 from . import core
 from .._compat import jax_api
 from .registry import lower

@@ -19,9 +19,8 @@ import threading
 import warnings
 
 import torch
-from torch._decomp import decomposition_table
-from torch.utils import _pytree as pytree
 
+from .._compat.torch_api import decomposition_table, pytree
 from ..runtime import counters
 from ..runtime import executor, verdict
 from ..runtime.asserts import DeviceIndexError

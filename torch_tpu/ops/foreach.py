@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .._compat import torch_api
 from . import elementwise as ew
 from . import registry
 from .opmath import opmath_dtype
@@ -45,10 +46,8 @@ def _executor_returns_none_for_void_ops() -> bool:
     a warning naming the cause (tests/test_ops_elementwise.py asserts ACTIVE).
     """
     try:
-        from torch.utils import _pytree as pytree
-
         op = aten._foreach_zero_.default
-        spec = pytree.tree_flatten(None)[1]
+        spec = torch_api.pytree.tree_flatten(None)[1]
         mut = executor.Runner(op, registry.Lowering(op, None, mutates=("self",)))
         derived = executor.Runner(op, registry.Lowering(aten._foreach_zero.default, None),
                                    aten._foreach_zero.default)

@@ -22,6 +22,7 @@ from jax import lax
 
 from . import core
 from .._compat import jax_api
+from .._compat import torch_api
 from .opmath import is_half, opmath_dtype, upcast
 from .registry import arg_meta, lower, out_dtype, out_meta
 from ..runtime.precision import lax_precision
@@ -661,7 +662,7 @@ _NOT_ARGUMENT_ERRORS = (torch.OutOfMemoryError, NotImplementedError)
 
 
 def _cpu_error_kernel(op):
-    from torch.utils import _pytree as pytree
+    pytree = torch_api.pytree
 
     def kernel(*args, **kwargs):
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .._compat import torch_api
 from ..runtime import executor, platform
 from ..runtime import storage as st
 from . import core
@@ -431,8 +432,6 @@ def _meta_histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
 
 def _out_meta(functional, n_out):
     """A Meta kernel for the out= overload: the functional meta, outs resized."""
-    from torch._prims_common.wrappers import _maybe_resize_out
-
     def kernel(*args, **kwargs):
         if n_out == "list":
             outs = kwargs.pop("out")
@@ -445,7 +444,7 @@ def _out_meta(functional, n_out):
         torch._check(len(outs) == len(res), lambda: "expected out= to have one tensor per "
                      f"result, got {len(outs)} for {len(res)}")
         for o, r in zip(outs, res):
-            _maybe_resize_out(o, r.shape)
+            torch_api.maybe_resize_out(o, r.shape)
         if n_out == "list":
             return None
         return outs[0] if n_out == 1 else tuple(outs)

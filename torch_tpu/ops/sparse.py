@@ -31,8 +31,8 @@ tensor to these layouts run on the CPU too.
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
 
+from .._compat.torch_api import pytree
 from . import fallback
 # The CPU fallback's conversions of sparse layouts live with it (fallback.py).
 from .fallback import COMPRESSED, compressed_moved, coo_from_cpu, coo_to_cpu  # noqa: F401

@@ -25,8 +25,8 @@ import math
 import jax.numpy as jnp
 from jax import lax
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
+from .._compat.torch_api import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 from .elementwise import prep
 from .opmath import opmath, upcast
 from .registry import lower

@@ -32,6 +32,7 @@ import os
 import threading
 from typing import Any
 
+from .._compat import dynamo_api
 from .switches import switch_on
 
 _lock = threading.Lock()
@@ -87,7 +88,7 @@ def install_dynamo_hooks() -> None:
     (the backend does on every graph it compiles) puts them back.
     """
     try:
-        from torch._dynamo.callback import callback_handler
+        callback_handler = dynamo_api.callback_handler
     except Exception:  # pragma: no cover - another torch layout
         return
     if _on_compile_start not in callback_handler.start_callbacks:

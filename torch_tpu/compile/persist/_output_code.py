@@ -15,8 +15,10 @@ from __future__ import annotations
 import uuid
 from typing import Any, cast
 
-from torch._inductor.output_code import OutputCode
 from torch.fx import GraphModule
+
+from ..._compat import dynamo_api, torch_api
+from ..._compat.dynamo_api import OutputCode  # (inductor's: see the docstring's last line)
 from ..graph import CompiledGraph
 
 
@@ -109,8 +111,6 @@ _UNBUILT: dict[str, dict] = {}
 
 def _graph_of(state: dict | None) -> CompiledGraph:
     """The `CompiledGraph` of an unpickled state, rebuilt on first use."""
-    from torch._subclasses import FakeTensorMode
-    from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     if state is None:  # only an unpickled graph is rebuilt, and pickling needs the state
@@ -118,8 +118,8 @@ def _graph_of(state: dict | None) -> CompiledGraph:
     graph = state.get(_BUILT)
     if graph is None:
         # loads() is typed as object; what was dumped is the graph's GraphModule.
-        mode = FakeTensorMode(shape_env=ShapeEnv())
-        gm = cast(GraphModule, GraphPickler.loads(state["gm"], mode))
+        mode = torch_api.FakeTensorMode(shape_env=ShapeEnv())
+        gm = cast(GraphModule, dynamo_api.GraphPickler.loads(state["gm"], mode))
         if state.get("vals") is not None:
             _restore_vals(gm, state["vals"], mode)
         gm.recompile()
@@ -141,11 +141,9 @@ def _graph_of(state: dict | None) -> CompiledGraph:
 
 def _pickler() -> Any:
     """GraphPickler, with tpu tensors pickled as host copies."""
-    from torch.fx._graph_pickler import GraphPickler
-
     global _TpuGraphPickler
     if _TpuGraphPickler is None:
-        class Pickler(GraphPickler):
+        class Pickler(dynamo_api.GraphPickler):
             def reducer_override(self, obj: object) -> Any:
                 if _is_real_tpu_tensor(obj):
                     return _tpu_tensor, _host_parts(obj)
@@ -160,9 +158,8 @@ _TpuGraphPickler: Any = None
 
 def _is_real_tpu_tensor(obj: object) -> bool:
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
 
-    return (isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor)
+    return (isinstance(obj, torch.Tensor) and not isinstance(obj, torch_api.FakeTensor)
             and type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "tpu")
 
 
@@ -170,9 +167,7 @@ def _host_parts(t: Any) -> tuple:
     """What `_tpu_tensor` rebuilds `t` from: a host copy (made outside the fake
     mode AOTAutograd may have active), its device, whether it is a Parameter and
     its requires_grad."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
+    with torch_api.unset_fake_temporarily():
         host = t.detach().cpu()
     return host, str(t.device), type(t) is not type(host), bool(t.requires_grad)
 
@@ -180,9 +175,8 @@ def _host_parts(t: Any) -> tuple:
 def _tpu_tensor(host: Any, device: str, parameter: bool, requires_grad: bool) -> Any:
     """A tpu tensor back from `_host_parts`, on its device."""
     import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():
+    with torch_api.unset_fake_temporarily():
         t = host.to(device)
     if parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
@@ -199,16 +193,12 @@ def _tpu_tensor(host: Any, device: str, parameter: bool, requires_grad: bool) ->
 
 
 def _keep_meta(key: str) -> bool:
-    from torch.fx._graph_pickler import _node_metadata_key_filter_safe
-
     return key not in ("val", "tensor_meta", "example_value") and \
-        _node_metadata_key_filter_safe(key)  # (GraphPickler's default filter)
+        dynamo_api.node_metadata_key_filter_safe(key)  # (GraphPickler's default filter)
 
 
 def _without_vals() -> Any:
-    from torch.fx._graph_pickler import Options
-
-    return Options(node_metadata_key_filter=_keep_meta)
+    return dynamo_api.GraphPicklerOptions(node_metadata_key_filter=_keep_meta)
 
 
 _WITHOUT_VALS = _without_vals()
@@ -247,8 +237,6 @@ def _make(desc: Any, mode: Any) -> Any:
     wrapped as fake (no dispatch through the modes active at the first call,
     which cost a millisecond a tensor)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import _disable_current_modes
 
     kind = desc[0]
     if kind == "c":
@@ -259,11 +247,11 @@ def _make(desc: Any, mode: Any) -> Any:
     _, shape, stride, offset, dtype, device, requires_grad = desc
     extent = offset if 0 in shape else \
         offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-    with _disable_current_modes():
+    with torch_api.disable_current_modes():
         meta = torch.empty(extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
         if requires_grad:
             meta.requires_grad_(True)
-        return FakeTensor(mode, meta, torch.device(device))
+        return torch_api.FakeTensor(mode, meta, torch.device(device))
 
 
 def _restore_vals(gm: GraphModule, vals: list, mode: Any) -> None:

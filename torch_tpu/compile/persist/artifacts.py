@@ -54,7 +54,6 @@ import contextlib
 import enum
 import hashlib
 import inspect
-import itertools
 import logging
 import os
 import pickle
@@ -66,7 +65,7 @@ import types
 import uuid
 from typing import Any, NoReturn
 
-from ..._compat import Patch, apply
+from ..._compat import Patch, apply, dynamo_api
 from ...cache import disk_store
 from ...cache import store as _store
 from ...cache.trust import TrustedDir
@@ -254,9 +253,7 @@ def _tpu_backend(callback: object) -> bool:
     """Is torch_tpu's backend the one under dynamo's wrappers of `callback`
     (or named by it, as in ``backend="tpu"``)?"""
     if isinstance(callback, str):
-        from torch._dynamo.backends.registry import _COMPILER_FNS
-
-        callback = _COMPILER_FNS.get(callback)
+        callback = dynamo_api.COMPILER_FNS.get(callback)
     for _ in range(16):
         inner = getattr(callback, "_torchdynamo_orig_backend", None) or \
             getattr(callback, "compiler_fn", None)
@@ -280,10 +277,10 @@ def _package_key(source_id: str, code: Any) -> str:
 
 
 def _make_dynamo_cache():
-    from torch._dynamo.package import CompilePackage, DiskDynamoCache
-    from torch._dynamo.utils import counters
+    CompilePackage = dynamo_api.CompilePackage
+    counters = dynamo_api.counters
 
-    class TpuDynamoCache(DiskDynamoCache):
+    class TpuDynamoCache(dynamo_api.DiskDynamoCache):
         """dynamo's DynamoCache with entries in the trusted artifact store."""
 
         def __init__(self) -> None:
@@ -309,10 +306,8 @@ def _make_dynamo_cache():
             if _is_optimizer_step(fn) or not _tpu_backend(getattr(caller, "callback", None)):
                 return None
             try:
-                from torch._dynamo.eval_frame import innermost_fn
-
                 key = _package_key(CompilePackage.source_id_from_fn(fn),
-                                   innermost_fn(fn).__code__)
+                                   dynamo_api.innermost_fn(fn).__code__)
                 blob = artifact_store().get(key)
                 if blob is None:
                     with _lock:
@@ -327,10 +322,8 @@ def _make_dynamo_cache():
                     with _lock:
                         STATS.misses += 1
                     return None
-                from torch._dynamo.precompile_context import PrecompileContext
-
                 for backend in entry.backends.values():
-                    PrecompileContext.record_artifact(backend)
+                    dynamo_api.PrecompileContext.record_artifact(backend)
             except Exception as e:  # an entry that cannot be loaded here: trace instead
                 with _lock:
                     STATS.rejected += 1
@@ -354,11 +347,9 @@ def save() -> int:
     """
     if not STATE["installed"]:
         return 0
-    from torch._dynamo.precompile_context import PrecompileContext
-
     n = 0
     try:
-        entries, _ = PrecompileContext.create_cache_entries()
+        entries, _ = dynamo_api.PrecompileContext.create_cache_entries()
     except Exception as e:  # pragma: no cover - PyTorch could not assemble them
         _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
         return 0
@@ -437,13 +428,11 @@ def _init_manager(init):
     sig = inspect.signature(init)
 
     def __init__(self, *args, **kwargs):
-        from torch._dynamo import config as dynamo_config
-
         bound = sig.bind(self, *args, **kwargs)
         # Off while the guards are built: PyTorch's precompile would drop
         # from the live guards every guard it cannot serialize (see
         # _serialize_guards for what is done with them here).
-        with dynamo_config.patch(caching_precompile=False):
+        with dynamo_api.dynamo_config.patch(caching_precompile=False):
             init(*bound.args, **bound.kwargs)
         if bound.arguments.get("save_guards") and self.guards_state is None:
             self.guards_state = b""
@@ -518,10 +507,8 @@ def _unpickle_tensor_grad(unpickle_tensor):
     expected to be a Tensor or None"), so the package was not installed. No
     guard reads it: load it as None. (A classmethod of the same name: the
     pickles name it as an attribute of GuardsStatePickler.)"""
-    from torch._dynamo import guards
-
     def _unpickle_tensor(cls, meta_tensor, device, pytype, dispatch_keys_raw, grad):
-        if isinstance(grad, guards._Missing):
+        if isinstance(grad, dynamo_api.GuardMissing):
             grad = None
         return unpickle_tensor(meta_tensor, device, pytype, dispatch_keys_raw, grad)
 
@@ -540,9 +527,7 @@ def _code_context(code_context):
             with code_context(self, code):
                 yield
             return
-        from torch._dynamo.package import _DynamoCodeCacheEntry
-
-        self._current_entry = _DynamoCodeCacheEntry(
+        self._current_entry = dynamo_api.DynamoCodeCacheEntry(
             python_code=None,  # type: ignore[arg-type]  # never saved
             python_module="", function_names=[], guarded_codes=[], import_sources={},
             backend_ids=[], code_source=None, install_to_global=False, bypassed=True)
@@ -590,15 +575,13 @@ def _cache_key(cache_key):
     imports inductor's code generators (about a second, once a process), and
     a tpu graph is never looked up by it (see aot_context; it is found through
     the package). Only the check that the graph can be cached runs."""
-    from torch._functorch._aot_autograd import autograd_cache
-
     def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
         if not getattr(_local, "tpu", False):
             return cache_key(mod, example_inputs, config, compiler_config_extra)
         gm = getattr(mod, "gm", mod)  # dynamo's GmWrapper or the module
-        with autograd_cache.sanitize_gm_for_cache(gm):
-            autograd_cache.check_cacheable(gm)
-        return f"{autograd_cache.AOTAUTOGRAD_CACHE_PREFIX}tpu{uuid.uuid4().hex}", []
+        with dynamo_api.sanitize_gm_for_cache(gm):
+            dynamo_api.check_cacheable(gm)
+        return f"{dynamo_api.AOTAUTOGRAD_CACHE_PREFIX}tpu{uuid.uuid4().hex}", []
 
     return autograd_cache_key
 
@@ -615,13 +598,12 @@ def _cache_key(cache_key):
 
 def _scoped_optimize(optimize):
     """A tpu compile gets a package where precompile is usable."""
-    import torch._dynamo.config as dynamo_config
-    from torch._dynamo.package import CompilePackage
+    dynamo_config = dynamo_api.dynamo_config
 
     def _optimize(rebuild_ctx, backend="inductor", **kwargs):
         if kwargs.get("package") is None and not dynamo_config.caching_precompile and \
                 _tpu_backend(backend) and enabled() and artifact_store().usable:
-            kwargs["package"] = CompilePackage(fn=None, dynamo=None,
+            kwargs["package"] = dynamo_api.CompilePackage(fn=None, dynamo=None,
                                                ignore_inlined_sources=False)
         return optimize(rebuild_ctx, backend, **kwargs)
 
@@ -631,13 +613,13 @@ def _scoped_optimize(optimize):
 def _scoped_wrap(wrap):
     """Precompile on while a tpu compile with a package wraps its function."""
     import torch
-    import torch._dynamo.config as dynamo_config
-    from torch._dynamo import eval_frame
+
+    dynamo_config = dynamo_api.dynamo_config
 
     def __call__(self, fn):
         if getattr(self, "_package", None) is None or dynamo_config.caching_precompile:
             return wrap(self, fn)
-        target = eval_frame.innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+        target = dynamo_api.innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
         if not hasattr(target, "__code__"):
             # A builtin (`torch.compile(torch.linalg.inv)`): no code to
             # package, and PyTorch 2.13 fails making one. Compiled as
@@ -652,7 +634,7 @@ def _scoped_wrap(wrap):
 
 def _scoped_convert(convert):
     """Precompile on while a packaged tpu compile converts a frame."""
-    import torch._dynamo.config as dynamo_config
+    dynamo_config = dynamo_api.dynamo_config
 
     def convert_call(self, frame, cache_entry, hooks, frame_state, *, skip=0):
         if self._package is None or dynamo_config.caching_precompile:
@@ -781,18 +763,11 @@ def _serialize_guards(serialize: Any, manager: Any, builder: Any, sorted_guards:
                       output_graph: Any) -> bytes:
     """dynamo's serialize_guards, accepting identity guards on objects found
     by name; their names and fingerprints travel with the guards."""
-    from torch._dynamo.guards import CheckFunctionManager
-
     pins = _identity_pins(manager, builder, sorted_guards, output_graph)
     if pins is None:  # dynamo refuses them (PackageError): the frame is not packaged
         return serialize(manager, builder, sorted_guards, output_graph)
-    unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-    CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = tuple(
-        t for t in unsupported if t not in _IDENTITY_GUARDS)
-    try:
+    with dynamo_api.serializable_guard_types(also=_IDENTITY_GUARDS):
         state = serialize(manager, builder, sorted_guards, output_graph)
-    finally:
-        CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES = unsupported
     if not pins:
         return state
     return _PINNED + pickle.dumps((sorted(pins), state))
@@ -802,9 +777,7 @@ def _identity_pins(manager: Any, builder: Any, sorted_guards: list,
                    output_graph: Any) -> set | None:
     """(by-name pickle, fingerprint) of each object an identity guard names,
     or None if a guard dynamo cannot serialize is on anything else."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsupported = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    unsupported = dynamo_api.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     pins = set()
     for guard in sorted_guards:
         kinds = {guard.create_fn_name(), *(guard.guard_types or ())}.intersection(unsupported)
@@ -829,10 +802,9 @@ def _identity_pins(manager: Any, builder: Any, sorted_guards: list,
 def _keep_builtin(manager: Any, source: Any, output_graph: Any) -> None:
     """dynamo saves only the builtins its BUILTIN_MATCH guards read; a class
     guard on one (``enumerate``) needs it in the package too."""
-    from torch._dynamo.source import DictGetItemSource, GlobalSource
-
     builtins_name = getattr(output_graph, "name_of_builtins_dict_key_in_fglobals", None)
-    if isinstance(source, DictGetItemSource) and isinstance(source.base, GlobalSource) and \
+    if isinstance(source, dynamo_api.DictGetItemSource) and \
+            isinstance(source.base, dynamo_api.GlobalSource) and \
             source.base.global_name == builtins_name and isinstance(source.index, str):
         manager.used_builtin_vars.add(source.index)
 
@@ -867,8 +839,6 @@ def _past_installed_names(package: Any) -> None:
     a frame of the same module traced later in this process (one whose
     package was bypassed, or a new one) would pick an existing name and fail
     ("Name ... already exists in scope"). Move the counter past them."""
-    from torch._dynamo import bytecode_transformation as bt
-
     modules = set(getattr(package, "_installed_globals", {}))
     for entry in getattr(package, "_codes", {}).values():
         mod = sys.modules.get(getattr(entry, "python_module", ""))
@@ -877,8 +847,7 @@ def _past_installed_names(package: Any) -> None:
     used = [int(m.group(1)) for mod in modules for name in list(vars(mod))
             if (m := _NUMBERED.match(name))]
     if used:
-        nxt = next(bt._unique_id_counter)
-        bt._unique_id_counter = itertools.count(max(nxt, max(used) + 1))
+        dynamo_api.skip_unique_ids(max(used))
 
 
 def _output_code() -> Any:
@@ -908,8 +877,6 @@ def serializable_compiler(compile_graph: Any, pending: list | None = None) -> An
     and backward compilers of one frame share `pending`: a backward is
     paired with the forward before it (TpuOutputCode.pair_with), before
     AOTAutograd saves the two."""
-    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-
     TpuOutputCode = _output_code()
 
     def compile_output_code(gm, example_inputs):
@@ -923,7 +890,7 @@ def serializable_compiler(compile_graph: Any, pending: list | None = None) -> An
                 pending.pop().pair_with(code)
         return code
 
-    return SerializableAOTDispatchCompiler(TpuOutputCode, compile_output_code)
+    return dynamo_api.SerializableAOTDispatchCompiler(TpuOutputCode, compile_output_code)
 
 
 def install() -> bool:

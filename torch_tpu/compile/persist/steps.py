@@ -59,6 +59,7 @@ import threading
 import types
 from typing import Any
 
+from ..._compat import torch_api
 from ...cache import store as _store
 from .artifacts import artifact_store
 from ...runtime.precision import get_matmul_precision
@@ -282,11 +283,9 @@ class _Walker:
             self._object(v)
 
     def _tensor(self, t: Any) -> None:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         self.emit("tensor", tuple(t.shape), str(t.dtype), str(t.device), t.requires_grad,
                   type(t).__name__)
-        if id(t) in self.inputs or isinstance(t, FakeTensor) or t.device.type == "meta":
+        if id(t) in self.inputs or isinstance(t, torch_api.FakeTensor) or t.device.type == "meta":
             return
         if t.numel() > _MAX_CONST:
             # Baked into a graph it is refused (see _check_constants); not
@@ -496,8 +495,6 @@ def _dec_val(v: Any, mode: Any) -> Any:
     if not isinstance(v, dict):
         return v
     if "T" in v:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         shape, stride, offset, dtype, device, rg = v["T"]
         dt = getattr(torch, dtype)
         if not isinstance(dt, torch.dtype):
@@ -507,7 +504,7 @@ def _dec_val(v: Any, mode: Any) -> Any:
         meta = torch.empty_strided(shape, stride, dtype=dt, device="meta")
         if offset:
             meta = meta.as_strided(shape, stride, offset)
-        t = FakeTensor(mode, meta, torch.device(device))
+        t = torch_api.FakeTensor(mode, meta, torch.device(device))
         if rg:
             t.requires_grad_(True)
         return t
@@ -518,8 +515,6 @@ def _dec_val(v: Any, mode: Any) -> Any:
 
 def encode(gm: Any, layout: dict, arg_pos: list, n_grads: int) -> dict:
     """The JSON form of a traced step; raises Unkeyable."""
-    import torch.utils._pytree as pytree
-
     index: dict = {}
     nodes = []
     consts = {}
@@ -538,7 +533,7 @@ def encode(gm: Any, layout: dict, arg_pos: list, n_grads: int) -> dict:
     if not all(isinstance(k, str) for _, _, k in new_states):
         raise Unkeyable("optimizer state keys that are not strings")
     try:
-        spec_text = pytree.treespec_dumps(spec)
+        spec_text = torch_api.pytree.treespec_dumps(spec)
     except Exception as e:
         raise Unkeyable(f"output structure ({type(e).__name__})") from e
     return {"format": FORMAT, "nodes": nodes, "consts": consts, "code_sha256": _code_sha(gm),
@@ -551,9 +546,8 @@ def _enc_const(t: Any, name: str) -> list:
     its bytes, when small; a large one (the step closed over a weight or a
     dataset) is not stored."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
 
-    if type(t) is not torch.Tensor or isinstance(t, FakeTensor) or t.requires_grad:
+    if type(t) is not torch.Tensor or isinstance(t, torch_api.FakeTensor) or t.requires_grad:
         raise Unkeyable(f"graph constant {name} ({type(t).__name__})")
     if t.numel() > _MAX_CONST:
         raise Unkeyable(f"graph constant {name} of {t.numel()} elements")
@@ -584,12 +578,10 @@ def _code_sha(gm: Any) -> str:
 def decode(entry: dict) -> tuple[Any, dict, list, int]:
     """(gm, layout, arg_pos, n_grads) from `encode`'s form; raises on anything odd."""
     import torch
-    import torch.utils._pytree as pytree
-    from torch._subclasses import FakeTensorMode
 
     if entry.get("format") != FORMAT:
         raise ValueError("format")
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = torch_api.FakeTensorMode(allow_non_fake_inputs=True)
     graph = torch.fx.Graph()
     made: list = []
     for d in entry["nodes"]:
@@ -606,7 +598,7 @@ def decode(entry: dict) -> tuple[Any, dict, list, int]:
     if _code_sha(gm) != entry["code_sha256"]:
         raise ValueError("the rebuilt graph differs from the traced one")
     n_out, spec_text = entry["out"]
-    layout = {"out": (int(n_out), pytree.treespec_loads(spec_text)),
+    layout = {"out": (int(n_out), torch_api.pytree.treespec_loads(spec_text)),
               "new_states": [tuple(k) for k in entry["new_states"]]}
     return gm, layout, list(entry["arg_pos"]), int(entry["n_grads"])
 

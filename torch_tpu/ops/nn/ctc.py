@@ -323,7 +323,7 @@ def _dynamo_disabled(fn):
         if disabled is None:
             if "torch._dynamo" not in sys.modules:
                 return fn(*args, **kwargs)
-            disabled = torch._dynamo.disable(fn)
+            disabled = torch.compiler.disable(fn)
         return disabled(*args, **kwargs)
 
     return call

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch._prims_common import suggest_memory_format
 
+from ..._compat.torch_api import suggest_memory_format
 from ...runtime import storage as st
 from .. import core
 from ..opmath import opmath, upcast
