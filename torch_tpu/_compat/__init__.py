@@ -31,6 +31,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import releases
+
 __all__ = ["Patch", "apply", "active", "restore", "fingerprint", "current", "expected",
            "refused", "verified", "ABSENT"]
 
@@ -138,8 +140,6 @@ def _digest(text: str) -> str:
 
 def expected(target: str) -> frozenset[str] | None:
     """The fingerprints recorded for `target` in its release's table (None: none)."""
-    from . import releases
-
     return releases.expected(releases.package_of(target)).get(target)
 
 
@@ -162,8 +162,6 @@ def _check(patches: Iterable[Patch]) -> str | None:
             return f"{p.target} cannot be found ({type(e).__name__}: {e})"
         want = expected(p.target)
         if want is None:
-            from . import releases
-
             return (f"{p.target} has no recorded fingerprint for "
                     f"{releases.describe(releases.package_of(p.target))}")
         if got not in want:

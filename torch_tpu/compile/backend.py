@@ -42,6 +42,7 @@ from ..runtime import gc_pause
 from ..runtime import opt_level as _olevel
 from ..runtime.switches import switch_set
 from . import graph_cache
+from .. import compile as compile_package  # (this package: whole_step)
 from .graph import CompiledGraph, prebuild_enabled
 
 try:
@@ -272,10 +273,8 @@ def _whole_step_option(optimize):
         fn = getattr(wrapper, "compiler_fn", None)
         if isinstance(opts, dict) and opts.get("whole_step") and \
                 str(getattr(fn, "__module__", "")).startswith("torch_tpu"):
-            from . import whole_step
-
             rest = {k: v for k, v in opts.items() if k != "whole_step"}
-            return lambda step: whole_step(step, rest)
+            return lambda step: compile_package.whole_step(step, rest)
         return optimize(*args, **kwargs)
 
     return optimize_

@@ -15,11 +15,12 @@ import pickle
 import sys
 from typing import Any
 
-from .module import (_Lazy, _memory, empty_cache, max_memory_allocated,  # noqa: F401
+from .module import (LazyModule, empty_cache, max_memory_allocated,  # noqa: F401
                      max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
                      memory_snapshot, memory_stats, memory_summary, reset_peak_memory_stats)
 
-_history = _Lazy("torch_tpu.runtime.memory_history")
+_history = LazyModule("torch_tpu.runtime.memory_history")
+_memory = LazyModule("torch_tpu.device.memory")
 
 _ENABLED = (None, "state", "all")
 _CONTEXT = (None, "state", "alloc", "all")

@@ -20,7 +20,7 @@ import torch
 from ..runtime import counters, device_index, loading  # no JAX: the start-up set
 
 
-class _Lazy:
+class LazyModule:
     """A module imported on its first attribute access.
 
     `torch.tpu` is registered by the `torch.backends` autoload in every
@@ -46,10 +46,10 @@ class _Lazy:
         return f"<lazy module {self._name!r}>"
 
 
-jax = _Lazy("jax")
-platform = _Lazy("torch_tpu.runtime.platform")
-_memory = _Lazy("torch_tpu.device.memory")
-_random = _Lazy("torch_tpu.runtime.rng")
+jax = LazyModule("jax")
+platform = LazyModule("torch_tpu.runtime.platform")
+_memory = LazyModule("torch_tpu.device.memory")
+_random = LazyModule("torch_tpu.runtime.rng")
 
 
 def index_of(device=None) -> int:
@@ -367,9 +367,3 @@ def __getattr__(name):
             return globals()[name]
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
 
-
-# `torch.tpu.memory` (torch.cuda.memory's names; the memory history): last,
-# as it imports the functions above. No JAX at import.
-from . import memory_module as memory  # noqa: E402
-
-sys.modules.setdefault("torch.tpu.memory", memory)

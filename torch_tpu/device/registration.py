@@ -13,12 +13,13 @@ the real one (`torch_tpu.ops.fallback.handle`, set by `set_fallback()`).
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
 
 from ..runtime import loading
-from . import accelerator, module, serialization
+from . import accelerator, memory_module, module, serialization
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -85,6 +86,9 @@ def register() -> None:
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
 
+    # torch.tpu.memory: torch.cuda.memory's names and the memory history (no JAX)
+    module.memory = memory_module  # type: ignore[attr-defined]
+    sys.modules.setdefault("torch.tpu.memory", memory_module)
     accelerator.install()
     serialization.install()
     lib = torch.library.Library("_", "IMPL")
