@@ -14,6 +14,8 @@ cache does not key on it, so each case uses shapes no other case here uses.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -147,3 +149,73 @@ def test_native_bf16_dots_are_in_the_graph_key(monkeypatch):
     on = graphs.key_for("g")
     monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "0")
     assert graphs.key_for("g") != on
+
+
+# -- half-precision dots on float32 copies (xla_flags.cpu_half_dots_f32) ------
+
+_OPERAND_TYPE = re.compile(r"stablehlo\.dot_general .*: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)")
+
+# TORCH_TPU_CPU_HALF_DOTS_F32, TORCH_TPU_CPU_NATIVE_BF16_DOTS, the dots' operand type
+_PATHS = {"via_f32": ("1", "0", "f32"), "native": ("0", "0", None),
+          "stored_native": ("0", "1", None)}
+
+_OPS = {
+    "mm": (lambda x, w: x @ w, ((6, 64), (64, 40)), "aten.mm.default"),
+    "bmm": (torch.bmm, ((3, 6, 64), (3, 64, 40)), "aten.bmm.default"),
+    "linear": (F.linear, ((6, 64), (40, 64)), "aten.mm.default"),  # x @ W.T, W as stored
+    "matmul": (torch.matmul, ((2, 6, 64), (64, 40)), "aten.mm.default"),
+}
+
+
+def _dot_operand_types(prog):
+    """The element types of the operands of each dot in `prog`'s StableHLO."""
+    return {t for line in prog.stablehlo.splitlines() for pair in _OPERAND_TYPE.findall(line)
+            for t in pair}
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+@pytest.mark.parametrize("op", list(_OPS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_each_half_dot_path_matches_cpu(path, op, dtype, monkeypatch):
+    f32, native, operands = _PATHS[path]
+    monkeypatch.setenv("TORCH_TPU_CPU_HALF_DOTS_F32", f32)
+    monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", native)
+    fn, (xs, ws), name = _OPS[op]
+    # shapes no other case uses: the in-process program cache keys on neither switch
+    extra = list(_PATHS).index(path) + 3 * (dtype == torch.float16)
+    x = torch.randn(*xs[:-2], xs[-2] + extra, xs[-1], dtype=dtype)
+    w = torch.randn(*ws, dtype=dtype)
+    with debug.Capture() as cap:
+        got = fn(x.to("tpu"), w.to("tpu")).cpu()
+    [prog] = [e.program for e in cap.compiles if e.name == name]
+    types = _dot_operand_types(prog)
+    assert types == {operands or {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]}, types
+    torch.testing.assert_close(got, fn(x, w))  # CPU's own half kernel, OpInfo's tolerances
+
+
+def test_half_dots_f32_follow_the_host_and_the_switch(monkeypatch):
+    from torch_tpu.runtime import xla_flags
+
+    monkeypatch.delenv("TORCH_TPU_CPU_HALF_DOTS_F32", raising=False)
+    flags = xla_flags.host_cpu_flags()
+    assert xla_flags.cpu_half_dots_f32("bfloat16") == (not {"amx_bf16", "avx512_bf16"} & flags)
+    assert xla_flags.cpu_half_dots_f32("float16") == (not {"amx_fp16", "avx512_fp16"} & flags)
+    monkeypatch.setenv("TORCH_TPU_CPU_HALF_DOTS_F32", "1")
+    assert xla_flags.cpu_half_dots_f32("bfloat16")
+    monkeypatch.setenv("TORCH_TPU_CPU_XLA_DEFAULTS", "0")
+    assert not xla_flags.cpu_half_dots_f32("bfloat16")
+    monkeypatch.delenv("TORCH_TPU_CPU_XLA_DEFAULTS")
+    monkeypatch.setenv("TORCH_TPU_CPU_HALF_DOTS_F32", "often")
+    with pytest.raises(ValueError, match="TORCH_TPU_CPU_HALF_DOTS_F32"):
+        xla_flags.cpu_half_dots_f32("float16")
+
+
+def test_half_dots_f32_are_in_the_graph_key(monkeypatch):
+    from torch_tpu.cache import graphs
+
+    keys = set()
+    for f32, native in (("1", "0"), ("0", "0"), ("0", "1")):
+        monkeypatch.setenv("TORCH_TPU_CPU_HALF_DOTS_F32", f32)
+        monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", native)
+        keys.add(graphs.key_for("g"))
+    assert len(keys) == 3

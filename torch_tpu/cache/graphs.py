@@ -35,7 +35,7 @@ from typing import Any
 
 from . import index
 from .index import Index, executable
-from ..runtime.xla_flags import cpu_native_bf16_dots
+from ..runtime.xla_flags import NATIVE_DOT_FLAGS, cpu_half_dots_f32, cpu_native_bf16_dots
 
 PREFIX = "torch_tpu-graph-v1:"
 
@@ -89,6 +89,8 @@ def _settings() -> str:
     values.append("cpu_defaults=" + os.environ.get("TORCH_TPU_CPU_XLA_DEFAULTS", ""))
     values.append("dot_piece=" + os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", ""))
     values.append(f"native_bf16_dots={cpu_native_bf16_dots()}")  # resolved: auto follows the host
+    values.append("half_dots_f32=" + ",".join(  # resolved per half type, as native_bf16_dots
+        f"{t}:{cpu_half_dots_f32(t)}" for t in NATIVE_DOT_FLAGS))
     return "\n".join(values)
 
 

@@ -45,12 +45,25 @@ def _matmul(a, b, acc=None, stored=None):
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=acc or a.dtype)
 
+    via_f32 = _half_via_f32(a, b)
+
     def product(x, y):
+        if via_f32:
+            x, y = x.astype(jnp.float32), y.astype(jnp.float32)
         return jnp.matmul(x, y, precision=lax_precision(), preferred_element_type=acc)
 
     if stored is not None and is_half(a.dtype) and _stored_transposed(a, b, stored):
         return _against_stored(a, b, acc, product)
     return product(a, b)
+
+
+def _half_via_f32(a, b):
+    """Is a @ b a half-precision product that XLA:CPU computes fastest on
+    float32 copies of its operands (xla_flags.cpu_half_dots_f32: a host
+    without a native dot unit for the type)? Each output element is a
+    float32-accumulated dot rounded once either way."""
+    return (is_half(a.dtype) and b.dtype == a.dtype and platform.platform() == "cpu"
+            and xla_flags.cpu_half_dots_f32(jnp.dtype(a.dtype).name))
 
 
 def _stored_transposed(a, b, stored):
@@ -74,7 +87,7 @@ def _against_stored(a, b, acc, product):
       dot contracts W's last axis directly: 10-16x faster for more than one
       row, no scratch. One row is computed as two (a zero row added) where W
       is wider than tall; otherwise XLA's fused loop over W is as fast.
-    - Other hosts: XLA:CPU makes a float32, transposed copy of all of W when
+    - Other hosts (or TORCH_TPU_CPU_HALF_DOTS_F32 on): XLA:CPU makes a float32, transposed copy of all of W when
       a has more than one row: 1 GB of scratch for a Llama LM head on every
       call, and 2-3x the time of cache-sized pieces. Large products are split
       along W's rows, in pieces of xla_flags.cpu_dot_piece_bytes() of
@@ -89,7 +102,7 @@ def _against_stored(a, b, acc, product):
     rows = a.shape[-2]
     if (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16 and a.ndim == b.ndim
             and a.shape[:-2] == b.shape[:-2] and (rows >= 2 or k >= n)
-            and xla_flags.cpu_native_bf16_dots()):
+            and xla_flags.cpu_native_bf16_dots() and not _half_via_f32(a, b)):
         w = jnp.swapaxes(b, -1, -2)  # W as stored (cancels the view's transpose)
         x = a if rows >= 2 else jnp.concatenate([a, jnp.zeros_like(a)], axis=-2)
         batch = tuple(range(a.ndim - 2))

@@ -34,6 +34,13 @@ On a host with AMX-BF16 the same product is instead written as a dot that
 reads W as stored (no transpose before it): XLA:CPU then multiplies the
 bfloat16 operands natively in its XNNPACK fusion, 10-16x faster than on
 float32 copies (`cpu_native_bf16_dots`, TORCH_TPU_CPU_NATIVE_BF16_DOTS).
+
+On a host with no native dot unit for a half type (no AMX-BF16 or
+AVX512-BF16 for bfloat16; no AMX-FP16 or AVX512-FP16 for float16), XLA:CPU's
+half dot is slower than converting both operands to float32 once and taking
+the float32 dot, as PyTorch's CPU matmul does (`cpu_half_dots_f32`,
+TORCH_TPU_CPU_HALF_DOTS_F32). Each output element is a float32-accumulated
+dot rounded once either way.
 """
 
 from __future__ import annotations
@@ -61,14 +68,41 @@ def cpu_dot_piece_bytes() -> int:
 
 
 @functools.cache
-def host_has_amx_bf16() -> bool:
-    """Does this host's CPU have AMX-BF16 (Linux: /proc/cpuinfo's flags)?"""
+def host_cpu_flags() -> frozenset[str]:
+    """This host's CPU feature flags (Linux: /proc/cpuinfo; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
+        return frozenset()
+    return frozenset(flags.partition(":")[2].split())
+
+
+def host_has_amx_bf16() -> bool:
+    """Does this host's CPU have AMX-BF16 (Linux: /proc/cpuinfo's flags)?"""
+    return "amx_bf16" in host_cpu_flags()
+
+
+# The CPU flags of units that multiply each half type natively (XLA:CPU's
+# oneDNN/XNNPACK kernels use them); without one, XLA:CPU's half dot is slower
+# than the float32 dot of float32 copies (docs/benchmarks.md, "Half-precision
+# dots per host kind").
+NATIVE_DOT_FLAGS = {"bfloat16": ("amx_bf16", "avx512_bf16"),
+                    "float16": ("amx_fp16", "avx512_fp16")}
+
+
+def cpu_half_dots_f32(dtype_name: str) -> bool:
+    """Compute a `dtype_name` (bfloat16 or float16) matrix product on XLA:CPU
+    as a float32 dot of float32 copies of its operands (ops/linalg._matmul)?
+    TORCH_TPU_CPU_HALF_DOTS_F32: `auto` (default: where the host's CPU has no
+    native dot unit for the type, NATIVE_DOT_FLAGS), on or off. Off with
+    TORCH_TPU_CPU_XLA_DEFAULTS=0. Read when a program is traced."""
+    if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
         return False
-    return "amx_bf16" in flags.split()
+    choice = switch_auto("TORCH_TPU_CPU_HALF_DOTS_F32")
+    if choice is not None:
+        return choice
+    return not host_cpu_flags().intersection(NATIVE_DOT_FLAGS.get(dtype_name, ()))
 
 
 def cpu_native_bf16_dots() -> bool:
