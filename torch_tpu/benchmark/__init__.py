@@ -54,7 +54,8 @@ import time
 import warnings
 
 import torch
-from torch.utils import _pytree as pytree
+
+from .._compat.torch_api import pytree
 from ..debug.timing import block
 from ..runtime import executor
 from ..debug import lower

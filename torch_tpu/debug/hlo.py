@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 
 import torch
-from torch.utils import _pytree as pytree
+
+from .._compat.torch_api import pytree
 from ..runtime.storage import TORCH_TO_JAX
 from . import _graph
 

@@ -18,7 +18,8 @@ import dataclasses
 import math
 
 import torch
-from torch.utils import _pytree as pytree
+
+from .._compat.torch_api import pytree
 
 
 @dataclasses.dataclass

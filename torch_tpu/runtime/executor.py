@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
+from .._compat.torch_api import pytree
 from . import rng as tpu_random
 from .precision import JAX_PRECISION_STATE
 from .precision import cache_token as precision_token

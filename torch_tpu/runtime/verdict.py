@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
+
+from .._compat.torch_api import pytree
 
 # Host copies are made only up to this many elements over all tensor arguments.
 MAX_ELEMENTS = 1 << 20
