@@ -25,12 +25,16 @@ def test_the_tier_writes_each_entry_after_its_compile(tmp_path):
         import json, sys, torch, torch_tpu
         import torch_tpu.cache as cache
         from jax._src import compilation_cache as cc
+        from torch_tpu._compat import jax_api
+        # the tier's JAX code checked before the watch below replaces it
+        assert jax_api.usable(jax_api.DISK_TIER) and jax_api.usable(jax_api.OWN_WRITES)
         seen = []
         original = cc.put_executable_and_time
         def watched(*args, **kwargs):
-            # who writes: the tier (cache._write_entry, after the compile) or
-            # JAX itself (inside the compile call)
-            seen.append(sys._getframe(1).f_code.co_name == "_write_entry")
+            # who writes: the tier (cache._write_entry, after the compile,
+            # through jax_api.store_executable) or JAX itself (inside the
+            # compile call)
+            seen.append(sys._getframe(1).f_code.co_name == "store_executable")
             return original(*args, **kwargs)
         cc.put_executable_and_time = watched
         x = torch.arange(12.0).reshape(3, 4).to("tpu")
