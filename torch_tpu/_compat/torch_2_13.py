@@ -3,6 +3,8 @@
 Recorded with `python -m torch_tpu._compat --write` on torch 2.13.0, after
 reading each target against its patch. A target not listed here (or listed
 with another fingerprint) turns its feature off with one warning.
+The private objects read through torch_api and dynamo_api (reads.py) are
+recorded here too.
 """
 
 FINGERPRINTS = {
@@ -83,6 +85,7 @@ FINGERPRINTS = {
     'torch.utils._python_dispatch:TorchDispatchMode': '9b894857d3219b27',
     'torch.utils._python_dispatch:_disable_current_modes': 'e83f946f5b06e23d',
     'torch.utils._sympy.numbers:int_oo': '6410524047093221',
+    'torch.utils.backend_registration:_setup_privateuseone_for_python_backend': '3ce2d9fa70b6d920',
     'torch.utils.dlpack:to_dlpack': 'builtin:_to_dlpack',
     'torch.utils:_pytree': 'module:no-source',
     'torch:Tensor.__dlpack__': 'a27f2a53f85deb93',

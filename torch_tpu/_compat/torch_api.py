@@ -15,6 +15,12 @@ from .reads import Names
 _NAMES = Names(__name__, {
     # What PyTorch's own CPU kernels and refs use, so that tpu ops promote
     # dtypes, pick memory formats and resize out= tensors exactly as CPU does.
+    # rename_privateuse1_backend and generate_methods_for_privateuse1_backend,
+    # the public pair, register no device hooks nor device guard.
+    "the tpu device: PrivateUse1 with Python hooks and device guard": {
+        "setup_privateuseone_for_python_backend":
+            "torch.utils.backend_registration:_setup_privateuseone_for_python_backend",
+    },
     "eager ops: CPU's type promotion, memory format and out= rules": {
         "ELEMENTWISE_TYPE_PROMOTION_KIND": "torch._prims_common:ELEMENTWISE_TYPE_PROMOTION_KIND",
         "elementwise_dtypes": "torch._prims_common:elementwise_dtypes",

@@ -528,7 +528,7 @@ def _code_context(code_context):
                 yield
             return
         self._current_entry = dynamo_api.DynamoCodeCacheEntry(
-            python_code=None,  # type: ignore[arg-type]  # never saved
+            python_code=None,  # never saved
             python_module="", function_names=[], guarded_codes=[], import_sources={},
             backend_ids=[], code_source=None, install_to_global=False, bypassed=True)
         try:
