@@ -1,10 +1,10 @@
 """Half-precision products `x @ W.T` on XLA:CPU (ops/linalg._against_stored).
 
-Without native bfloat16 dots (hosts without AMX-BF16, or
+Without native bfloat16 dots (hosts without AMX-BF16 or AVX512-BF16, or
 TORCH_TPU_CPU_NATIVE_BF16_DOTS=0) they are split along W's stored rows
 (runtime/xla_flags.cpu_dot_piece_bytes): XLA:CPU would make a float32
 transposed copy of all of W first (1 GB for a Llama LM head). With them
-(AMX-BF16 hosts by default, or =1) a bfloat16 product is one dot reading W as
+(AMX-BF16 and AVX512-BF16 hosts by default, or =1) a bfloat16 product is one dot reading W as
 stored, which XLA:CPU multiplies in bfloat16 without a float32 copy where the
 host can. Results are the same as the whole product's either way.
 
@@ -131,7 +131,8 @@ def test_native_bf16_dots_follow_the_host_and_the_switches(monkeypatch):
     from torch_tpu.runtime import xla_flags
 
     monkeypatch.delenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS")
-    assert xla_flags.cpu_native_bf16_dots() == xla_flags.host_has_amx_bf16()
+    flags = xla_flags.host_cpu_flags()
+    assert xla_flags.cpu_native_bf16_dots() == bool({"amx_bf16", "avx512_bf16"} & flags)
     monkeypatch.setenv("TORCH_TPU_CPU_NATIVE_BF16_DOTS", "1")
     assert xla_flags.cpu_native_bf16_dots()
     monkeypatch.setenv("TORCH_TPU_CPU_XLA_DEFAULTS", "0")

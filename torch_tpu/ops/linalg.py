@@ -80,7 +80,7 @@ def _against_stored(a, b, acc, product):
     """product(a, b), a half-precision product with b = W.T stored as W, in
     the form XLA:CPU computes fastest on this host (platform "cpu" only).
 
-    - Hosts with AMX-BF16 (xla_flags.cpu_native_bf16_dots): XLA:CPU hands a
+    - Hosts with AMX-BF16 or AVX512-BF16 (xla_flags.cpu_native_bf16_dots): XLA:CPU hands a
       bfloat16 dot to its XNNPACK fusion, which multiplies bfloat16 natively,
       only when the dot reads W as stored; `x @ W.T` as JAX writes it (a
       transpose, then the dot) is computed on float32 copies instead. So the

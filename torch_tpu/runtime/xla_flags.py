@@ -30,10 +30,10 @@ results are unchanged (docs/benchmarks.md, "Which bfloat16 dots get a
 float32 copy"). The value is part of the graph and eager tiers' keys
 (cache/graphs.py); the executable tier keys on the program itself.
 
-On a host with AMX-BF16 the same product is instead written as a dot that
-reads W as stored (no transpose before it): XLA:CPU then multiplies the
-bfloat16 operands natively in its XNNPACK fusion, 10-16x faster than on
-float32 copies (`cpu_native_bf16_dots`, TORCH_TPU_CPU_NATIVE_BF16_DOTS).
+On a host with AMX-BF16 or AVX512-BF16 the same product is instead written
+as a dot that reads W as stored (no transpose before it): XLA:CPU then
+multiplies the bfloat16 operands natively in its XNNPACK fusion, 10-16x
+faster than on float32 copies with AMX, about 2x with AVX512-BF16 (`cpu_native_bf16_dots`, TORCH_TPU_CPU_NATIVE_BF16_DOTS).
 
 On a host with no native dot unit for a half type (no AMX-BF16 or
 AVX512-BF16 for bfloat16; no AMX-FP16 or AVX512-FP16 for float16), XLA:CPU's
@@ -100,21 +100,25 @@ def cpu_half_dots_f32(dtype_name: str) -> bool:
     if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
         return False
     choice = switch_auto("TORCH_TPU_CPU_HALF_DOTS_F32")
-    if choice is not None:
-        return choice
-    return not host_cpu_flags().intersection(NATIVE_DOT_FLAGS.get(dtype_name, ()))
+    return not host_has_native_dots(dtype_name) if choice is None else choice
 
 
 def cpu_native_bf16_dots() -> bool:
     """Compute bfloat16 `x @ W.T` products against W as stored, so that XLA:CPU
     multiplies bfloat16 natively (ops/linalg._against_stored)?
     TORCH_TPU_CPU_NATIVE_BF16_DOTS: `auto` (default: where the host has
-    AMX-BF16, the only kind measured faster), on or off. Read when a program
-    is traced."""
+    AMX-BF16 or AVX512-BF16, both measured faster), on or off. Read when a
+    program is traced."""
     if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
         return False
     choice = switch_auto("TORCH_TPU_CPU_NATIVE_BF16_DOTS")
-    return host_has_amx_bf16() if choice is None else choice
+    return host_has_native_dots("bfloat16") if choice is None else choice
+
+
+def host_has_native_dots(dtype_name: str) -> bool:
+    """Does this host's CPU have a unit that multiplies `dtype_name` natively
+    (NATIVE_DOT_FLAGS)?"""
+    return bool(host_cpu_flags().intersection(NATIVE_DOT_FLAGS.get(dtype_name, ())))
 
 
 def add_cpu_defaults() -> None:
