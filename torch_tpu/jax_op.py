@@ -237,7 +237,7 @@ class JaxOp:
 _OPS: dict = {}
 
 
-@torch._dynamo.assume_constant_result
+@torch.compiler.assume_constant_result
 def _structure(name, key):
     """How to rebuild fn's output from the op's list: ('single',), ('tuple',),
     ('list',), ('dict', keys) or ('tree',) (anything else)."""
@@ -260,7 +260,7 @@ def _structure(name, key):
     return ("tree",)
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
 def _unflatten(name, key, outs):
     return jax.tree_util.tree_unflatten(_OPS[name]._out_tree(key), outs)
 
