@@ -453,11 +453,11 @@ def test_a_guard_state_naming_a_changed_function_is_marked_stale(monkeypatch):
 
     ref = artifacts._by_name(module_level)
     good = artifacts._PINNED + pickle.dumps(([(ref, artifacts._fingerprint(module_level))],
-                                             b"inner"))
+                                             [], b"inner"))
     assert not hasattr(artifacts._load_guards_state(load, good), "_torch_tpu_stale")
-    bad = artifacts._PINNED + pickle.dumps(([(ref, "another fingerprint")], b"inner"))
+    bad = artifacts._PINNED + pickle.dumps(([(ref, "another fingerprint")], [], b"inner"))
     assert artifacts._load_guards_state(load, bad)._torch_tpu_stale == "module_level"
-    gone = artifacts._PINNED + pickle.dumps(([(b"not a pickle", "x")], b"inner"))
+    gone = artifacts._PINNED + pickle.dumps(([(b"not a pickle", "x")], [], b"inner"))
     assert hasattr(artifacts._load_guards_state(load, gone), "_torch_tpu_stale")
     # dynamo's own states (no pins) pass through
     assert isinstance(artifacts._load_guards_state(load, b"inner"), State)
@@ -546,3 +546,130 @@ def test_a_functions_fingerprint_is_the_same_in_another_process():
                              env=dict(os.environ, PYTHONHASHSEED=str(seed)),
                              timeout=300).stdout.strip() for seed in (1, 2, 3)}
     assert len(prints) == 1 and len(prints.pop()) == 64
+
+
+# -- functions defined in notebook cells (marimo) ---------------------------------------
+
+
+def _cell_function(pid, source, cell="Abcd"):
+    """A function compiled as marimo compiles a cell (its file named by the
+    kernel's pid, its source in linecache)."""
+    import linecache
+
+    filename = f"/tmp/marimo_{pid}/__marimo__cell_{cell}_.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope = {"__name__": "__main__"}
+    exec(compile(source, filename, "exec"), scope)
+    return scope["f"]
+
+
+def test_a_cells_package_key_and_source_do_not_depend_on_the_kernel():
+    from types import SimpleNamespace
+
+    src = "import torch\n\ndef f(x):\n    return x * 2\n"
+    here = _cell_function(os.getpid(), src)
+    other = _cell_function(os.getpid() + 1, src)
+    # The same cell in another kernel: the same key (the pid is not in it).
+    assert artifacts._package_key("id", here.__code__) == \
+        artifacts._package_key("id", other.__code__)
+    # Another cell of the same code: another key.
+    moved = _cell_function(os.getpid(), src, cell="Wxyz")
+    assert artifacts._package_key("id", moved.__code__) != \
+        artifacts._package_key("id", here.__code__)
+    # The traced cell's source is recorded, under the other kernel's name too,
+    # and found again in this process's file of that cell.
+    cells = sorted(artifacts._cell_sources(SimpleNamespace(traced_code=[other.__code__])))
+    assert len(cells) == 1 and cells[0][1] == 3
+    assert artifacts._changed_cell(cells) is None
+    # The cell edited here (a constant: the bytecode and the key stay the same).
+    _cell_function(os.getpid(), src.replace("x * 2", "x * 3"))
+    assert artifacts._package_key("id", here.__code__) == \
+        artifacts._package_key("id", other.__code__)
+    assert "line 3 of marimo:" in artifacts._changed_cell(cells)
+    # A module's function is checked by dynamo (its inlined sources), not here.
+    assert artifacts._cell_sources(SimpleNamespace(traced_code=[module_level.__code__])) == set()
+
+
+_NOTEBOOK = '''
+import marimo
+
+app = marimo.App()
+
+
+@app.cell
+def _():
+    import json
+    import os
+
+    import torch
+    import torch_tpu
+    from torch._dynamo.utils import counters
+    from torch_tpu.compile.persist import artifacts
+
+    return artifacts, counters, json, os, torch
+
+
+@app.cell
+def _():
+    def helper(x):
+        return x.cos() * HELPER
+
+    return (helper,)
+
+
+@app.cell
+def _(artifacts, counters, helper, json, os, torch):
+    def step(x):
+        return (helper(x).sin() * SCALE + 1).sum()
+
+    compiled = torch.compile(step, backend="tpu")
+    x = torch.linspace(-1, 1, 8)
+    got = compiled(x.to("tpu")).item()
+    with open(os.environ["NOTEBOOK_RESULT"], "w") as out:
+        json.dump({"got": got, "want": step(x).item(), "stats": artifacts.stats(),
+                   "captured": counters["stats"]["calls_captured"]}, out)
+    return
+
+
+if __name__ == "__main__":
+    app.run()
+'''
+
+
+def _run_notebook(tmp_path, cache, scale=2, helper=1):
+    """The notebook above run whole by marimo in a new kernel (as `marimo
+    edit` runs it: the kernel ends with os._exit, no atexit)."""
+    nb = tmp_path / "compiled_in_a_cell.py"
+    src = _NOTEBOOK.replace("HELPER", str(helper)).replace("SCALE", str(scale))
+    nb.write_text(src)
+    result = tmp_path / "result.json"
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache, NOTEBOOK_RESULT=str(result),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("TORCH_TPU_PRECOMPILE", None)
+    if result.exists():
+        result.unlink()
+    out = subprocess.run([sys.executable, "-m", "marimo", "export", "session",
+                          "--force-overwrite", str(nb)], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0 and result.exists(), out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(result.read_text())
+
+
+@pytest.mark.slow
+def test_a_function_defined_in_a_notebook_cell_starts_warm(tmp_path):
+    pytest.importorskip("marimo")
+    d = _private(tmp_path / "c")
+    cold = _run_notebook(tmp_path, d)
+    assert cold["stats"]["hits"] == 0 and cold["captured"] > 0
+    assert _entries(d), "the kernel left no package in torch-v1"
+    warm = _run_notebook(tmp_path, d)
+    assert warm["stats"]["hits"] == 1 and warm["captured"] == 0, warm
+    assert warm["got"] == pytest.approx(cold["got"], rel=1e-6)
+    # An edited cell never runs the old graph: the package is loaded, its
+    # graph is stale (the constant is in the cell's source, not in the key),
+    # and the function is traced again.
+    for edit in ({"scale": 3}, {"helper": 5}):
+        edited = _run_notebook(tmp_path, d, **edit)
+        assert edited["stats"]["hits"] == 1 and edited["captured"] > 0, (edit, edited)
+        assert edited["got"] == pytest.approx(edited["want"], rel=1e-5), (edit, edited)
+        assert edited["got"] != pytest.approx(cold["got"], rel=1e-3), (edit, edited)

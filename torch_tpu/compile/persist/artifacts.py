@@ -54,6 +54,7 @@ import contextlib
 import enum
 import hashlib
 import inspect
+import linecache
 import logging
 import os
 import pickle
@@ -77,6 +78,7 @@ SUFFIX = ".tpk"
 SUBDIR = "torch-v1"
 
 _lock = threading.Lock()
+_saving = threading.RLock()  # one save at a time (after a compile, at exit)
 _local = threading.local()
 STATE = {"installed": False}  # read by the backend
 _saved: dict = {}   # key -> sha256 of what this process last wrote
@@ -267,13 +269,79 @@ def _package_key(source_id: str, code: Any) -> str:
     """The store key of a function's package: dynamo's id (qualified name and
     first line) plus the function's file and bytecode, so that another script
     with a function of the same name at the same line is not mistaken for it
-    (dynamo also checks the sources it inlined)."""
+    (dynamo also checks the sources it inlined). A notebook cell's file is
+    named as the next kernel names it (_portable_filename)."""
     h = hashlib.sha256()
-    for part in (code.co_filename, code.co_qualname, str(code.co_firstlineno),
+    for part in (_portable_filename(code.co_filename), code.co_qualname,
+                 str(code.co_firstlineno),
                  " ".join(code.co_names)):
         h.update(part.encode("utf-8", "replace") + b"\0")
     h.update(code.co_code)
     return f"dynamo:{source_id}:{h.hexdigest()}"
+
+
+# -- code compiled from notebook cells ----------------------------------------------
+
+# marimo compiles each cell to a file in a directory named after the kernel's
+# process id (``/tmp/marimo_<pid>/__marimo__cell_<id>_.py``), with the source
+# in linecache and no module holding it: each kernel names a cell anew, and
+# dynamo, which checks only the sources it inlined from modules, checks none.
+_CELL_FILE = re.compile(r"^(?P<dir>.*[/\\]marimo_)\d+(?P<cell>[/\\]__marimo__cell_[^/\\]+\.py)$")
+
+
+def _portable_filename(filename: str) -> str:
+    """A marimo cell's file as its notebook and cell id (what the next kernel
+    on the same notebook shares); any other file as it is."""
+    m = _CELL_FILE.match(filename)
+    if m is None:
+        return filename
+    notebook = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return f"marimo:{notebook}:{m['cell'][1:]}"
+
+
+def _here(filename: str) -> str:
+    """The file this process compiled the same cell to (marimo names it by pid)."""
+    m = _CELL_FILE.match(filename)
+    return filename if m is None else f"{m['dir']}{os.getpid()}{m['cell']}"
+
+
+def _source_digest(filename: str, firstlineno: int) -> str | None:
+    """SHA-256 of the function or class at `firstlineno` of `filename` as
+    linecache holds it (inspect's block rule), or None without its lines."""
+    lines = linecache.getlines(filename)
+    if not lines or not 0 < firstlineno <= len(lines):
+        return None
+    try:
+        block = "".join(inspect.getblock(lines[firstlineno - 1:]))
+    except Exception:
+        return None
+    return hashlib.sha256(block.encode("utf-8", "replace")).hexdigest()
+
+
+def _cell_sources(output_graph: Any) -> set:
+    """(file, first line, source digest) of each function a frame's trace went
+    through that no module holds (a notebook cell's), so that editing the cell
+    makes the graph stale as editing a module's source does. Generated code
+    without source lines (a dataclass's ``__init__``) is left as dynamo leaves it."""
+    traced = getattr(output_graph, "traced_code", None)
+    if traced is None:
+        context = dynamo_api.TracingContext.try_get()
+        traced = context.traced_code if context is not None else ()
+    found = set()
+    for code in traced:
+        if inspect.getmodule(code) is None:
+            digest = _source_digest(code.co_filename, code.co_firstlineno)
+            if digest is not None:
+                found.add((code.co_filename, code.co_firstlineno, digest))
+    return found
+
+
+def _changed_cell(cells: list) -> str | None:
+    """The first recorded cell source that differs in this process (or is absent)."""
+    for filename, firstlineno, digest in cells:
+        if _source_digest(_here(filename), firstlineno) != digest:
+            return f"the source at line {firstlineno} of {_portable_filename(filename)}"
+    return None
 
 
 def _make_dynamo_cache():
@@ -342,50 +410,91 @@ def _make_dynamo_cache():
 def save() -> int:
     """Write the packages of functions compiled in this process; their number.
 
-    Called at exit; callable any time (a long-lived process, a notebook).
-    Unchanged packages are not rewritten.
+    Called after each tpu frame is compiled (a notebook's kernel, marimo's,
+    ends with ``os._exit``, which runs no atexit handler) and at exit;
+    callable any time. Unchanged packages are not rewritten; one that still
+    lacks a graph waits for a later call (at exit it is saved without it).
     """
+    return _save(final=False)
+
+
+def _save(final: bool) -> int:
     if not STATE["installed"]:
         return 0
     n = 0
-    try:
-        entries, _ = dynamo_api.PrecompileContext.create_cache_entries()
-    except Exception as e:  # pragma: no cover - PyTorch could not assemble them
-        _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
-        return 0
-    if not entries:
-        return 0  # (no tpu compile: the store, which imports JAX, is not opened)
-    s = artifact_store()
-    if not (s.usable and s.writable):
-        return 0
-    for key, entry in entries.items():
-        codes = entry.dynamo.codes
-        if all(code.bypassed for code in codes) or \
-                codes[0].python_module.startswith("torch.optim"):
-            continue  # nothing to load (optimizer steps are never loaded)
-        if not entry.backends or not all(_is_tpu_entry(getattr(b, "content", None))
-                                         for b in entry.backends.values()):
-            continue  # another backend's (inductor, explain): theirs to keep
+    with _saving, _bypass_flags_kept() as marked:
         try:
-            blob = pickle.dumps(entry)
-        except Exception as e:
-            _store.warn_once("artifact-pickle", f"a compile package could not be saved "
-                                                f"({type(e).__name__}: {e})")
-            continue
-        digest = hashlib.sha256(blob).hexdigest()
-        if _saved.get(key) == digest:
-            continue
-        if s.put(_package_key(key, codes[0].python_code), blob):
-            _saved[key] = digest
-            n += 1
-            with _lock:
-                STATS.writes += 1
+            entries, _ = dynamo_api.PrecompileContext.create_cache_entries()
+        except Exception as e:  # pragma: no cover - PyTorch could not assemble them
+            _store.warn_once("artifact-save", f"could not assemble compile packages: {e}")
+            return 0
+        if not entries:
+            return 0  # (no tpu compile: the store, which imports JAX, is not opened)
+        s = artifact_store()
+        if not (s.usable and s.writable):
+            return 0
+        incomplete = marked()
+        for key, entry in entries.items():
+            if not final and any(id(code) in incomplete for code in entry.dynamo.codes):
+                continue  # a graph of it is still being compiled: saved when it is done
+            if _save_entry(s, key, entry):
+                n += 1
     return n
+
+
+def _save_entry(s: ArtifactStore, key: str, entry: Any) -> bool:
+    """Write one package unless it is not this backend's, cannot be loaded or
+    is what this process last wrote under its key."""
+    codes = entry.dynamo.codes
+    if all(code.bypassed for code in codes) or \
+            codes[0].python_module.startswith("torch.optim"):
+        return False  # nothing to load (optimizer steps are never loaded)
+    if not entry.backends or not all(_is_tpu_entry(getattr(b, "content", None))
+                                     for b in entry.backends.values()):
+        return False  # another backend's (inductor, explain): theirs to keep
+    try:
+        blob = pickle.dumps(entry)
+    except Exception as e:
+        _store.warn_once("artifact-pickle", f"a compile package could not be saved "
+                                            f"({type(e).__name__}: {e})")
+        return False
+    digest = hashlib.sha256(blob).hexdigest()
+    if _saved.get(key) == digest or not s.put(_package_key(key, codes[0].python_code), blob):
+        return False
+    _saved[key] = digest
+    with _lock:
+        STATS.writes += 1
+    return True
+
+
+@contextlib.contextmanager
+def _bypass_flags_kept():
+    """PyTorch's create_cache_entries marks bypassed, on the live package,
+    each code whose graph is not recorded yet (one still compiling), and a
+    code so marked records no graph afterwards: the flags are put back on
+    leaving. Yields a function giving the ids of the codes it marked."""
+    recorded = list(getattr(dynamo_api.PrecompileContext, "_dynamo_cache_entries", {}).values())
+    codes = [code for entry in recorded for code in entry.codes]
+    before = [code.bypassed for code in codes]
+    try:
+        yield lambda: {id(c) for c, was in zip(codes, before) if c.bypassed and not was}
+    finally:
+        for code, was in zip(codes, before):
+            code.bypassed = was
+
+
+def _save_after_compile() -> None:
+    """save(), never failing the user's call."""
+    try:
+        save()
+    except Exception as e:  # pragma: no cover - a package that cannot be written
+        _store.warn_once("artifact-save", f"could not save compile packages "
+                                          f"({type(e).__name__}: {e})")
 
 
 def _save_at_exit() -> None:
     try:
-        save()
+        _save(final=True)
     except Exception:  # pragma: no cover - never fail the interpreter's exit
         pass
 
@@ -633,14 +742,17 @@ def _scoped_wrap(wrap):
 
 
 def _scoped_convert(convert):
-    """Precompile on while a packaged tpu compile converts a frame."""
+    """Precompile on while a packaged tpu compile converts a frame; its
+    package saved when the outermost conversion returns."""
     dynamo_config = dynamo_api.dynamo_config
 
     def convert_call(self, frame, cache_entry, hooks, frame_state, *, skip=0):
         if self._package is None or dynamo_config.caching_precompile:
             return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
         with dynamo_config.patch(caching_precompile=True):
-            return convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+            result = convert(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+        _save_after_compile()  # the frame's package is recorded: written now, not at exit
+        return result
 
     return convert_call
 
@@ -702,7 +814,7 @@ def _in_packages(module_name: object, packages: tuple) -> bool:
 # bears that name there has the same code; a module is found by name.
 _IDENTITY_GUARDS = frozenset(("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH",
                               "CLOSURE_MATCH"))
-_PINNED = b"TTPUPIN1"
+_PINNED = b"TTPUPIN2"
 _BY_NAME_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                   types.WrapperDescriptorType, types.ClassMethodDescriptorType, type, enum.Enum)
 
@@ -762,15 +874,17 @@ def _by_name(value: object) -> bytes | None:
 def _serialize_guards(serialize: Any, manager: Any, builder: Any, sorted_guards: list,
                       output_graph: Any) -> bytes:
     """dynamo's serialize_guards, accepting identity guards on objects found
-    by name; their names and fingerprints travel with the guards."""
+    by name; their names and fingerprints travel with the guards, and so do
+    the digests of the notebook cells the trace went through (_cell_sources)."""
     pins = _identity_pins(manager, builder, sorted_guards, output_graph)
     if pins is None:  # dynamo refuses them (PackageError): the frame is not packaged
         return serialize(manager, builder, sorted_guards, output_graph)
+    cells = _cell_sources(output_graph)
     with dynamo_api.serializable_guard_types(also=_IDENTITY_GUARDS):
         state = serialize(manager, builder, sorted_guards, output_graph)
-    if not pins:
+    if not pins and not cells:
         return state
-    return _PINNED + pickle.dumps((sorted(pins), state))
+    return _PINNED + pickle.dumps((sorted(pins), sorted(cells), state))
 
 
 def _identity_pins(manager: Any, builder: Any, sorted_guards: list,
@@ -811,11 +925,20 @@ def _keep_builtin(manager: Any, source: Any, output_graph: Any) -> None:
 
 def _load_guards_state(load: Any, blob: bytes) -> Any:
     """dynamo's load_guards_state; guards whose objects changed (another
-    function now bears the name) are marked, so that their graph never runs."""
+    function now bears the name) or whose notebook cells were edited are
+    marked, so that their graph never runs."""
     if not blob.startswith(_PINNED):
         return load(blob)
-    pins, blob = pickle.loads(blob[len(_PINNED):])
+    pins, cells, blob = pickle.loads(blob[len(_PINNED):])
     state = load(blob)
+    stale = _changed_pin(pins) or _changed_cell(cells)
+    if stale is not None:
+        object.__setattr__(state, "_torch_tpu_stale", stale)
+    return state
+
+
+def _changed_pin(pins: list) -> str | None:
+    """The name of the first pinned object that is another one here."""
     for ref, fingerprint in pins:
         try:
             value = pickle.loads(ref)
@@ -823,10 +946,8 @@ def _load_guards_state(load: Any, blob: bytes) -> Any:
         except Exception:
             value, same = None, False
         if not same:
-            name = getattr(value, "__qualname__", None) or "an object a guard names"
-            object.__setattr__(state, "_torch_tpu_stale", str(name))
-            break
-    return state
+            return str(getattr(value, "__qualname__", None) or "an object a guard names")
+    return None
 
 
 _NUMBERED = re.compile(r"^__.*_(\d{1,6})$")
