@@ -40,10 +40,8 @@ def private_torch_imports(source: str) -> list[str]:
     return found
 
 
-# Left to the file's owner: `torch_api.setup_privateuseone_for_python_backend`
-# is its accessor. Empty this when the file uses it (the test then says so).
-PENDING = {"torch_tpu/device/registration.py": [
-    "torch.utils.backend_registration._setup_privateuseone_for_python_backend"]}
+# Files still importing a private torch module directly (none).
+PENDING: dict = {}
 
 
 def test_no_private_torch_import_outside_the_compat_package():

@@ -18,6 +18,7 @@ import threading
 
 import torch
 
+from .._compat import torch_api
 from ..runtime import loading
 from . import accelerator, memory_module, module, serialization
 
@@ -80,10 +81,8 @@ def register() -> None:
     global _done, _fallback_lib
     if _done:
         return
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
     if torch._C._get_privateuse1_backend_name() != "tpu":
-        _setup_privateuseone_for_python_backend(
+        torch_api.setup_privateuseone_for_python_backend(
             "tpu", backend_module=module, hook=_Hooks(), device_guard=_Guard())
 
     # torch.tpu.memory: torch.cuda.memory's names and the memory history (no JAX)
