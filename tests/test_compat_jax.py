@@ -137,7 +137,7 @@ def test_eager_index_off_describes_nothing_and_ops_still_run():
         assert eager.describe(compiled) is None  # not indexed: lowered next time
         assert jax_api.rebuild_compiled(None, None, [], [], [], None, None, {}) is None
         x = torch.arange(5.0, device="tpu")
-        assert torch.equal((x.exp() - 1).cpu(), torch.arange(5.0).exp() - 1)
+        torch.testing.assert_close((x.exp() - 1).cpu(), torch.arange(5.0).exp() - 1)
 
 
 def test_native_call_and_precision_state_off(monkeypatch):
@@ -188,6 +188,6 @@ def test_distributed_state_off():
 def test_erfcx_of_an_older_jax_is_not_lowered(monkeypatch):
     import jax.scipy.special as jsp
 
-    assert jax_api.erfcx() is jsp.erfcx
-    monkeypatch.delattr(jsp, "erfcx")
+    assert jax_api.erfcx() is getattr(jsp, "erfcx", None)  # (None before JAX 0.10)
+    monkeypatch.delattr(jsp, "erfcx", raising=False)
     assert jax_api.erfcx() is None

@@ -37,6 +37,7 @@ FINGERPRINTS = {
     'jax._src.interpreters.pxla:UnloadedMeshExecutable.load': '144059486b05fcaa',
     'jax._src.interpreters.pxla:_get_layouts_from_executable': '12da7cf557c87e75',
     'jax._src.interpreters.pxla:get_dispatch_layouts': 'a66caf96e7e6de7d',
+    'jax._src.interpreters.pxla:is_default_layout': 'builtin:is_default_layout',
     'jax._src.lax.linalg:geqrf': '4fc176477b6b0d78',
     'jax._src.stages:Compiled.__call__': '731c7621cbbf9e07',
     'jax._src.stages:Compiled.__init__': 'd2cf99767988f574',

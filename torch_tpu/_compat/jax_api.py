@@ -53,7 +53,7 @@ READS: dict[str, list[str]] = {
     EAGER_INDEX: ["jax._src.stages:Compiled.__init__", "jax._src.stages:make_args_info",
                   f"{PXLA}:MeshExecutable.__init__", f"{PXLA}:UnloadedMeshExecutable.from_hlo",
                   f"{PXLA}:UnloadedMeshExecutable.load", f"{PXLA}:_get_layouts_from_executable",
-                  f"{PXLA}:get_dispatch_layouts"],
+                  f"{PXLA}:get_dispatch_layouts", f"{PXLA}:is_default_layout"],
     NATIVE_CALL: ["jax._src.stages:Compiled.__call__"],
     PRECISION: ["jax._src.config:default_matmul_precision", "jax._src.config:State.__init__"],
     EFFORT: ["jax._src.config:EffortLevel"],
@@ -234,20 +234,32 @@ def rebuild_compiled(exe: Any, device: Any, avals: list, kept: list[int], out_av
         return None
     sharding = jax.sharding.SingleDeviceSharding(device)
     in_sh, out_sh = [sharding] * len(in_avals), [sharding] * len(out_avals)
-    xla_in, xla_out = pxla._get_layouts_from_executable(
-        exe, [None] * len(in_avals), [None] * len(out_avals), 0, in_avals, out_avals)
     unloaded = pxla.UnloadedMeshExecutable(
         xla_executable=exe, device_list=xc.DeviceList((device,)), backend=device.client,
         input_avals=in_avals, input_shardings=in_sh, output_avals=out_avals,
         output_shardings=out_sh, committed=bool(meta["committed"]), name=str(meta["name"]),
         unordered_effects=[], ordered_effects=[], keepalive=[], host_callbacks=[],
-        kept_var_idx=set(kept), mut=None, xla_in_layouts=xla_in,
-        dispatch_in_layouts=pxla.get_dispatch_layouts(xla_in, in_sh, in_avals),
-        xla_out_layouts=xla_out, all_args_info=None, pgle_profiler=None)
+        kept_var_idx=set(kept), mut=None, all_args_info=None, pgle_profiler=None,
+        **_layouts(pxla, exe, in_sh, in_avals, out_avals))
     args_info = jax.tree_util.tree_unflatten(
         in_tree, [stages.ArgInfo(a, False) for a in avals])
     return stages.Compiled(unloaded.load(), [], args_info, out_tree,
                            no_kwargs=bool(meta["no_kwargs"]))
+
+
+def _layouts(pxla: Any, exe: Any, in_sh: list, in_avals: list, out_avals: list) -> dict:
+    """The layout fields of an UnloadedMeshExecutable as `from_hlo` makes them
+    for default layouts (JAX 0.8: computed inline, with auto_spmd_lowering)."""
+    nones = [None] * len(in_avals), [None] * len(out_avals)
+    if hasattr(pxla, "get_dispatch_layouts"):  # the 0.10 code (jax_0_10.py)
+        xla_in, xla_out = pxla._get_layouts_from_executable(exe, *nones, 0, in_avals, out_avals)
+        return {"xla_in_layouts": xla_in, "xla_out_layouts": xla_out,
+                "dispatch_in_layouts": pxla.get_dispatch_layouts(xla_in, in_sh, in_avals)}
+    xla_in, xla_out = pxla._get_layouts_from_executable(exe, *nones, 0)  # 0.8 (jax_0_8.py)
+    dispatch = [None if pxla.is_default_layout(lay, s, a) else lay
+                for lay, s, a in zip(xla_in, in_sh, in_avals)]
+    return {"xla_in_layouts": xla_in, "xla_out_layouts": xla_out,
+            "dispatch_in_layouts": dispatch, "auto_spmd_lowering": False}
 
 
 # -- settings and functions read ---------------------------------------------------------
@@ -320,3 +332,14 @@ def erfcx() -> Any:
     import jax.scipy.special as jsp
 
     return getattr(jsp, "erfcx", None)
+
+
+def enable_x64(on: bool) -> Any:
+    """jax.enable_x64 (JAX >= 0.8), else jax.experimental.enable_x64: a context
+    in which 64-bit types are `on`, on this thread."""
+    import jax
+
+    fn = getattr(jax, "enable_x64", None)
+    if fn is None:
+        from jax.experimental import enable_x64 as fn
+    return fn(on)
