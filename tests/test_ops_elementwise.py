@@ -804,3 +804,24 @@ def test_logaddexp_complex_matches_cpu():
     b = torch.randn(4, 5, dtype=torch.cfloat) * 3
     got = torch.logaddexp(a.to("tpu"), b.to("tpu")).cpu()
     torch.testing.assert_close(got, torch.logaddexp(a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["eager", "fused", "compiled"])
+def test_logit_with_crossed_eps_bounds_matches_cpu(path, no_cpu_fallback):
+    """eps > 0.5: CPU clamps below eps first (to eps), then above 1 - eps; a
+    clip to [eps, 1 - eps] gave 1 - eps everywhere (PyTorch 2.14's samples)."""
+    x = torch.tensor([-0.5, 0.3, 0.45, 0.55, 0.9, 1.5, float("nan")])
+    want = torch.logit(x, eps=0.6)
+
+    def f(t):
+        return torch.logit(t, eps=0.6)
+
+    t = x.to("tpu")
+    if path == "fused":
+        with torch_tpu.fused():
+            got = f(t).cpu()
+    elif path == "compiled":
+        got = torch.compile(f, backend="tpu")(t).cpu()
+    else:
+        got = f(t).cpu()
+    torch.testing.assert_close(got, want, equal_nan=True)

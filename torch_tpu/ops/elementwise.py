@@ -1068,7 +1068,11 @@ def logit(self, eps=None):
     # In the result dtype, like PyTorch's CPU kernel (bfloat16 rounds each step).
     x = _as(self, promote(self, kind=K.INT_TO_FLOAT)[1])
     if eps is not None:
-        x = jnp.clip(x, eps, 1 - eps)
+        # CPU's order (x < eps first), not a clip: with eps > 0.5 the bounds
+        # cross, and values below eps become eps (PyTorch 2.14's OpInfo
+        # samples include eps=0.6)
+        lo, hi = const(eps, x), const(1 - eps, x)
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
     return jnp.log(x / (1 - x))
 
 

@@ -515,12 +515,17 @@ def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     return (jnp.conj(_mT(L)) if upper else L), info
 
 
-@lower(aten.cholesky.default)
 def cholesky(a, upper=False):
     if a.size == 0:
         return a
     L = jnp.tril(lax.linalg.cholesky(a, symmetrize_input=False))
     return jnp.conj(_mT(L)) if upper else L
+
+
+# PyTorch 2.14 removed the op (torch.cholesky raises, pointing to
+# torch.linalg.cholesky, lowered above); 2.13 still has it.
+if hasattr(aten, "cholesky"):
+    lower(aten.cholesky.default)(cholesky)
 
 
 def _chol_solve(f, b, upper):

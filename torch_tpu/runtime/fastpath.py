@@ -31,10 +31,12 @@ NATIVE_API = 4  # csrc/fastpath.cpp's KERNEL_API: the signatures this module cal
 if not switch_on("TORCH_TPU_NATIVE"):
     REASON = "TORCH_TPU_NATIVE=0"
 else:
+    from .._version import reinstall_command
+
     try:
         from . import _native
     except ImportError as e:
-        REASON = f"the extension is not built ({e}); reinstall with `pip install -e .`"
+        REASON = f"the extension is not built ({e}); build it with `{reinstall_command()}`"
     else:
         import torch
 
@@ -43,10 +45,10 @@ else:
         # only a build of this source's function signatures (csrc/README.md).
         if _native.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
             REASON = (f"the extension was built for torch {_native.TORCH_VERSION}, this is "
-                      f"{torch.__version__}; reinstall with `pip install -e .`")
+                      f"{torch.__version__}; rebuild it for this torch with `{reinstall_command()}`")
         elif (api := getattr(_native, "KERNEL_API", 1)) != NATIVE_API:
             REASON = (f"the extension was built from an older torch_tpu (API {api}, this one "
-                      f"needs {NATIVE_API}); reinstall with `pip install -e .`")
+                      f"needs {NATIVE_API}); rebuild it with `{reinstall_command()}`")
         elif not jax_api.native_call_usable():  # (its one warning said so)
             REASON = f"JAX's Compiled changed: {jax_api.NATIVE_CALL} is off"
         else:
