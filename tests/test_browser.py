@@ -26,7 +26,9 @@ driver. Marked slow: `python -m pytest -q -p no:xdist -m slow tests/test_browser
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -157,14 +159,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def marimo_edit(notebook: Path, log_path: Path):
-    """`marimo edit --headless --no-token <notebook>` from the repository root; yields its URL."""
+def marimo_edit(notebook: Path, log_path: Path, env: dict | None = None):
+    """`marimo edit --headless --no-token <notebook>` from the repository root
+    (with `env` added to the environment); yields its URL."""
     port = _free_port()
     cmd = [sys.executable, "-m", "marimo", "edit", "--headless", "--no-token",
            "--skip-update-check", "--port", str(port), str(notebook)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 60
@@ -330,3 +333,27 @@ def test_notebook_runs_on_open(stem, browser):
                 "long lines spill out of their column", col)
     if stem in ("01_tensors", "04_torch_compile"):
         assert side_by_side, "no side-by-side HLO on the page"
+
+
+def test_04_opens_warm_on_one_cache_directory(browser, tmp_path):
+    """04 opened twice on one cache directory (two kernels): the first open
+    leaves dynamo's packages in torch-v1, and the second's compiled first
+    step, which loads them, takes at most a fifth of the first's."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    out = artifact_dir()
+    first_ms = {}
+    for run in ("cold", "warm"):
+        with marimo_edit(NOTEBOOK_DIR / "04_torch_compile.py", out / f"04_{run}.marimo.log",
+                         env={"TORCH_TPU_CACHE_DIR": str(cache)}) as url:
+            browser.get(url)
+            cells, _ = wait_for_run(browser)
+        text = "\n".join(c["text"] for c in cells)
+        found = re.search(r"compiled: first step\s+([\d.]+) ms", text)
+        assert found, f"{run}: the page shows no compiled first step"
+        first_ms[run] = float(found[1])
+        if run == "cold":
+            assert list((cache / "torch-v1").glob("*.tpk")), "the first open left no package"
+    (out / "04_first_step_ms.json").write_text(json.dumps(first_ms) + "\n")
+    assert "nothing traced" in text, "the second open traced Block.forward again"
+    assert first_ms["warm"] <= first_ms["cold"] / 5, first_ms

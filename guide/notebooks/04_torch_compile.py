@@ -152,8 +152,11 @@ def _(Block, batch, dbg, dim, time, torch):
         return times
 
     eager_times = timed_steps(block, 6)
+    _captured = torch._dynamo.utils.counters["stats"]["calls_captured"]
     with dbg.capture() as _first:  # the compiled first step's programs
         compiled_times = timed_steps(compiled_block, 1)
+    # dynamo traced nothing: its package for Block.forward came from the cache
+    block_package_loaded = torch._dynamo.utils.counters["stats"]["calls_captured"] == _captured
     compiled_times += timed_steps(compiled_block, 5)
     eager_loss = train_step(block, block_inputs).item()
     compiled_loss = train_step(compiled_block, block_inputs).item()
@@ -165,13 +168,14 @@ def _(Block, batch, dbg, dim, time, torch):
     _from_disk = sum(e.tier == "disk" for e in first_graphs)
     print(f"eager:    first step {eager_times[0] * 1e3:8.1f} ms, then {min(eager_times[1:]) * 1e3:6.2f} ms")
     print(f"compiled: first step {compiled_times[0] * 1e3:8.1f} ms, then {min(compiled_times[1:]) * 1e3:6.2f} ms")
+    _rest = "rebuilding the graphs from dynamo's package (loaded from disk: nothing traced)" \
+        if block_package_loaded else "tracing (dynamo, AOTAutograd)"
     print(f"          its {len(first_graphs)} graph programs: {first_programs_s * 1e3:.1f} ms "
           f"({_from_disk} loaded from disk, {len(first_graphs) - _from_disk} compiled); the other "
-          f"{max(compiled_times[0] - first_programs_s, 0.0) * 1e3:.1f} ms: tracing (dynamo, "
-          "AOTAutograd; none when its package was loaded) and the run")
+          f"{max(compiled_times[0] - first_programs_s, 0.0) * 1e3:.1f} ms: {_rest}, and the run")
     print(f"loss eager {eager_loss:.6f} vs compiled {compiled_loss:.6f}")
-    return (block, block_inputs, compiled_block, compiled_loss, compiled_times, eager_loss,
-            eager_times, first_graphs, first_programs_s, train_step)
+    return (block, block_inputs, block_package_loaded, compiled_block, compiled_loss,
+            compiled_times, eager_loss, eager_times, first_graphs, first_programs_s, train_step)
 
 
 @app.cell
@@ -193,18 +197,23 @@ def plot_compile_vs_step(compiled_times, eager_times, plt):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **What a warm cache saves.** Run this notebook a second time: its graph
-    programs then come from the disk cache in milliseconds (the line above
-    says how many were loaded), and dynamo's package for `Block.forward` (its
-    guards, its transformed bytecode, AOTAutograd's forward and backward
-    graphs) is loaded at the `torch.compile(...)` call, so the first compiled
-    step traces nothing and comes close to the steady ones. This is PyTorch's
-    caching precompile, on by default for `backend="tpu"`
-    (`TORCH_TPU_PRECOMPILE=0` turns it off; then every new process traces
-    again). Every guard stays: a helper function that is different in the
-    new process makes its graph unused there, not wrong. The docs'
-    troubleshooting page lists what cannot be packaged (a compiled
-    `optimizer.step`, a frame guarded on a lambda).
+    **What a warm cache saves.** Open this notebook again (a new kernel, the
+    same cache directory): its graph programs then come from the disk cache in
+    milliseconds (the line above says how many were loaded), and dynamo's
+    package for `Block.forward` (its guards, its transformed bytecode,
+    AOTAutograd's forward and backward graphs) is loaded at the
+    `torch.compile(...)` call, so the first compiled step traces nothing: what
+    is left is rebuilding the two graphs from the package and the first run,
+    a small part of the cold first step, though more than a steady step. The
+    line above says which happened in this run. This is PyTorch's caching
+    precompile, on by default for `backend="tpu"` (`TORCH_TPU_PRECOMPILE=0`
+    turns it off; then every new kernel traces again). It works for classes
+    and functions defined in notebook cells as in a script: the package is
+    written when the compile ends, and editing a cell the trace went through
+    makes its graph unused, not wrong, as does a helper function that is
+    different in the new process. The docs' troubleshooting page lists what
+    cannot be packaged (a compiled `optimizer.step`, a frame guarded on a
+    lambda).
     """)
     return
 

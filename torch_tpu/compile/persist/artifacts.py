@@ -10,7 +10,16 @@ time: it skips dynamo's tracing and AOTAutograd, and the graph tier
 (`torch_tpu.cache.graphs`) loads each graph's executable without lowering
 it. This is PyTorch's "caching precompile"
 (``torch._dynamo.config.caching_precompile``) with its storage replaced by
-this module's, scoped to tpu compiles, and with the guards kept.
+this module's, scoped to tpu compiles, and with the guards kept. Packages
+are written when a frame's compile ends (and at exit): a marimo kernel ends
+with ``os._exit``, which runs no atexit handler.
+
+Notebook cells. marimo compiles a cell to a file named after the kernel's
+process id, in no module: such a function's package is keyed by the
+notebook and cell id instead, and the source of every cell the trace went
+through (which dynamo, checking module sources only, leaves unchecked) is
+digested into the guards, so an edited cell makes the graph stale, never
+wrong (_cell_sources).
 
 Trust model. These artifacts are pickles: loading one runs code chosen by
 whoever wrote it. They are therefore only read from a directory that this
