@@ -333,13 +333,3 @@ def erfcx() -> Any:
 
     return getattr(jsp, "erfcx", None)
 
-
-def enable_x64(on: bool) -> Any:
-    """jax.enable_x64 (JAX >= 0.8), else jax.experimental.enable_x64: a context
-    in which 64-bit types are `on`, on this thread."""
-    import jax
-
-    fn = getattr(jax, "enable_x64", None)
-    if fn is None:
-        from jax.experimental import enable_x64 as fn
-    return fn(on)

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from . import fastpath, platform
-from .._compat import jax_api
 
 _WIDE = (torch.float64, torch.complex128)
 
@@ -74,7 +73,7 @@ def weak32(v: Any, device: int) -> Any:
     a = _WEAK32.arrays.get(key)
     if a is None:
         # beyond float32's range is inf, as PyTorch's cast of the scalar: no warning
-        with jax_api.enable_x64(False), np.errstate(over="ignore"):
+        with jax.enable_x64(False), np.errstate(over="ignore"):
             a = _WEAK32.put(key, jax.device_put(v, platform.jax_device(device)))
     return a
 
