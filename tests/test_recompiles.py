@@ -13,7 +13,7 @@ import torch
 
 import torch_tpu  # noqa: F401
 import torch_tpu.debug as dbg
-from torch_tpu.runtime import executor, programs
+from torch_tpu.runtime import key_decode, programs
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +160,7 @@ def test_key_fields_name_every_argument():
     x = tpu(4, 6)
     torch.cat([x, x[1:3]], 0).cpu()
     key = next(k for k in programs.CACHE if type(k) is tuple and k[0] is torch.ops.aten.cat.default)
-    fields = executor.key_fields(key)
+    fields = key_decode.key_fields(key)
     assert fields["arg 0 length"] == "2"
     assert fields["arg 0[0] shape"] == "(4, 6)"
     assert fields["arg 0[1] shape"] == "(2, 6)"

@@ -42,10 +42,9 @@ import torch.fx
 from jax import lax
 
 from ..ops.opmath import opmath_dtype
-from ..runtime import programs
+from ..runtime import keys, programs
 from ..runtime import storage as st
 from ..runtime.registry import PADDING_RULES, padding_rule
-from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -845,8 +844,8 @@ def pad_to(arr, shape):
     """`arr` edge-padded at the end of each dimension up to `shape` (one cached program)."""
     if tuple(arr.shape) == tuple(shape):
         return arr
-    key = (programs.ProgramKind.PAD, tuple(arr.shape), str(arr.dtype), tuple(shape),
-           CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.PAD, tuple(arr.shape), str(arr.dtype),
+                          tuple(shape))
     widths = [(0, t - s) for s, t in zip(arr.shape, shape)]
     mode = "edge" if all(s > 0 for s in arr.shape) else "constant"
     return programs.get_or_compile(key, lambda a: jnp.pad(a, widths, mode=mode), (arr,))(arr)
@@ -854,8 +853,8 @@ def pad_to(arr, shape):
 
 def unpad(arr: jax.Array, spec: Spec, true_sizes: dict) -> jax.Array:
     """The real part of padded array `arr` (spec: its padded dims' factors)."""
-    key = (programs.ProgramKind.UNPAD, tuple(arr.shape), str(arr.dtype), _spec_str(spec),
-           tuple(sorted((str(k), v) for k, v in true_sizes.items())), CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.UNPAD, tuple(arr.shape), str(arr.dtype),
+                          _spec_str(spec), tuple(sorted((str(k), v) for k, v in true_sizes.items())))
 
     def program(a):
         spec_full = _full(spec, a.ndim)

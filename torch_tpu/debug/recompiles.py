@@ -4,7 +4,7 @@ op's or a graph's first, and `explain_recompiles()`.
 A compile event is a miss of the in-memory program cache. When the op (or
 graph) compiled before, the event's `reason` names the nearest earlier key of
 the same op (the one with the fewest differing fields) and the fields that
-differ, read back by the modules that build the keys (`executor.key_fields`
+differ, read back by the modules that build the keys (`key_decode.key_fields`
 for eager ops, `compile.graph_key.key_fields` for graphs), plus dynamo's guard
 failure for a graph dynamo traced again. All of it runs at compile events
 only: a cache hit never reaches this module.
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..runtime import programs  # cheap (no JAX)
-from ..runtime import executor, fused
+from ..runtime import fused, key_decode
 
 # Earlier keys kept per op or graph (the nearest is searched among them).
 HISTORY = 32
@@ -131,7 +131,7 @@ def key_fields(key: Any) -> dict:
     if type(key) is not tuple or not key:
         return {"key": _short(key)}
     if isinstance(key[0], torch._ops.OpOverload):
-        return executor.key_fields(key)
+        return key_decode.key_fields(key)
     graph_key = sys.modules.get("torch_tpu.compile.graph_key")  # only if graphs exist
     if graph_key is not None:
         fields = graph_key.key_fields(key)
@@ -147,7 +147,7 @@ def key_fields(key: Any) -> dict:
             k = keys_of.get(id(entry))
             if k is None:
                 return {}
-            own = executor.key_fields(k)
+            own = key_decode.key_fields(k)
             return {f: v for f, v in own.items() if f not in _CONTEXT}
 
         return fused.key_fields(key, entry_fields)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..runtime import counters
-from ..runtime import executor, platform, programs, verdict
+from ..runtime import executor, keys, overlap, platform, programs, verdict
 from ..runtime import opt_level as _olevel
 from ..runtime import storage as st
 from ..device import module
@@ -190,7 +190,7 @@ def _zeros_settle() -> None:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> jax.Array:
-    key = (programs.ProgramKind.ZEROS, shape, dtype, index, CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.ZEROS, shape, dtype, index)
     fn = programs.peek(key)
     if fn is not None:
         return fn()
@@ -333,8 +333,8 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
     want = dst.dtype
     if layout is None and type(data.raw) is Unwritten:
         # The whole of a storage never read: its value is `value`, no zeros made.
-        whole = (programs.ProgramKind.COPY, "whole", value.shape, value.dtype, shape, want,
-               CONTEXT.opt_level)
+        whole = keys.helper_key(programs.ProgramKind.COPY, "whole", value.shape, value.dtype,
+                                shape, want)
 
         def fill(v):
             return jnp.broadcast_to(st.convert(v, want), shape)
@@ -347,8 +347,8 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
     base = data.array
     key: tuple  # the program's key: one layout of three
     if layout is None:
-        key = (programs.ProgramKind.COPY, base.shape, base.dtype, None, value.shape,
-               value.dtype, shape, want, CONTEXT.opt_level)
+        key = keys.helper_key(programs.ProgramKind.COPY, base.shape, base.dtype, None,
+                              value.shape, value.dtype, shape, want)
 
         def write(base, v):
             return jnp.broadcast_to(st.convert(v, want), shape)
@@ -359,8 +359,8 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
         # tensor): the storage is the value transposed. (strided_write would
         # scatter through an index array as large as the tensor: 4 GB of
         # temporaries to make an 80M-element tensor channels_last.)
-        key = (programs.ProgramKind.COPY, "permuted", base.shape, base.dtype, order,
-               value.shape, value.dtype, shape, want, CONTEXT.opt_level)
+        key = keys.helper_key(programs.ProgramKind.COPY, "permuted", base.shape, base.dtype,
+                              order, value.shape, value.dtype, shape, want)
 
         def write_all(base, v):
             v = jnp.broadcast_to(st.convert(v, want), shape)
@@ -371,8 +371,8 @@ def assign(dst: torch.Tensor, value: jax.Array) -> None:
         # The view's offset is a runtime input: `x[i] = row` for every i
         # shares one program.
         layout, offset = st.dynamic_layout(layout)
-        key = (programs.ProgramKind.COPY, base.shape, base.dtype, layout, value.shape,
-               value.dtype, shape, want, CONTEXT.opt_level)
+        key = keys.helper_key(programs.ProgramKind.COPY, base.shape, base.dtype, layout,
+                              value.shape, value.dtype, shape, want)
 
         def write_view(base, v, o):
             return st.strided_write(base, layout, jnp.broadcast_to(st.convert(v, want), shape), o)
@@ -397,9 +397,9 @@ def _check_copy_overlap(self: torch.Tensor, src: torch.Tensor) -> None:
     """CPU copy_'s memory checks (TensorIterator's): no element of `self`
     stored for several (an expanded tensor), none shared in part with `src`."""
     text = None  # (per copy: ~0.5 us on this 2-core host; the cheap tests first)
-    if 0 in self.stride() and executor.internal_overlap(self):
+    if 0 in self.stride() and overlap.internal_overlap(self):
         text = verdict.INTERNAL_OVERLAP_TEXT
-    elif executor.partial_overlap(self, src):  # (a CPU src has no device data: False)
+    elif overlap.partial_overlap(self, src):  # (a CPU src has no device data: False)
         text = verdict.PARTIAL_OVERLAP_TEXT
     if text is not None and not _same_data(self, src):
         raise RuntimeError(f"{text} (aten.copy_.default)")
@@ -519,7 +519,7 @@ def new_tensor_like_value(src, dtype, index):
 
 
 def _cast(value, want):
-    key = (programs.ProgramKind.CAST, value.shape, value.dtype, want, CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.CAST, value.shape, value.dtype, want)
     return programs.get_or_compile(key, lambda v: st.convert(v, want), (value,))(value)
 
 
@@ -565,8 +565,8 @@ def restrided(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
         copy_(out, t)
         return out
     value = executor.value(t)
-    key = (programs.ProgramKind.COPY, "restride", value.shape, value.dtype, order,
-           CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.COPY, "restride", value.shape, value.dtype,
+                          order)
     flat = programs.get_or_compile(
         key, lambda v: jnp.transpose(v, order).reshape(-1), (value,))(value)
     out = st.empty_tensor(shape, t.dtype, index, nbytes=t.numel() * t.element_size(),

@@ -22,9 +22,8 @@ import torch
 
 from . import core
 from .registry import lower, out_dtype, out_meta
-from ..runtime import executor, platform, programs, verdict
+from ..runtime import keys, overlap, platform, programs, verdict
 from ..runtime import storage as st
-from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -156,8 +155,8 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
 
 def _arange_array(n, start, step, torch_dtype, index):
     jd = st.TORCH_TO_JAX[torch_dtype]
-    key = (programs.ProgramKind.ARANGE, n, torch_dtype, type(start), type(step), index,
-           CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.ARANGE, n, torch_dtype, type(start), type(step),
+                          index)
     sharding = jax.sharding.SingleDeviceSharding(platform.jax_device(index))
     if not platform.supports_float64():  # no f64 program inputs where f64 does not exist
         start, step = (np.float32(v) if isinstance(v, float) else v for v in (start, step))
@@ -189,7 +188,7 @@ def _k_arange_start_step(start, end, step=1, *, dtype=None, layout=None, device=
 
 def _check_out_not_expanded(op, out):
     """CPU's nullary TensorIterator check of a factory's out= tensor."""
-    if executor.internal_overlap(out):
+    if overlap.internal_overlap(out):
         raise RuntimeError(f"{verdict.INTERNAL_OVERLAP_TEXT} ({op})")
 
 

@@ -40,7 +40,7 @@ from jax import lax
 from . import bounds, core
 from .registry import lower, out_dtype, out_meta
 from .fallback import cpu_fallback
-from ..runtime import executor, verdict
+from ..runtime import executor, overlap, verdict
 from ..runtime import storage as st
 from .reductions import type_name
 
@@ -1002,7 +1002,7 @@ def _fill_mask(base, bound):
 
 def _check_no_partial_overlap(written, mask):
     """at::assert_no_partial_overlap(written, mask)."""
-    if isinstance(mask, torch.Tensor) and executor.partial_overlap(written, mask):
+    if isinstance(mask, torch.Tensor) and overlap.partial_overlap(written, mask):
         raise RuntimeError(verdict.PARTIAL_OVERLAP_TEXT)
 
 
@@ -1016,7 +1016,7 @@ def _tensor_args(v):
 
 def _check_written_inputs(written, inputs):
     for t in inputs:
-        if executor.overlaps(written, t):
+        if overlap.overlaps(written, t):
             raise RuntimeError(
                 "unsupported operation: some elements of the input tensor and the written-to "
                 "tensor refer to a single memory location. Please clone() the tensor before "

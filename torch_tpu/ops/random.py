@@ -28,10 +28,9 @@ from .opmath import opmath, opmath_dtype, upcast
 from .registry import LOWERINGS, lower, out_dtype, out_meta, out_torch_dtype
 from ..runtime import rng as tpu_random
 from ..runtime.rng import jax_key
-from ..runtime import executor, programs
+from ..runtime import executor, keys, programs
 from ..runtime import storage as st
 from ..runtime.storage import torch_dtype
-from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
 
@@ -417,8 +416,8 @@ def _direct_kernel(name, fn):
             torch._check(tensors[0].shape == tensors[1].shape, lambda: (
                 f"{name}: count and prob must have the same shape"))
         values = [executor.value(t) for t in tensors]
-        key = (programs.ProgramKind.RANDOM_DIRECT, name, tuple((v.shape, v.dtype) for v in values),
-               CONTEXT.opt_level)
+        key = keys.helper_key(programs.ProgramKind.RANDOM_DIRECT, name,
+                              tuple((v.shape, v.dtype) for v in values))
         raw = tpu_random.next_key(index)
         compiled = programs.get_or_compile(
             key, lambda vals, raw: fn(jax_key(raw), *vals).astype(vals[0].dtype),
@@ -488,8 +487,8 @@ def _check_multinomial_values(t, num_samples, replacement):
     if t.numel() == 0:
         return
     arr = executor.value(t)
-    key = (programs.ProgramKind.MULTINOMIAL_CHECK, arr.shape, arr.dtype, t.device.index,
-           CONTEXT.opt_level)
+    key = keys.helper_key(programs.ProgramKind.MULTINOMIAL_CHECK, arr.shape, arr.dtype,
+                          t.device.index)
     fn = programs.get_or_compile(key, _row_codes, (arr,))
     codes = np.asarray(fn(arr))
     op = "aten.multinomial"

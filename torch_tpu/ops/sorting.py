@@ -24,7 +24,7 @@ import torch
 from jax import lax
 
 from .._compat import torch_api
-from ..runtime import executor, platform
+from ..runtime import executor, overlap, platform
 from ..runtime import storage as st
 from . import core
 from .opmath import opmath_dtype
@@ -727,7 +727,7 @@ def _eager_out_kernel(out_op, functional):
     out_names = [a.name for a in schema.arguments if a.is_out]
 
     def kernel(*args, **kwargs):
-        executor.check_out_overlap(out_op, args, kwargs)
+        overlap.check_out_overlap(out_op, args, kwargs)
         vals = _bind(schema, args, kwargs)
         named = {a.name: v for a, v in zip(schema.arguments, vals)}
         outs = [named.pop(n) for n in out_names]

@@ -3,7 +3,9 @@
 For an op call it builds a key from the op, each tensor's storage
 (device, array shape and dtype), each tensor's view layout, the static
 arguments, and the Python types of `Scalar` arguments (their values are
-runtime inputs, so a learning-rate schedule does not recompile). On a miss it
+runtime inputs, so a learning-rate schedule does not recompile): the key's
+encoding is runtime/keys.py's (runtime/key_decode.py reads it back for the
+debug tools). On a miss it
 
 1. runs the op on `meta` tensors: PyTorch's own shape and dtype rules and
    argument checks, so bad input raises exactly what PyTorch raises;
@@ -13,7 +15,8 @@ runtime inputs, so a learning-rate schedule does not recompile). On a miss it
 3. compiles it with `jax.jit(...).lower(...).compile()`, timing the compile.
 
 On a hit it only calls the compiled executable, which dispatches
-asynchronously: nothing blocks until a value is read on the host.
+asynchronously: nothing blocks until a value is read on the host. PyTorch
+CPU's memory-overlap checks on written tensors are runtime/overlap.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 
 from .._compat.torch_api import pytree
@@ -39,21 +41,9 @@ from . import storage as st
 from .calling import functional_of  # also executor.functional_of, as ops/ use it
 from .fastpath import NATIVE as _NATIVE
 from .context import CONTEXT
-
-_T, _OT, _LT, _LOT, _S, _OS, _X, _G, _LS, _S1 = range(10)
-# _S1: a Scalar `alpha` (add, sub, addmm, ...): a runtime input like any
-# Scalar, except the int 1 (every call that leaves alpha out), which is part
-# of the program (KeyTag.ONE): the executable then has no scalar input, which
-# costs ~0.6 us per call in JAX's call path. The lowerings already skip the
-# product for a literal 1 (elementwise._is_one), as under torch.compile.
-_KIND_OF_TYPE = {
-    "Tensor": _T, "Optional[Tensor]": _OT, "List[Tensor]": _LT,
-    "List[Optional[Tensor]]": _LOT, "Scalar": _S, "Optional[Scalar]": _OS, "number": _S, "Optional[number]": _OS,
-    "Optional[Generator]": _G, "Generator": _G,
-    # Scalar lists (foreach ops: AdamW's per-step bias corrections) are
-    # runtime inputs too, or every step would compile a new program.
-    "List[number]": _LS,
-}
+from . import keys
+from .keys import Plan, Signature, classify, fast_classify, helper_key
+from .overlap import check_out_overlap, internal_overlap, partial_overlap, raise_overlap
 
 
 # --------------------------------------------------------------------------
@@ -102,8 +92,7 @@ def read(data, layout):
     arr = data.array
     # The offset is a runtime input: one program reads every row of a loop.
     layout, offset = st.dynamic_layout(layout)
-    key = (programs.ProgramKind.VIEW_READ, arr.shape, arr.dtype, layout, data.index,
-           CONTEXT.opt_level)
+    key = helper_key(programs.ProgramKind.VIEW_READ, arr.shape, arr.dtype, layout, data.index)
     fn = programs.get_or_compile(
         key, lambda a, o: st.strided_read(a, layout, o), (arr, offset))
     return fn(arr, offset)
@@ -111,39 +100,6 @@ def read(data, layout):
 
 # --------------------------------------------------------------------------
 # running ops
-
-
-class Plan:
-    """How to bind and classify one overload's arguments, from its schema."""
-
-    __slots__ = ("op", "name", "args", "kinds", "writes", "out_names", "defaults",
-                 "n_args", "arg_index", "has_dtype_arg")
-
-    def __init__(self, op):
-        schema = op._schema
-        self.op = op
-        self.name = str(op)
-        self.args = schema.arguments
-        self.n_args = len(self.args)
-        self.kinds = tuple(_S1 if k == _S and a.name == "alpha" else k for a, k in zip(
-            self.args, (_KIND_OF_TYPE.get(str(a.type), _X) for a in self.args)))
-        self.writes = tuple(bool(a.alias_info and a.alias_info.is_write) for a in self.args)
-        self.out_names = tuple(a.name for a in self.args if a.is_out)
-        self.defaults = tuple(a.default_value if a.has_default_value() else None
-                              for a in self.args)
-        self.arg_index = {a.name: i for i, a in enumerate(self.args)}
-        self.has_dtype_arg = "dtype" in self.arg_index
-
-    def bind(self, args, kwargs):
-        n = len(args)
-        if n == self.n_args:
-            return args
-        vals = list(args)
-        if n < self.n_args:
-            for i in range(n, self.n_args):
-                name = self.args[i].name
-                vals.append(kwargs[name] if name in kwargs else self.defaults[i])
-        return vals
 
 
 class Entry:
@@ -180,100 +136,6 @@ class Entry:
         # None where every result is row-major.
         self.orders: tuple | None = None
 
-
-def _device_mismatch(op_name, a, b):
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two "
-        f"devices, {a} and {b}! (when checking arguments for {op_name})")
-
-
-class Signature:
-    """Collects dynamic inputs, storage slots and the cache key of one call.
-
-    This is the hot path of every eager op: keep it free of needless work.
-    """
-
-    __slots__ = ("dyn", "key", "slots", "slot_data", "device", "plan")
-
-    def __init__(self, plan):
-        self.plan = plan
-        self.dyn = []
-        self.key = [plan.op]
-        self.slots = {}
-        self.slot_data = []
-        self.device = None
-
-    def tensor(self, t):
-        if not isinstance(t, torch.Tensor):
-            # The dispatcher hands wrapped numbers (`x + 2`) to Python as scalars.
-            return self.scalar(t)
-        data = getattr(t.untyped_storage(), "_tpu", None)
-        if data is None:
-            return self._foreign(t)
-        index = data.index
-        if self.device != index:
-            if self.device is not None:
-                raise _device_mismatch(self.plan.name, f"tpu:{self.device}", f"tpu:{index}")
-            self.device = index
-        slot = self.slots.get(id(data))
-        key = self.key
-        if slot is None:
-            slot = self.slots[id(data)] = len(self.slot_data)
-            self.slot_data.append(data)
-            key.append(data.sig)
-        if t.is_conj() or t.is_neg():
-            # Lazy conjugate/negative views reaching a kernel: read the value
-            # they stand for.
-            layout, offset = st.dynamic_layout(st.view_layout(t, data))
-            bits = (t.is_conj(), t.is_neg())
-            key.append((slot, layout, bits))
-            i = len(self.dyn)
-            self.dyn.append(offset)
-            return ("b", slot, layout, bits, i)
-        if (t.dtype is data.dtype and t.shape == data.shape and t.is_contiguous()
-                and t.storage_offset() == 0):
-            key.append(slot)
-            return ("t", slot, None)
-        # A view: its layout is static, its storage offset a runtime input
-        # (st.dynamic_layout), so x[i] for every i shares one program.
-        layout, offset = st.dynamic_layout(st.view_layout(t, data))
-        key.append((slot, layout))
-        i = len(self.dyn)
-        self.dyn.append(offset)
-        return ("t", slot, layout, i)
-
-    def _foreign(self, t):
-        """A tensor argument that is not a tpu tensor: 0-dim CPU ones are scalars."""
-        if t.device.type == "cpu" and t.dim() == 0:
-            i = len(self.dyn)
-            self.dyn.append(_cpu_scalar(t))
-            self.key.append((programs.KeyTag.CPU_SCALAR, t.dtype))
-            return ("c", i)
-        if t.device.type == "tpu":
-            if st.adopt_imported(t):  # imported through DLPack: the exporter's storage
-                return self.tensor(t)
-            raise RuntimeError(f"{self.plan.name}: tpu tensor without device data")
-        dev = f"tpu:{self.device}" if self.device is not None else "tpu:0"
-        raise _device_mismatch(self.plan.name, dev, t.device)
-
-    def scalar(self, v):
-        if isinstance(v, torch.Tensor):
-            return self.tensor(v)
-        i = len(self.dyn)
-        self.dyn.append(v)
-        self.key.append(type(v))
-        return ("s", i)
-
-
-def _cpu_scalar(t):
-    return np.asarray(t.item(), dtype=st.TORCH_TO_JAX[t.dtype])
-
-
-
-
-# classify's hit path in C++ (runtime/fastpath.py): fills the signature, or
-# returns False for the Python classifier to run. None: pure-Python path.
-fast_classify = _NATIVE.classify if _NATIVE is not None else None
 
 
 def call_python(compiled, arrays, dyn, device):
@@ -338,214 +200,6 @@ def install_kernel(lib: Any, op: Any, runner: Any, kernel: Any = None) -> None:
                                   runner.plan.name, runner.plan.kinds, fastpath.UNBOXED):
             return
     lib.impl(op, kernel, "PrivateUse1")
-
-
-def classify(plan, vals, sig):
-    """Recipes to rebuild each argument inside the program."""
-    recipes: list[Any] = []
-    append = recipes.append
-    key = sig.key
-    for kind, v in zip(plan.kinds, vals):
-        if kind == _T:
-            append(sig.tensor(v))
-        elif kind == _X:
-            if type(v) is list:
-                v = tuple(v)
-            append(("x", v))
-            key.append(v if not isinstance(v, torch.device) else str(v))
-        elif kind == _S:
-            append(sig.scalar(v))
-        elif kind == _S1:
-            if type(v) is int and v == 1:
-                append(("x", 1))
-                key.append(programs.KeyTag.ONE)
-            else:
-                append(sig.scalar(v))
-        elif v is None:
-            append(("x", None))
-            key.append(None)
-        elif kind == _OT:
-            append(sig.tensor(v))
-        elif kind == _LT or kind == _LOT:
-            append(("l", tuple(None if x is None else sig.tensor(x) for x in v)))
-            key.append(len(v))
-        elif kind == _OS:
-            append(sig.scalar(v))
-        elif kind == _LS:
-            append(("l", tuple(sig.scalar(x) for x in v)))
-            key.append(len(v))
-        else:  # generator: torch_tpu keeps its own RNG state
-            append(("x", None))
-            key.append(None)
-    return recipes
-
-
-# --------------------------------------------------------------------------
-# reading a key back (debug tools: why a program recompiled; misses only)
-
-
-def key_fields(key: tuple) -> dict[str, str]:
-    """An eager key (as `classify` and `Runner.__call__` build it, or the
-    native kernel, which builds the same) as named, printable fields: per
-    argument its shape, dtype, layout and storage, or its value (static
-    arguments; Python scalars show only their type, their value being a
-    runtime input), then the context parts (programs.EAGER_CONTEXT).
-
-    Read back against the op's schema, so the format keeps one owner: this
-    module. For the debug tools (`torch_tpu.debug.explain_recompiles`), on
-    compile events only; parts it cannot attribute fall back to `part i`.
-    """
-    k = programs.eager_key(key)
-    fields: dict[str, str] = {}
-    parsed = None
-    if isinstance(k.op, torch._ops.OpOverload):
-        # (ops with their own runner, such as the random ops, have none here)
-        runner = runner_for(k.op)
-        parsed = _parse_args(runner.plan.kinds if runner is not None else Plan(k.op).kinds,
-                             list(k.args))
-    if parsed is None:
-        for i, part in enumerate(k.args):
-            fields[f"part {i}"] = _show(part)
-    else:
-        owners: dict[int, str] = {}
-        names = [a.name for a in k.op._schema.arguments]
-        for i, arg in enumerate(parsed):
-            _arg_fields(f"arg {i}", names[i], arg, fields, owners)
-    if k.rng:
-        fields["random"] = "a fresh PRNG key per call"
-    fields["device"] = f"tpu:{k.device}"
-    fields["default dtype"] = _show(k.default_dtype)
-    fields["precision"] = str(k.precision)
-    fields["opt level"] = _show(k.opt_level)
-    return fields
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, torch.dtype):
-        return str(v).removeprefix("torch.")
-    if isinstance(v, type):
-        return v.__name__
-    return repr(v) if isinstance(v, str) else str(v)
-
-
-def _is_storage_sig(x: Any) -> bool:
-    return (type(x) is tuple and len(x) == 2 and type(x[0]) is tuple
-            and isinstance(x[1], torch.dtype))
-
-
-def _tensor_alts(parts: list, p: int, slots: tuple) -> list:
-    """How a tensor argument's parts at `p` read: [] or [(arg, next p, slots)]."""
-    if p >= len(parts):
-        return []
-    x = parts[p]
-    if x in (int, float, bool, complex):  # a Python number where a Tensor goes
-        return [(("scalar", x), p + 1, slots)]
-    if type(x) is tuple and len(x) == 2 and x[0] is programs.KeyTag.CPU_SCALAR:
-        return [(("cpu", x[1]), p + 1, slots)]
-    new = _is_storage_sig(x)
-    if new:
-        slots += (x,)
-        p += 1
-        if p >= len(parts):
-            return []
-        x = parts[p]
-    if type(x) is int:
-        slot, layout, bits = x, None, None
-    elif type(x) is tuple and len(x) in (2, 3) and type(x[0]) is int:
-        slot, layout, bits = x[0], x[1], (x[2] if len(x) == 3 else None)
-    else:
-        return []
-    if slot >= len(slots) or (new and slot != len(slots) - 1):
-        return []
-    return [(("tensor", slots[slot], slot, new, layout, bits), p + 1, slots)]
-
-
-def _scalar_alts(parts: list, p: int, slots: tuple) -> list:
-    if p < len(parts) and parts[p] in (int, float, bool, complex):
-        return [(("scalar", parts[p]), p + 1, slots)]
-    return _tensor_alts(parts, p, slots)  # a Scalar given as a tensor
-
-
-def _list_alts(parts: list, p: int, slots: tuple, elem: Callable, exact: bool) -> Any:
-    """A list argument: its elements' parts, then its length."""
-    def more(p, slots, items):
-        x = parts[p] if p < len(parts) else None
-        if type(x) is int and (x == len(items) if exact else x >= len(items)):
-            yield ("list", x, tuple(items)), p + 1, slots
-        for item, q, s in elem(parts, p, slots):
-            yield from more(q, s, items + [item])
-    return more(p, slots, [])
-
-
-def _arg_alts(kind: int, parts: list, p: int, slots: tuple) -> Any:
-    if p >= len(parts):
-        return []
-    x = parts[p]
-    if kind == _X:
-        return [(("static", x), p + 1, slots)]
-    if kind == _T:
-        return _tensor_alts(parts, p, slots)
-    if kind == _S:
-        return _scalar_alts(parts, p, slots)
-    if kind == _S1 and x is programs.KeyTag.ONE:
-        return [(("static", 1), p + 1, slots)]
-    if kind == _S1:
-        return _scalar_alts(parts, p, slots)
-    alts: list = [(("static", None), p + 1, slots)] if x is None else []
-    if kind == _OT:
-        return alts + _tensor_alts(parts, p, slots)
-    if kind == _OS:
-        return alts + _scalar_alts(parts, p, slots)
-    if kind in (_LT, _LOT):
-        return list(alts) + list(_list_alts(parts, p, slots, _tensor_alts, kind == _LT))
-    if kind == _LS:
-        return list(alts) + list(_list_alts(parts, p, slots, _scalar_alts, True))
-    return alts  # a generator: always None
-
-
-def _parse_args(kinds: tuple, parts: list, i: int = 0, p: int = 0,
-                slots: tuple = ()) -> list | None:
-    """One reading of `parts` as the arguments `kinds`, or None (backtracking:
-    a list's length and a storage slot are both ints)."""
-    if i == len(kinds):
-        return [] if p == len(parts) else None
-    for arg, q, s in _arg_alts(kinds[i], parts, p, slots):
-        rest = _parse_args(kinds, parts, i + 1, q, s)
-        if rest is not None:
-            return [arg] + rest
-    return None
-
-
-def _arg_fields(name: str, arg_name: str, arg: tuple, fields: dict, owners: dict) -> None:
-    """Fields of one parsed argument: tensors `arg i shape` (dtype, layout,
-    storage); values `arg i (schema name) value`."""
-    tag = arg[0]
-    if tag == "static":
-        fields[f"{name} ({arg_name}) value"] = _show(arg[1])
-    elif tag == "scalar":
-        fields[f"{name} ({arg_name}) value"] = f"runtime {arg[1].__name__}"
-    elif tag == "cpu":
-        fields[f"{name} ({arg_name}) value"] = f"runtime 0-dim cpu {_show(arg[1])} tensor"
-    elif tag == "list":
-        fields[f"{name} length"] = str(arg[1])
-        for j, item in enumerate(arg[2]):
-            _arg_fields(f"{name}[{j}]", arg_name, item, fields, owners)
-    else:
-        (shape, dtype), slot, new, layout, bits = arg[1:]
-        if layout is None:
-            fields[f"{name} shape"] = str(shape)
-            fields[f"{name} dtype"] = _show(dtype)
-            fields[f"{name} layout"] = "contiguous"
-        else:
-            fields[f"{name} shape"] = str(layout[1])
-            fields[f"{name} dtype"] = _show(layout[0])
-            flags = "".join(f" {n}" for n, on in zip(("conj", "neg"), bits or ()) if on)
-            fields[f"{name} layout"] = f"view, strides {layout[2]}{flags}"
-            if new:
-                fields[f"{name} storage"] = f"{shape} {_show(dtype)}"
-        if not new:
-            fields[f"{name} storage"] = f"shared with {owners.get(slot, 'an earlier argument')}"
-        owners.setdefault(slot, name)
 
 
 def _rebuild(recipe, arrays, dyn):
@@ -626,111 +280,6 @@ def _with_op_name(e, op):
         return e
 
 
-# out= overloads whose CPU kernels reject an output with internal overlap
-# (at::assert_no_internal_overlap: a stride-0 dimension of size > 1), and those
-# that also reject an output sharing memory with an input (at::assert_no_overlap).
-# Elementwise (TensorIterator) ops get the first check from their meta kernels.
-_NO_INTERNAL_OVERLAP = frozenset({"cat", "index_select", "take", "masked_select", "kthvalue",
-                                  "bernoulli", "gather"})
-_NO_INPUT_OVERLAP = frozenset({"cat", "index_select", "take", "masked_select", "kthvalue",
-                               "gather", "topk", "median"})
-
-
-def _tensors(v):
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for t in v if isinstance(t, torch.Tensor)]
-    return []
-
-
-def _mem_range(t):
-    item = t.element_size()
-    return t.storage_offset() * item, (t.storage_offset() + t.numel()) * item
-
-
-def check_out_overlap(op, args, kwargs):
-    """PyTorch CPU's memory-overlap checks on the out= tensors of `op`."""
-    schema = op._schema
-    base = schema.name.split("::")[1]
-    if base not in _NO_INTERNAL_OVERLAP and base not in _NO_INPUT_OVERLAP:
-        return
-    vals = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
-    outs: list[torch.Tensor] = []
-    ins: list[torch.Tensor] = []
-    for a, v in zip(schema.arguments, vals):
-        (outs if a.is_out else ins).extend(_tensors(v))
-    if base in _NO_INTERNAL_OVERLAP:
-        for o in outs:
-            if any(st == 0 and sz > 1 for sz, st in zip(o.shape, o.stride())):
-                raise RuntimeError(
-                    "unsupported operation: more than one element of the written-to tensor "
-                    "refers to a single memory location. Please clone() the tensor before "
-                    "performing the operation.")
-    if base in _NO_INPUT_OVERLAP:
-        for o in outs:
-            for i in ins:
-                if overlaps(o, i):
-                    raise RuntimeError(
-                        "unsupported operation: some elements of the input tensor and the "
-                        "written-to tensor refer to a single memory location. Please clone() "
-                        "the tensor before performing the operation.")
-
-
-def overlaps(a, b):
-    """at::get_overlap_status(a, b) is Full or Partial."""
-    if a is b:
-        return True
-    da = getattr(a.untyped_storage(), "_tpu", None)  # (first: the cheap, common answer)
-    if da is None or da is not getattr(b.untyped_storage(), "_tpu", None):
-        return False
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if not (_dense(a) and _dense(b)):
-        return False  # TooHard: CPU does not raise
-    (a0, a1), (b0, b1) = _mem_range(a), _mem_range(b)
-    return a0 < b1 and b0 < a1
-
-
-def internal_overlap(t):
-    """at::has_internal_overlap(t) is Yes: a dimension of size > 1 with stride 0
-    (an expanded tensor), where one memory location stands for several elements."""
-    stride = t.stride()
-    return (0 in stride and any(s == 0 and n > 1 for n, s in zip(t.shape, stride))
-            and t.numel() > 0)  # (an empty tensor stores nothing: CPU accepts it)
-
-
-def partial_overlap(a, b):
-    """at::get_overlap_status(a, b) is Partial: they share memory, but not
-    element for element (Full: the same range with the same strides)."""
-    if a is b or not overlaps(a, b):
-        return False
-    (a0, a1), (b0, b1) = _mem_range(a), _mem_range(b)
-    return not (a0 == b0 and a1 == b1 and a.stride() == b.stride())
-
-
-def raise_overlap(op, args, kwargs, text):
-    """Raise CPU's memory-overlap error for this call if CPU raises one
-    (runtime.verdict.overlap_error, run on host tensors aliased as these are);
-    `text` (CPU's message) where the call is too large to ask; else return."""
-    err = verdict.overlap_error(op, args, kwargs)
-    if err is verdict.NO_VERDICT:
-        raise RuntimeError(f"{text} ({op})")
-    if err is not None:
-        raise verdict.as_op_error(err, op) from None
-
-
-def _dense(t):
-    """TensorImpl::is_non_overlapping_and_dense."""
-    dims = sorted((stride, sz) for sz, stride in zip(t.shape, t.stride()) if sz != 1)
-    expected = 1
-    for stride, sz in dims:
-        if stride != expected:
-            return False
-        expected *= sz
-    return True
-
-
 class Runner:
     """Runs one ATen overload through its lowering and the executable cache."""
 
@@ -740,7 +289,8 @@ class Runner:
         if lowering.static or lowering.traced:  # registry.Lowering.static / .traced:
             # Scalars baked into the program, ints made runtime inputs
             self.plan.kinds = tuple(
-                _X if a.name in lowering.static else _S if a.name in lowering.traced else k
+                keys.STATIC if a.name in lowering.static
+                else keys.SCALAR if a.name in lowering.traced else k
                 for a, k in zip(self.plan.args, self.plan.kinds))
         self.lowering = lowering
         # For in-place/out= overloads: the functional overload whose lowering
@@ -774,17 +324,7 @@ class Runner:
             sig.key.append(programs.KeyTag.RNG)
         if sig.device is None:
             sig.device = _factory_device(vals, plan)
-        # The context parts, last and in this order (programs.EAGER_CONTEXT).
-        # Executables are committed to one device: tpu:1 needs its own.
-        sig.key.append(sig.device)
-        # PyTorch's type promotion reads the default dtype (int / int, int +
-        # 2.5, dtype=None), and the user may change it: part of every key.
-        sig.key.append(torch.get_default_dtype())
-        # Programs traced under another matmul precision differ.
-        sig.key.append(precision_token())
-        # ... and at another XLA optimization level.
-        sig.key.append(CONTEXT.opt_level)
-        key = tuple(sig.key)
+        key = sig.finish()  # (the context parts, last: programs.EAGER_CONTEXT)
         STATS.count_request()
         entry = _CACHE.get(key)
         hit = entry is not None

@@ -78,7 +78,7 @@ import torch
 from jax import lax
 
 from . import async_compile as aco
-from . import fastpath, memory_history, oom, platform, programs, scalars
+from . import fastpath, keys, memory_history, oom, platform, programs, scalars
 from .switches import switch_on
 from . import storage as st
 from .context import CONTEXT
@@ -506,7 +506,7 @@ def flush() -> None:
         live = tuple([n.pos for n in live_nodes])
         plan = tuple(tr.ops)
         donate = _donatable(tr.ext, live_nodes)
-        key = (programs.ProgramKind.FUSED, plan, live, donate, CONTEXT.opt_level)
+        key = keys.helper_key(programs.ProgramKind.FUSED, plan, live, donate)
         device = tr.device
         dyns = _device_scalars(tr.dyns, device)
         STATS.flushes += 1
@@ -779,7 +779,7 @@ def key_fields(key: tuple, entry_fields: Any = None) -> dict[str, str]:
     live values, the donated inputs, the optimization level) as named,
     printable fields, for the debug tools (compile events only).
     `entry_fields(entry)`: the fields of a recorded op's own program
-    (executor.key_fields of its key), shown under the op's name."""
+    (key_decode.key_fields of its key), shown under the op's name."""
     _, plan, live, donate, level = key
     fields = {"ops": str(len(plan))}
     for j, (entry, refs, name) in enumerate(plan):
