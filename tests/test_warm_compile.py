@@ -673,3 +673,21 @@ def test_a_function_defined_in_a_notebook_cell_starts_warm(tmp_path):
         assert edited["stats"]["hits"] == 1 and edited["captured"] > 0, (edit, edited)
         assert edited["got"] == pytest.approx(edited["want"], rel=1e-5), (edit, edited)
         assert edited["got"] != pytest.approx(cold["got"], rel=1e-3), (edit, edited)
+
+
+def test_a_save_before_a_graph_is_recorded_leaves_the_package_unmarked(monkeypatch):
+    # PyTorch's create_cache_entries marks bypassed, on the live package, a
+    # code whose graph is not recorded yet, and a marked code records no graph
+    # afterwards; save() runs after every compile now, so it puts them back.
+    from types import SimpleNamespace
+
+    from torch_tpu._compat import dynamo_api
+
+    code = SimpleNamespace(bypassed=False)
+    done = SimpleNamespace(bypassed=True)
+    monkeypatch.setattr(dynamo_api.PrecompileContext, "_dynamo_cache_entries",
+                        {"k": SimpleNamespace(codes=[code, done])})
+    with artifacts._bypass_flags_kept() as marked:
+        code.bypassed = True  # what create_cache_entries does
+        assert marked() == {id(code)}
+    assert code.bypassed is False and done.bypassed is True
