@@ -1,10 +1,14 @@
-"""Every documented environment variable is read somewhere and tested somewhere.
+"""Every documented environment variable is declared, read somewhere and tested somewhere.
 
-docs/environment.md lists the `TORCH_TPU_*` variables. The guard tests below
-check both directions: each documented variable is read by the code
-(torch_tpu/, tools/, examples/, benchmarks/) and named by a test (a string
-or keyword in tests/, not a docstring or comment), and each variable the code
-reads is documented.
+docs/environment.md lists the `TORCH_TPU_*` variables; torch_tpu/runtime/switches.py
+declares each once (TABLE), and torch_tpu/ reads them only through it. The
+guard tests below check that the table and the docs agree (the same names,
+the same defaults), that each declared variable is read where the table says,
+that no other `os.environ` read of a `TORCH_TPU_*` name exists in torch_tpu/,
+and both directions between the docs and the code: each documented variable
+is read by the code (torch_tpu/, tools/, examples/, benchmarks/) and named by
+a test (a string or keyword in tests/, not a docstring or comment), and each
+variable the code reads is documented.
 
 The other tests show what the variables the rest of the suite did not
 exercise do, against their defaults:
@@ -39,7 +43,7 @@ import torch
 
 import torch_tpu
 import torch_tpu.cache as cache
-from torch_tpu.runtime import executor, programs
+from torch_tpu.runtime import executor, programs, switches
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"TORCH_TPU_[A-Z0-9_]*[A-Z0-9]")
@@ -114,6 +118,142 @@ def test_every_documented_variable_is_named_by_a_test():
         named |= _names_in(p, whole=False)
     missing = _documented() - named
     assert not missing, f"documented variables no test sets or reads: {sorted(missing)}"
+
+
+def _documented_defaults() -> dict:
+    """name -> the default column, for each row of docs/environment.md's tables."""
+    rows = re.findall(r"^\| `(TORCH_TPU_[A-Z0-9_]+)` \| ([^|]*) \|",
+                      (ROOT / "docs" / "environment.md").read_text(), re.M)
+    return {name: default.strip() for name, default in rows}
+
+
+def test_the_switch_table_and_the_docs_agree():
+    doc, table = _documented_defaults(), switches.TABLE
+    assert sorted(doc) == sorted(_documented()), "a variable named outside the tables' rows"
+    assert not doc.keys() - table.keys(), f"documented, not declared: {sorted(doc.keys() - table.keys())}"
+    assert not table.keys() - doc.keys(), f"declared, not documented: {sorted(table.keys() - doc.keys())}"
+    differ = {n: (table[n].default, doc[n]) for n in doc if table[n].default != doc[n]}
+    assert not differ, f"defaults (table, docs) that differ: {differ}"
+
+
+def test_each_declared_variable_is_read_where_the_table_says():
+    for row in switches.TABLE.values():
+        assert row.kind in switches.KINDS and row.doc and "\n" not in row.doc, row
+        assert row.where, row
+        for path in row.where:
+            assert row.name in _names_in(ROOT / path, whole=True), (row.name, path)
+    assert not _read_by_code() - switches.TABLE.keys() - set(NOT_VARIABLES)
+
+
+def test_an_undeclared_name_or_the_wrong_reader_raises(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_NOT_DECLARED", "1")
+    for read in (switches.switch_on, switches.switch_set, switches.switch_auto,
+                 switches.switch_value, switches.switch_raw):
+        with pytest.raises(KeyError, match="TORCH_TPU_NOT_DECLARED is not declared"):
+            read("TORCH_TPU_NOT_DECLARED")
+    with pytest.raises(TypeError, match="TORCH_TPU_FUSED_MAX_OPS is a 'int' variable"):
+        switches.switch_on("TORCH_TPU_FUSED_MAX_OPS")
+    with pytest.raises(TypeError, match="TORCH_TPU_DONATE is a 'on' variable"):
+        switches.switch_set("TORCH_TPU_DONATE")
+
+
+def test_switch_value_is_the_declared_default_when_unset(monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_FUSED_MAX_OPS", raising=False)
+    monkeypatch.delenv("TORCH_TPU_PLATFORM", raising=False)
+    monkeypatch.delenv("TORCH_TPU_CACHE_DIR", raising=False)
+    assert switches.switch_value("TORCH_TPU_FUSED_MAX_OPS") == "2000"
+    assert switches.switch_value("TORCH_TPU_PLATFORM") == ""      # best present: computed
+    assert switches.switch_value("TORCH_TPU_CACHE_DIR") == ""     # a path: computed
+    assert switches.switch_raw("TORCH_TPU_CACHE_DIR") is None
+    monkeypatch.setenv("TORCH_TPU_FUSED_MAX_OPS", " 7 ")
+    assert switches.switch_value("TORCH_TPU_FUSED_MAX_OPS") == "7"
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", "")
+    assert switches.switch_raw("TORCH_TPU_CACHE_DIR") == ""       # "": the disk tier off
+
+
+# Uses of os.environ in torch_tpu/ that are not a read of a constant name:
+# (file, function) -> why. A TORCH_TPU_* name is never read this way.
+ENVIRON_USES = {
+    ("torch_tpu/distributed/launch.py", "set_tpu_launch_env"):
+        "checks and sets the launcher's own variables (TPU_*, CUDA_VISIBLE_DEVICES, XLA_FLAGS)",
+}
+# TORCH_TPU_* variables torch_tpu/ sets (for itself or a child process): (file, name) -> why.
+ENVIRON_WRITES = {
+    ("torch_tpu/debug/__init__.py", "TORCH_TPU_DUMP_DIR"): "debug.dump_to sets it for its block",
+}
+
+
+def _environ_uses(path: Path):
+    """(function, how, key) for each use of os.environ / os.getenv in `path`:
+    how is read, write or other; key the constant name, else None."""
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+
+    def function_of(node):
+        while node in parents:
+            node = parents[node]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return node.name
+        return None
+
+    def key(node):
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    for node in ast.walk(tree):
+        is_environ = (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+            isinstance(node, ast.Name) and node.id == "environ")
+        is_getenv = isinstance(node, ast.Attribute) and node.attr in ("getenv", "getenvb")
+        if not (is_environ or is_getenv):
+            continue
+        up, how, k = parents.get(node), "other", None
+        if is_getenv and isinstance(up, ast.Call) and up.args:
+            how, k = "read", key(up.args[0])
+        elif isinstance(up, ast.Attribute) and isinstance(parents.get(up), ast.Call):
+            call = parents[up]
+            if up.attr in ("get", "setdefault", "pop") and call.args:
+                how, k = ("write" if up.attr == "pop" else "read"), key(call.args[0])
+        elif isinstance(up, ast.Subscript) and up.value is node:
+            how, k = ("read" if isinstance(up.ctx, ast.Load) else "write"), key(up.slice)
+        elif isinstance(up, ast.Compare) and node in up.comparators:
+            how, k = "read", key(up.left)
+        yield function_of(node), how, k
+
+
+def test_no_other_read_of_a_torch_tpu_variable():
+    bad = []
+    for p in sorted((ROOT / "torch_tpu").rglob("*.py")):
+        rel = p.relative_to(ROOT).as_posix()
+        if rel == "torch_tpu/runtime/switches.py":
+            continue
+        for func, how, k in _environ_uses(p):
+            if k is None:
+                ok = (rel, func) in ENVIRON_USES
+            elif how == "write":
+                ok = not NAME.fullmatch(k) or (rel, k) in ENVIRON_WRITES
+            else:
+                ok = not k.startswith("TORCH_TPU_")
+            if not ok:
+                bad.append(f"{rel}:{func}: {how} of {k or 'a computed name'}")
+    assert not bad, "read TORCH_TPU_* variables through torch_tpu.runtime.switches: " + "; ".join(bad)
+
+
+def test_the_read_scan_sees_reads(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(textwrap.dedent("""
+        import os
+        from os import environ
+        def f(name):
+            a = os.environ.get("TORCH_TPU_A", "1")
+            b = os.getenv("TORCH_TPU_B")
+            c = environ["TORCH_TPU_C"]
+            d = "TORCH_TPU_D" in os.environ
+            os.environ["TORCH_TPU_E"] = "1"
+            return os.environ.get(name), dict(os.environ)
+    """))
+    assert sorted(_environ_uses(src), key=str) == sorted([
+        ("f", "read", "TORCH_TPU_A"), ("f", "read", "TORCH_TPU_B"), ("f", "read", "TORCH_TPU_C"),
+        ("f", "read", "TORCH_TPU_D"), ("f", "write", "TORCH_TPU_E"), ("f", "read", None),
+        ("f", "other", None)], key=str)
 
 
 def test_the_guard_sees_the_table():

@@ -31,12 +31,13 @@ import time
 import jax
 from .debug.timing import OpTimer
 from .device import module
+from .runtime.switches import switch_raw
 
 _active = None
 
 
 def _default_dir():
-    return os.environ.get("TORCH_TPU_PROFILE_DIR") or os.path.join(os.getcwd(), "tpu_profile")
+    return switch_raw("TORCH_TPU_PROFILE_DIR") or os.path.join(os.getcwd(), "tpu_profile")
 
 
 def _options(python_tracer: bool, host_tracer_level: int | None):

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import index
 from .index import Index, executable
+from ..runtime.switches import switch_raw
 from ..runtime.xla_flags import NATIVE_DOT_FLAGS, cpu_half_dots_f32, cpu_native_bf16_dots
 
 PREFIX = "torch_tpu-graph-v1:"
@@ -84,10 +85,10 @@ def _settings() -> str:
             values.append(f"{name}={getattr(jax.config, name)}")
         except Exception:  # an option this JAX does not have
             values.append(f"{name}=?")
-    values.append("fallback=" + os.environ.get("TORCH_TPU_CPU_FALLBACK", ""))
+    values.append("fallback=" + (switch_raw("TORCH_TPU_CPU_FALLBACK") or ""))
     # lowering choices read from the environment (runtime/xla_flags.py)
-    values.append("cpu_defaults=" + os.environ.get("TORCH_TPU_CPU_XLA_DEFAULTS", ""))
-    values.append("dot_piece=" + os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", ""))
+    values.append("cpu_defaults=" + (switch_raw("TORCH_TPU_CPU_XLA_DEFAULTS") or ""))
+    values.append("dot_piece=" + (switch_raw("TORCH_TPU_CPU_DOT_PIECE_MB") or ""))
     values.append(f"native_bf16_dots={cpu_native_bf16_dots()}")  # resolved: auto follows the host
     values.append("half_dots_f32=" + ",".join(  # resolved per half type, as native_bf16_dots
         f"{t}:{cpu_half_dots_f32(t)}" for t in NATIVE_DOT_FLAGS))

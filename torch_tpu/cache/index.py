@@ -18,12 +18,12 @@ process is ready for them (`torch_tpu.cache.needs`).
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import Any
 
 from . import needs
 from .._compat import jax_api
+from ..runtime.switches import switch_on, switch_raw
 from .. import cache as _cache  # this package (its disk_store() is read at each call)
 
 
@@ -31,9 +31,7 @@ def enabled(switch: str) -> bool:
     """Whether an index tier may be used: its switch (`switch`, e.g.
     TORCH_TPU_GRAPH_CACHE) is not off, nothing is being dumped (dumping needs
     the lowered program), and the disk tier is on."""
-    if os.environ.get(switch, "1").strip() in ("0", "false", "False", "off"):
-        return False
-    if os.environ.get("TORCH_TPU_DUMP_DIR"):
+    if not switch_on(switch) or switch_raw("TORCH_TPU_DUMP_DIR"):
         return False
     return _cache.disk_store().enabled
 

@@ -36,6 +36,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from ..runtime.switches import switch_on
 from .. import cache as _cache  # this package (its disk_store() is read at each call)
 
 # eager.fetch(key, device), installed by cache.eager when it loads (it imports
@@ -66,7 +67,7 @@ _S = _State()
 
 
 def enabled() -> bool:
-    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    return switch_on(SWITCH)
 
 
 def _seq_key(head: list) -> str:

@@ -84,6 +84,7 @@ import warnings
 from typing import Any
 
 from .._version import __version__
+from ..runtime.switches import switch_raw, switch_value
 from .trust import TrustedDir
 
 MAGIC = b"TTPUXC01"
@@ -123,7 +124,7 @@ def default_dir() -> str:
 
 def configured_dir() -> str | None:
     """TORCH_TPU_CACHE_DIR if set ("" disables the disk tier), else the default."""
-    value = os.environ.get("TORCH_TPU_CACHE_DIR")
+    value = switch_raw("TORCH_TPU_CACHE_DIR")
     if value is None:
         return default_dir()
     value = value.strip()
@@ -132,12 +133,12 @@ def configured_dir() -> str | None:
 
 def configured_shared_dir() -> str | None:
     """TORCH_TPU_SHARED_CACHE_DIR: a read-only tier under the local one (None: none)."""
-    value = os.environ.get("TORCH_TPU_SHARED_CACHE_DIR", "").strip()
+    value = switch_value("TORCH_TPU_SHARED_CACHE_DIR")
     return os.path.abspath(os.path.expanduser(value)) if value else None
 
 
 def configured_max_bytes() -> int:
-    value = os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", "").strip()
+    value = switch_value("TORCH_TPU_CACHE_MAX_BYTES")
     if not value:
         return DEFAULT_MAX_BYTES
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ from .._compat import dynamo_api, torch_api
 from ..ops import registry
 from ..runtime import gc_pause
 from ..runtime import opt_level as _olevel
-from ..runtime.switches import switch_set
+from ..runtime.switches import switch_set, switch_value
 from . import graph_cache
 from .. import compile as compile_package  # (this package: whole_step)
 from .graph import CompiledGraph, prebuild_enabled
@@ -69,7 +68,7 @@ def _core_table():
     and collecting those ops costs ~0.5 s per process.
     ``TORCH_TPU_DECOMP_TABLE=full`` uses the full table.
     """
-    if os.environ.get("TORCH_TPU_DECOMP_TABLE", "core") == "full":
+    if switch_value("TORCH_TPU_DECOMP_TABLE") == "full":
         return dict(torch.export.default_decompositions())
     try:
         post_autograd = torch_api.core_aten_decompositions_post_autograd
@@ -105,7 +104,7 @@ def _partition_fn(options):
     """
     from functorch import compile as partitioners
 
-    choice = options.get("partitioner") or os.environ.get("TORCH_TPU_PARTITIONER", "default")
+    choice = options.get("partitioner") or switch_value("TORCH_TPU_PARTITIONER")
     if choice in ("min_cut", "min-cut", "mincut"):
         return partitioners.min_cut_rematerialization_partition
     if choice != "default":

@@ -33,7 +33,6 @@ by one of two policies, chosen with ``torch.compile(..., options={"dynamic":
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from typing import Any
 
@@ -43,6 +42,7 @@ import torch
 from ..runtime import rng as tpu_random
 from ..runtime import executor, programs
 from ..runtime import storage as st
+from ..runtime.switches import switch_value
 from . import padding
 from .graph_key import precision_token
 from .lowering import SymEnv
@@ -55,7 +55,7 @@ class _CallUnsafe(Exception):
 
 
 def _env_buckets():
-    text = os.environ.get("TORCH_TPU_BUCKETS", "").strip()
+    text = switch_value("TORCH_TPU_BUCKETS")
     if not text:
         return None
     return sorted(int(x) for x in text.replace(";", ",").split(",") if x.strip())
@@ -71,10 +71,9 @@ class Policy:
 
     @classmethod
     def from_options(cls, options):
-        mode = options.get("dynamic") or os.environ.get("TORCH_TPU_DYNAMIC", "bucket")
+        mode = options.get("dynamic") or switch_value("TORCH_TPU_DYNAMIC")
         buckets = options.get("buckets") or _env_buckets()
-        cap = options.get("max_specializations") or os.environ.get(
-            "TORCH_TPU_MAX_SPECIALIZATIONS", 64)
+        cap = options.get("max_specializations") or switch_value("TORCH_TPU_MAX_SPECIALIZATIONS")
         return cls(mode, buckets, int(cap))
 
     # -- entry -------------------------------------------------------------

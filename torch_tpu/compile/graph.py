@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from ..ops import core
 from ..runtime import rng as tpu_random
 from ..runtime import async_compile, executor
 from ..runtime import storage as st
+from ..runtime.switches import switch_set
 from . import dynamic as dyn
 from . import effects, graph_cache, graph_key, padding
 from .graph_cache import GRAPH_STATS
@@ -605,8 +605,7 @@ def prebuild_enabled() -> bool:
     finish first, so `torch_tpu.debug.last_graphs()` and the compile log can
     list it before the forward. It is meant for hosts with cores to spare.
     """
-    raw = os.environ.get("TORCH_TPU_PREBUILD_BACKWARD", "").strip().lower()
-    return raw in ("1", "true", "yes", "on")
+    return switch_set("TORCH_TPU_PREBUILD_BACKWARD")
 
 
 def _prebuilt_entry(future):

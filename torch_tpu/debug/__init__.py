@@ -76,6 +76,7 @@ from ._events import CompileEvent, set_log  # noqa: F401
 from ..device import module
 from .timing import OpTimer
 from ..runtime import programs
+from ..runtime.switches import switch_raw
 
 __all__ = [
     "metrics", "metrics_report", "reset_metrics", "capture", "Capture",
@@ -330,7 +331,7 @@ def dump_to(directory):
     # started before the block go where they were going, the block's own
     # land here before it ends.
     programs.settle()
-    old = os.environ.get("TORCH_TPU_DUMP_DIR")
+    old = switch_raw("TORCH_TPU_DUMP_DIR")
     os.environ["TORCH_TPU_DUMP_DIR"] = str(directory)
     try:
         yield directory

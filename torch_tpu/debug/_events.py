@@ -21,6 +21,7 @@ import time
 
 from ..runtime import counters as _metrics  # (debug.metrics reads the same counters)
 from ..runtime import executor, programs
+from ..runtime.switches import switch_raw, switch_value
 from .hlo import Program, safe_name  # noqa: F401  (safe_name: also this module's, for callers)
 from . import recompiles as _recompiles
 
@@ -147,7 +148,7 @@ def record(name: str, key=None, seconds: float = 0.0, compiled=None, lowered=Non
         log.info("compile %-32s key=%s kind=%s tier=%s %.1f ms, program %d bytes%s",
                  name, ev.key_hash, ev.kind, ev.tier, ev.seconds * 1e3, ev.program_bytes,
                  "" if ev.reason is None else f"; recompiled: {ev.reason}")
-    dump_dir = os.environ.get("TORCH_TPU_DUMP_DIR")
+    dump_dir = switch_raw("TORCH_TPU_DUMP_DIR")
     if dump_dir:
         ev.dumped = tuple(dump(ev, program, dump_dir))
     return ev
@@ -342,7 +343,7 @@ def install() -> None:
         jax.monitoring.register_event_listener(_on_jax_event)
     except Exception:  # pragma: no cover - older JAX
         pass
-    env = os.environ.get("TORCH_TPU_LOG", "")
+    env = switch_value("TORCH_TPU_LOG")
     if env:
         try:
             set_log(env)

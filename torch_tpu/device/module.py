@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
 from ..runtime import counters, device_index, loading  # no JAX: the start-up set
+from ..runtime.switches import switch_value
 
 
 class LazyModule:
@@ -85,7 +85,7 @@ def is_available() -> bool:
     only a platform named by ``TORCH_TPU_PLATFORM`` (which may be missing)
     needs the runtime to answer.
     """
-    wanted = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    wanted = switch_value("TORCH_TPU_PLATFORM").lower()
     if not is_initialized() and wanted in ("", "cpu") and \
             importlib.util.find_spec("jax") is not None:
         return True

@@ -24,7 +24,6 @@ process and leaves the group usable.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 import traceback
@@ -41,6 +40,7 @@ from . import programs as pg_programs
 from . import runtime
 from ..runtime import platform
 from ..runtime import executor
+from ..runtime.switches import switch_set
 from ..runtime import storage as st
 from ..ops import collectives, core
 
@@ -335,7 +335,7 @@ def _runtime_failure(work, e):
     exc = CollectiveError(f"[torch_tpu] {work.desc} failed: {msg} -- {why}")
     exc.fatal = fatal
     exc.__cause__ = e
-    if os.environ.get("TORCH_TPU_DIST_DEBUG"):
+    if switch_set("TORCH_TPU_DIST_DEBUG"):
         traceback.print_exception(e)
     return exc
 

@@ -36,6 +36,7 @@ import jax
 
 from .._compat import jax_api
 from ..runtime import platform, programs
+from ..runtime.switches import switch_raw, switch_value
 from .launch import set_tpu_launch_env
 
 _lock = threading.RLock()
@@ -74,7 +75,7 @@ def broken_by() -> BaseException | None:
 
 
 def _env_int(name, default=None):
-    v = os.environ.get(name)
+    v = switch_raw(name)
     if v is None or v == "":
         return default
     try:
@@ -84,7 +85,7 @@ def _env_int(name, default=None):
 
 
 def _env_float(name, default):
-    v = os.environ.get(name)
+    v = switch_raw(name)
     if v is None or v == "":
         return default
     try:
@@ -153,14 +154,14 @@ def _free_port() -> int:
 
 
 def _explicit_coordinator():
-    return (os.environ.get("TORCH_TPU_COORDINATOR_ADDRESS")
+    return (switch_raw("TORCH_TPU_COORDINATOR_ADDRESS")
             or os.environ.get("JAX_COORDINATOR_ADDRESS") or None)
 
 
 def platform_hint() -> str:
     """The platform the runtime will use, without starting any JAX client
     (launch.set_tpu_launch_env picks the environment variables to set by it)."""
-    want = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    want = switch_value("TORCH_TPU_PLATFORM").lower()
     if want:
         return "gpu" if want == "cuda" else want
     if _backends_started():

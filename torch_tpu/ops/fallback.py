@@ -14,7 +14,6 @@ naming the op and the layout.
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -24,6 +23,7 @@ from .._compat.torch_api import decomposition_table, pytree
 from ..runtime import counters
 from ..runtime import executor, verdict
 from ..runtime.asserts import DeviceIndexError
+from ..runtime.switches import switch_on
 from . import core
 
 _warned: set = set()
@@ -32,7 +32,7 @@ _NO_DECOMP: set = set()
 
 
 def cpu_fallback_enabled() -> bool:
-    return os.environ.get("TORCH_TPU_CPU_FALLBACK", "1") not in ("0", "false", "False")
+    return switch_on("TORCH_TPU_CPU_FALLBACK")
 
 
 def handle(op, *args, **kwargs):

@@ -47,6 +47,7 @@ from . import gc_pause, memory_history, oom, platform, programs
 from . import opt_level as _olevel
 from . import storage as st
 from .context import CONTEXT
+from .switches import switch_set, switch_value
 
 ENV_THREADS = "TORCH_TPU_COMPILE_THREADS"
 _PREFIX = "torch_tpu-async-"  # the pools' thread names
@@ -61,7 +62,7 @@ def _default_threads() -> int:
 
 
 def _threads() -> int:
-    raw = os.environ.get(ENV_THREADS, "").strip()
+    raw = switch_value(ENV_THREADS)
     if not raw:
         return _default_threads()
     try:
@@ -76,8 +77,7 @@ def _threads() -> int:
 
 
 def _launch_blocking() -> bool:
-    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in (
-        "1", "true", "yes", "on")
+    return switch_set("TORCH_TPU_LAUNCH_BLOCKING")
 
 
 THREADS = _threads()

@@ -28,10 +28,10 @@ through `device()`).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from . import device_index
+from .switches import switch_set
 
 
 class EagerContext:
@@ -55,8 +55,7 @@ class EagerContext:
     def __init__(self) -> None:
         self.opt_level = 3  # opt_level.DEFAULT; opt_level sets it from its env at import
         self.fused = False
-        self.launch_blocking = os.environ.get(
-            "TORCH_TPU_LAUNCH_BLOCKING", "").strip().lower() in ("1", "true", "yes", "on")
+        self.launch_blocking = switch_set("TORCH_TPU_LAUNCH_BLOCKING")
         self.precision_state = None
         self.precision_token = None
 

@@ -64,7 +64,6 @@ and is checked at once).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import warnings
@@ -79,13 +78,13 @@ from jax import lax
 
 from . import async_compile as aco
 from . import fastpath, keys, memory_history, oom, platform, programs, scalars
-from .switches import switch_on
+from .switches import switch_on, switch_value
 from . import storage as st
 from .context import CONTEXT
 
 ENV = "TORCH_TPU_EAGER"
 # Recorded ops after which the trace is flushed (bounds the program size).
-MAX_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "2000"))
+MAX_OPS = int(switch_value("TORCH_TPU_FUSED_MAX_OPS"))
 
 # Whether ops are recorded: CONTEXT.fused (runtime/context.py), written here.
 _modes: list[bool] = []          # the stack of `fused(enabled)` contexts
@@ -794,7 +793,7 @@ def key_fields(key: tuple, entry_fields: Any = None) -> dict[str, str]:
 
 
 def _from_env() -> None:
-    v = os.environ.get(ENV, "").strip().lower()
+    v = switch_value(ENV).lower()
     if v in ("", "strict"):
         return
     if v != "fused":

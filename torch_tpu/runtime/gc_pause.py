@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import threading
 from typing import Any
 
 from .._compat import dynamo_api
-from .switches import switch_on
+from .switches import switch_on, switch_set
 
 _lock = threading.Lock()
 _depth = 0
@@ -41,7 +40,7 @@ _resume = False   # was the collector on when the outermost pause began?
 
 
 def enabled() -> bool:
-    return os.environ.get("TORCH_TPU_COMPILE_GC", "0") not in ("1", "true", "True")
+    return not switch_set("TORCH_TPU_COMPILE_GC")
 
 
 def begin() -> None:

@@ -36,6 +36,7 @@ import jax
 import torch
 
 from . import platform, programs
+from .switches import switch_value
 
 _SUFFIX = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
            "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
@@ -84,7 +85,7 @@ def limit(index: int) -> int | None:
         return _limits[index]
     except KeyError:
         pass
-    env = os.environ.get("TORCH_TPU_MEMORY_LIMIT", "").strip()
+    env = switch_value("TORCH_TPU_MEMORY_LIMIT")
     if env:
         value = parse_bytes(env, "TORCH_TPU_MEMORY_LIMIT")
     else:
@@ -95,7 +96,7 @@ def limit(index: int) -> int | None:
 
 
 def limit_source(index: int) -> str:
-    if os.environ.get("TORCH_TPU_MEMORY_LIMIT", "").strip():
+    if switch_value("TORCH_TPU_MEMORY_LIMIT"):
         return "TORCH_TPU_MEMORY_LIMIT"
     stats = raw_stats(index)
     return "PJRT bytes_limit" if stats and stats.get("bytes_limit") else "host memory"

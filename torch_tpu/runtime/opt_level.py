@@ -33,11 +33,11 @@ and graphs compiled without an ``opt_level`` option); `level()` reads it.
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 from .context import CONTEXT
+from .switches import switch_value
 from .._compat import jax_api
 
 ENV = "TORCH_TPU_XLA_OPT_LEVEL"
@@ -61,7 +61,7 @@ def check(value: Any, where: str) -> int:
 
 
 def _from_env() -> int:
-    raw = os.environ.get(ENV, "").strip()
+    raw = switch_value(ENV)
     if not raw:
         return DEFAULT
     try:

@@ -9,8 +9,8 @@ PyTorch's dtypes exactly.
 from __future__ import annotations
 
 import functools
-import os
 
+from .switches import switch_value
 from .xla_flags import add_cpu_defaults
 
 add_cpu_defaults()  # before JAX creates a backend: XLA reads XLA_FLAGS then
@@ -27,7 +27,7 @@ _ORDER = ("tpu", "gpu", "cpu")
 @functools.cache
 def platform() -> str:
     """The JAX platform name used for `tpu` devices ('tpu', 'gpu' or 'cpu')."""
-    wanted = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    wanted = switch_value("TORCH_TPU_PLATFORM").lower()
     if wanted:
         if wanted == "cuda":
             wanted = "gpu"

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import gc_pause
 from .context import CONTEXT
+from .switches import switch_value
 
 
 class ProgramKind(str, enum.Enum):
@@ -338,7 +339,7 @@ def add_kind(kind: Any, counters: dict | None = None,
 def graph_capacity() -> int:
     """TORCH_TPU_GRAPH_CACHE_SIZE: the most compiled graphs the cache holds
     (within its bounds, `capacity` and `byte_capacity`)."""
-    return int(os.environ.get("TORCH_TPU_GRAPH_CACHE_SIZE", "512"))
+    return int(switch_value("TORCH_TPU_GRAPH_CACHE_SIZE"))
 
 
 # Compiled graphs (compile/graph_cache.py) count their own lookups, and what
@@ -383,7 +384,7 @@ CACHE: collections.OrderedDict = collections.OrderedDict()
 
 def capacity() -> int:
     """TORCH_TPU_CACHE_SIZE: the most entries the in-memory tier holds."""
-    return int(os.environ.get("TORCH_TPU_CACHE_SIZE", "8192"))
+    return int(switch_value("TORCH_TPU_CACHE_SIZE"))
 
 
 # Bytes of the executables in CACHE (one-element list: mutated in place), and
@@ -403,7 +404,7 @@ def byte_capacity() -> float:
     if not _byte_cap:
         from . import oom  # lazy: oom imports the platform (JAX's backends)
 
-        env = os.environ.get("TORCH_TPU_CACHE_BYTES", "").strip()
+        env = switch_value("TORCH_TPU_CACHE_BYTES")
         cap = oom.parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
             oom.host_memory() // 16, 256 * 2**20)
         _byte_cap.append(cap if cap is not None else float("inf"))

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .switches import switch_auto, switch_on
+from .switches import switch_auto, switch_on, switch_value
 
 CPU_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 DOT_PIECE_MB = 16
@@ -59,7 +59,7 @@ def cpu_dot_piece_bytes() -> int:
     XLA:CPU (0: not split). Read when a program is traced."""
     if not switch_on("TORCH_TPU_CPU_XLA_DEFAULTS"):
         return 0
-    text = os.environ.get("TORCH_TPU_CPU_DOT_PIECE_MB", "").strip()
+    text = switch_value("TORCH_TPU_CPU_DOT_PIECE_MB")
     try:
         mb = float(text) if text else DOT_PIECE_MB
     except ValueError:

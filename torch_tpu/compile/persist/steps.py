@@ -63,6 +63,7 @@ from ..._compat import torch_api
 from ...cache import store as _store
 from .artifacts import artifact_store
 from ...runtime.precision import get_matmul_precision
+from ...runtime.switches import switch_on
 
 FORMAT = 1
 _MAX_CONST = 4096      # tensor values hashed into the key up to this size
@@ -99,7 +100,7 @@ def stats() -> dict:
 
 def enabled() -> bool:
     """On unless TORCH_TPU_STEP_CACHE=0, when a cache directory is configured."""
-    if os.environ.get("TORCH_TPU_STEP_CACHE", "1").strip().lower() in ("0", "false", "off"):
+    if not switch_on("TORCH_TPU_STEP_CACHE"):
         return False
     return _store.configured_dir() is not None
 
