@@ -62,7 +62,7 @@ def set_tpu_launch_env(local_rank: int | None = None, local_world_size: int | No
     if not (0 <= local_rank < max(1, local_world_size)):
         raise ValueError(f"local_rank {local_rank} is not in [0, {local_world_size})")
     if platform is None:
-        from .runtime import platform_hint  # lazy: JAX (launch runs before any JAX import)
+        from ..runtime.platform import platform_hint  # lazy: JAX (launch runs before any JAX import)
 
         platform = platform_hint()
     env = {}

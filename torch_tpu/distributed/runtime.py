@@ -36,7 +36,7 @@ import jax
 
 from .._compat import jax_api
 from ..runtime import platform, programs
-from ..runtime.switches import switch_raw, switch_value
+from ..runtime.switches import switch_raw
 from .launch import set_tpu_launch_env
 
 _lock = threading.RLock()
@@ -158,24 +158,6 @@ def _explicit_coordinator():
             or os.environ.get("JAX_COORDINATOR_ADDRESS") or None)
 
 
-def platform_hint() -> str:
-    """The platform the runtime will use, without starting any JAX client
-    (launch.set_tpu_launch_env picks the environment variables to set by it)."""
-    want = switch_value("TORCH_TPU_PLATFORM").lower()
-    if want:
-        return "gpu" if want == "cuda" else want
-    if _backends_started():
-        return platform.platform()
-    import importlib.util
-
-    if importlib.util.find_spec("libtpu") is not None:
-        return "tpu"
-    for mod in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin"):
-        if importlib.util.find_spec(mod) is not None:
-            return "gpu"
-    return "cpu"
-
-
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, local_device_ids=None, *, store=None,
                timeout: float | None = None) -> _Runtime:
@@ -220,7 +202,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             _finish(_state)
             return _state
         timeout = 300.0 if timeout is None else float(timeout)
-        plat = platform_hint()
+        plat = platform.platform_hint()
         if num_processes == 1:
             _state = _Runtime(0, 1, None, False)
             _finish(_state)

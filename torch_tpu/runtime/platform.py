@@ -9,6 +9,7 @@ PyTorch's dtypes exactly.
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 from .switches import switch_value
 from .xla_flags import add_cpu_defaults
@@ -19,6 +20,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+from .._compat import jax_api  # noqa: E402
 from . import device_index, fastpath  # noqa: E402 (after JAX's configuration)
 
 _ORDER = ("tpu", "gpu", "cpu")
@@ -46,6 +48,23 @@ def platform() -> str:
                 return name
         except RuntimeError:
             continue
+    return "cpu"
+
+
+def platform_hint() -> str:
+    """The platform `platform()` will choose, without starting any JAX client
+    (distributed.launch.set_tpu_launch_env picks the environment variables to
+    set by it, before the TPU runtime may start)."""
+    want = switch_value("TORCH_TPU_PLATFORM").lower()
+    if want:
+        return "gpu" if want == "cuda" else want
+    if jax_api.backends_started():
+        return platform()
+    if importlib.util.find_spec("libtpu") is not None:
+        return "tpu"
+    for mod in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin"):
+        if importlib.util.find_spec(mod) is not None:
+            return "gpu"
     return "cpu"
 
 

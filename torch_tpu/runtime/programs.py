@@ -46,8 +46,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from .._compat import jax_api  # (imports no JAX until called)
 from . import gc_pause
 from .context import CONTEXT
+from .host_memory import host_memory, parse_bytes
 from .switches import switch_value
 
 
@@ -402,11 +404,9 @@ def byte_capacity() -> float:
     their host side, plus the device code PJRT reports).
     """
     if not _byte_cap:
-        from . import oom  # lazy: oom imports the platform (JAX's backends)
-
         env = switch_value("TORCH_TPU_CACHE_BYTES")
-        cap = oom.parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
-            oom.host_memory() // 16, 256 * 2**20)
+        cap = parse_bytes(env, "TORCH_TPU_CACHE_BYTES") if env else max(
+            host_memory() // 16, 256 * 2**20)
         _byte_cap.append(cap if cap is not None else float("inf"))
     return _byte_cap[0]
 
@@ -865,8 +865,6 @@ def compile_lowered(name: str, lowered: Any, options: Any = None,
     # for this call, on this thread only: the tier writes the entry in `end`,
     # from every process. JAX compiles outside this function (eager jnp in a
     # kernel) keep JAX's own write.
-    from .._compat import jax_api
-
     tier = disk_tier()
     token = tier.begin() if tier is not None else None
     t0 = time.perf_counter()
