@@ -15,15 +15,15 @@ use here is the same (`register_backend` by name, `FakeTensorMode`
 keywords, `elementwise_dtypes` (docstring only), `int_oo`, `GraphPickler`,
 the post-autograd decompositions (one more op kept: linalg_vector_norm)).
 
-Not recorded: `autograd_cache_key`. PyTorch 2.14 calls it with a fifth
-positional argument (`act_input_paths`), which the 2.13 patch
-(compile/persist/artifacts.py, `_cache_key`) does not take: recorded, every
-AOTAutograd compile would raise TypeError. Its feature (warm start of
-torch.compile through PyTorch's precompile packages) stays off on 2.14
-until the patch passes the extra arguments through.
+`autograd_cache_key` gained a fifth positional argument (`act_input_paths`),
+which the 2.13 patch (compile/persist/artifacts.py, `_cache_key`) did not
+take: every AOTAutograd compile would have raised TypeError, so it stayed
+unrecorded (its feature off on 2.14, as the check is for) until the patch
+passed its extra arguments through; recorded since.
 """
 
 FINGERPRINTS = {
+    'torch._functorch._aot_autograd.autograd_cache:autograd_cache_key': '54bbe056335f53be',
     'torch._C:_accelerator_emptyCache': 'builtin:_accelerator_emptyCache() -> None',
     'torch._C:_accelerator_exchangeDevice': 'builtin:_accelerator_exchangeDevice(arg0: typing.SupportsInt | typing.SupportsIndex) -> int',
     'torch._C:_accelerator_getDeviceIndex': 'builtin:_accelerator_getDeviceIndex() -> int',

@@ -693,9 +693,10 @@ def _cache_key(cache_key):
     imports inductor's code generators (about a second, once a process), and
     a tpu graph is never looked up by it (see aot_context; it is found through
     the package). Only the check that the graph can be cached runs."""
-    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+    def autograd_cache_key(mod, example_inputs, config, *args, **kwargs):
+        # (*args: compiler_config_extra; PyTorch 2.14 adds act_input_paths)
         if not getattr(_local, "tpu", False):
-            return cache_key(mod, example_inputs, config, compiler_config_extra)
+            return cache_key(mod, example_inputs, config, *args, **kwargs)
         gm = getattr(mod, "gm", mod)  # dynamo's GmWrapper or the module
         with dynamo_api.sanitize_gm_for_cache(gm):
             dynamo_api.check_cacheable(gm)
