@@ -154,17 +154,15 @@ def test_native_call_and_precision_state_off(monkeypatch):
             assert precision._raw() == "highest"  # read from jax.config instead
 
 
-def test_effort_levels_off_keeps_the_backend_level():
+def test_opt_levels_are_jax_effort_levels():
+    """opt_level's constants are XLA's EffortLevel numbers, as JAX's enum has them."""
+    from jax._src.config import EffortLevel
+
     from torch_tpu.runtime import opt_level
 
-    assert opt_level.compiler_options(1)["optimization_level"] == jax_api.effort_levels()[1]
-    jax_api.effort_levels.cache_clear()
-    try:
-        with _jax_changed(jax_api.EFFORT):
-            opts = opt_level.compiler_options(1)
-        assert "optimization_level" not in opts and opts["xla_backend_optimization_level"] == 1
-    finally:
-        jax_api.effort_levels.cache_clear()
+    assert opt_level.EFFORT == {0: EffortLevel.O0.value, 1: EffortLevel.O1.value,
+                                2: EffortLevel.O2.value}
+    assert opt_level.compiler_options(1)["optimization_level"] == EffortLevel.O1.value
 
 
 def test_geqrf_off_raises_not_implemented(no_cpu_fallback):

@@ -22,7 +22,6 @@ FINGERPRINTS = {
     'jax._src.compilation_cache:put_executable_and_time': 'e7c1f7f18b5ef3c6',
     'jax._src.compilation_cache:reset_cache': '0bc5055ea867894b',
     'jax._src.compiler:_cache_write': '60ba8934e2c71f51',
-    'jax._src.config:EffortLevel': 'bed6330be2791ef9',
     'jax._src.config:State.__call__': '95b6845abd7c2abd',
     'jax._src.config:State.__init__': '6923908c4f67d1a0',
     'jax._src.config:default_matmul_precision': 'builtin:default_matmul_precision',

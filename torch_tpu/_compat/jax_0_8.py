@@ -23,7 +23,6 @@ FINGERPRINTS = {
     'jax._src.compilation_cache:put_executable_and_time': 'a5e8a6bb129989e2',
     'jax._src.compilation_cache:reset_cache': '7b919118b739ef92',
     'jax._src.compiler:_cache_write': '9363a37d1f09fa3d',
-    'jax._src.config:EffortLevel': 'bed6330be2791ef9',
     'jax._src.config:State.__call__': '95b6845abd7c2abd',
     'jax._src.config:State.__init__': '99c372b8acd89fb4',
     'jax._src.config:default_matmul_precision': 'builtin:default_matmul_precision',

@@ -17,7 +17,6 @@ Importing this module imports no JAX: every function imports it lazily.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 from . import Patch, apply, verified
@@ -31,7 +30,6 @@ SINGLE_WRITER = "the compile cache writing each entry once (JAX's own write off 
 EAGER_INDEX = "the eager index (ops run from the disk without lowering)"
 NATIVE_CALL = "the native fast path's call of JAX's C++ call path (Compiled._call)"
 PRECISION = "reading JAX's matmul precision without a config lookup"
-EFFORT = "XLA optimization levels 0-2 (JAX's EffortLevel values)"
 GEQRF = "torch.geqrf on tpu (JAX's geqrf)"
 DISTRIBUTED = "joining a jax.distributed runtime started elsewhere, and exiting after a failure"
 
@@ -56,7 +54,6 @@ READS: dict[str, list[str]] = {
                   f"{PXLA}:get_dispatch_layouts", f"{PXLA}:is_default_layout"],
     NATIVE_CALL: ["jax._src.stages:Compiled.__call__"],
     PRECISION: ["jax._src.config:default_matmul_precision", "jax._src.config:State.__init__"],
-    EFFORT: ["jax._src.config:EffortLevel"],
     GEQRF: ["jax._src.lax.linalg:geqrf"],
     DISTRIBUTED: ["jax._src.distributed:State.initialize", "jax._src.distributed:State.shutdown",
                   "jax._src.distributed:global_state",
@@ -279,17 +276,6 @@ def matmul_precision_state() -> Any:
     from jax._src.config import default_matmul_precision
 
     return default_matmul_precision
-
-
-@functools.cache
-def effort_levels() -> dict[int, int] | None:
-    """XLA optimization level 0-2 -> the EffortLevel value JAX's build options
-    take, or None: levels 0-2 unavailable (3, XLA's default, needs none)."""
-    if not usable(EFFORT):
-        return None
-    from jax._src.config import EffortLevel
-
-    return {0: EffortLevel.O0.value, 1: EffortLevel.O1.value, 2: EffortLevel.O2.value}
 
 
 def geqrf() -> Any:

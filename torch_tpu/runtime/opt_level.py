@@ -38,12 +38,14 @@ from typing import Any
 
 from .context import CONTEXT
 from .switches import switch_value
-from .._compat import jax_api
 
 ENV = "TORCH_TPU_XLA_OPT_LEVEL"
 LEVELS = (0, 1, 2, 3)
 DEFAULT = 3
-
+# XLA's EffortLevel proto values (O0=9, O1=19, O2=29; JAX's EffortLevel enum
+# mirrors them): what ExecutableBuildOptions' optimization_level takes. Proto
+# enum numbers are part of XLA's wire format, so no JAX internal is read.
+EFFORT = {0: 9, 1: 19, 2: 29}
 
 
 def check(value: Any, where: str) -> int:
@@ -90,12 +92,8 @@ def compiler_options(value: int) -> dict | None:
     """The XLA compile options of a level (None: XLA's defaults)."""
     if value == 3:
         return None
-    # jax's EffortLevel enum (O0=9 ... O3=39): the values ExecutableBuildOptions takes
-    # (None: JAX's enum changed, one warning; the backend level and flags only)
-    effort = jax_api.effort_levels()
-    opts: dict = {"xla_backend_optimization_level": value}
-    if effort is not None:
-        opts["optimization_level"] = effort[value]
+    opts: dict = {"xla_backend_optimization_level": value,
+                  "optimization_level": EFFORT[value]}
     if value == 0:
         opts["xla_llvm_disable_expensive_passes"] = True
     return opts
