@@ -31,7 +31,7 @@ The modules, one line each:
 - `counters`: transfer, sync and fallback counters any layer bumps.
 - `gc_pause`: Python's GC paused while a program compiles.
 - `loading`: the package's load step, as a hook (`loading.load()`).
-- `switches`: the spelling rule of on/off environment variables.
+- `switches`: every `TORCH_TPU_*` variable declared once, and its readers.
 - `xla_flags`: XLA:CPU options set by default (in XLA_FLAGS, before JAX starts).
 - `_dlpack`: the one way to make a tensor on a device other than tpu:0.
 

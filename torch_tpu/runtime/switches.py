@@ -38,7 +38,7 @@ class Switch:
     kind: str
     default: str   # as the docs' default column shows it: `1`, unset, CPU count, ...
     doc: str       # one line
-    where: tuple   # the files (from the repository root) that read it
+    where: tuple[str, ...]   # the files (from the repository root) that read it
 
     @property
     def value(self) -> str:
@@ -49,13 +49,13 @@ class Switch:
         return ""
 
 
-def _s(name, kind, default, doc, *where) -> Switch:
+def _s(name: str, kind: str, default: str, doc: str, *where: str) -> Switch:
     return Switch(name, kind, default, doc, where)
 
 
 _R, _C, _D = "torch_tpu/runtime/", "torch_tpu/cache/", "torch_tpu/compile/"
 
-TABLE: dict = {s.name: s for s in (
+TABLE: dict[str, Switch] = {s.name: s for s in (
     # -- the device, the platform, XLA:CPU ----------------------------------------------
     _s("TORCH_TPU_PLATFORM", "choice", "best present",
        "tpu, gpu or cpu: the JAX platform behind the tpu device",
