@@ -9,8 +9,11 @@ It reads the source only (nothing is imported) and reports
 
 - **module-level import cycles**: strongly connected components of the
   graph of imports executed when a module is imported (top-level statements,
-  including those under module-level `if`/`try`, excluding
-  `if TYPE_CHECKING:` blocks). Importing `a.b.c` also runs `a.b`'s
+  including those under module-level `if`/`try`, and those under `if
+  TYPE_CHECKING:`: they never run, but a circle through a type-only import
+  is still two modules that each need the other to be read or changed, and
+  the day one of them is needed at run time it is a real cycle). Importing
+  `a.b.c` also runs `a.b`'s
   `__init__`, so an edge goes to each package on the way too (except the
   importer's own packages, which are initialized before it runs);
 - **cycles between subpackages** (`torch_tpu.runtime`, `torch_tpu.ops`,
@@ -41,7 +44,8 @@ It reads the source only (nothing is imported) and reports
 `--check` fails on a cycle, an upward edge, a function-local import over the
 budget or one without its reason, or a use of another module's private name.
 Written for issue 15 (one clean runtime layer), extended for issue 36
-(imports go down, no private names across modules).
+(imports go down, no private names across modules) and issue 52 (type-only
+imports count).
 """
 
 from __future__ import annotations
@@ -90,11 +94,6 @@ def _extension_modules(pkg_dir: str) -> set[str]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _from_module(package: str, node: ast.ImportFrom) -> str:
     """The absolute module a `from ... import` statement in `package` reads from."""
     if not node.level:
@@ -140,13 +139,6 @@ class _Collector(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_Lambda = visit_FunctionDef
-
-    def visit_If(self, node):
-        if _is_type_checking(node.test):
-            for n in node.orelse:
-                self.visit(n)
-            return  # type-only imports never run
-        self.generic_visit(node)
 
     def visit_Import(self, node):
         for a in node.names:

@@ -28,12 +28,18 @@ by one of two policies, chosen with ``torch.compile(..., options={"dynamic":
     64, ``TORCH_TPU_MAX_SPECIALIZATIONS``) are kept per graph; past that the
     least recently used is dropped (one warning): the number of programs in
     memory stays bounded, but new shapes keep compiling - bucket your inputs.
+
+A symbolic `CompiledGraph` (compile/graph.py) owns one `Policy`, which keeps
+that graph's executables and what it learned about its sizes; the policy
+reads the graph's `GraphSpec` (compile/graph_spec.py) and calls back into
+the graph only through the `build` and `execute` it is given per call.
 """
 
 from __future__ import annotations
 
 import collections
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,7 +50,8 @@ from ..runtime import executor, programs
 from ..runtime import storage as st
 from ..runtime.switches import switch_value
 from . import padding
-from .graph_key import precision_token
+from .graph_key import precision_token, specialization
+from .graph_spec import GraphSpec
 from .lowering import SymEnv
 from .outputs import wrap_outputs
 from .padding import PadHook, PadUnsafe
@@ -62,12 +69,20 @@ def _env_buckets():
 
 
 class Policy:
+    """How one symbolic graph runs, and what it has compiled and seen."""
+
     def __init__(self, mode="bucket", buckets=None, max_specializations=64):
         if mode not in ("bucket", "exact"):
             raise ValueError(f"dynamic shape policy must be 'bucket' or 'exact', not {mode!r}")
         self.mode = mode
         self.buckets = sorted(int(b) for b in buckets) if buckets else None
         self.max_specializations = int(max_specializations)
+        # specialization key (exact) or bucketed key -> entry, least recently used first
+        self.executables: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self.pad_ok: bool | None = None  # False once padding to buckets proved unsafe
+        self.pad_plan: tuple | None = None  # see _plan
+        self.seen_sizes: dict[Any, set[int]] = {}  # symbol -> values seen (changing: padded)
+        self.warned_cap = False
 
     @classmethod
     def from_options(cls, options):
@@ -78,54 +93,58 @@ class Policy:
 
     # -- entry -------------------------------------------------------------
 
-    def run(self, graph, args, arrays, ints):
-        if self.mode == "bucket" and graph.pad_ok is not False:
+    def run(self, spec: GraphSpec, args: list, ints: list[int], consts: list,
+            build: Callable[..., Any], execute: Callable[..., list]) -> list:
+        """Run graph `spec` on `args` (its int inputs `ints`, its constants
+        `consts`): padded to buckets where it can be, else at exact shapes
+        through `build(arrays, ints, consts, key)` (the graph's entry for one
+        specialization) and `execute(entry, args, arrays)` (its results)."""
+        if self.mode == "bucket" and self.pad_ok is not False:
             try:
-                return self._run_padded(graph, args)
+                return self._run_padded(spec, args, consts)
             except _CallUnsafe:
                 pass
             except PadUnsafe as e:
-                graph.pad_ok = False
+                self.pad_ok = False
                 warnings.warn(
-                    f"torch_tpu: a {graph.kind} graph with dynamic shapes cannot be padded "
+                    f"torch_tpu: a {spec.kind} graph with dynamic shapes cannot be padded "
                     f"to buckets ({e}); it compiles once per distinct shape instead",
                     stacklevel=4)
-        return self._run_exact(graph, args, arrays, ints)
+        return self._run_exact(spec, args, ints, consts, build, execute)
 
     # -- exact shapes ------------------------------------------------------
 
-    def _run_exact(self, graph, args, arrays, ints):
-        if arrays is None:
-            arrays = graph.read_inputs(args)
-        key = graph.signature(arrays, ints)
-        exes = graph.executables
+    def _run_exact(self, spec, args, ints, consts, build, execute):
+        arrays = read_inputs(spec, args)
+        key = specialization(spec, arrays, ints)
+        exes = self.executables
         entry = exes.get(key)
         if entry is None:
-            entry = exes[key] = graph._build(arrays, ints, graph.consts, key)
+            entry = exes[key] = build(arrays, ints, consts, key)
             if len(exes) > self.max_specializations:
                 exes.pop(next(iter(exes)))
-                if not graph.warned_cap:
-                    graph.warned_cap = True
+                if not self.warned_cap:
+                    self.warned_cap = True
                     warnings.warn(
-                        f"torch_tpu: a {graph.kind} graph was compiled for more than "
+                        f"torch_tpu: a {spec.kind} graph was compiled for more than "
                         f"{self.max_specializations} input shapes; pad or bucket the inputs "
                         "(see torch_tpu.compile.dynamic)", stacklevel=4)
-        elif isinstance(exes, collections.OrderedDict):
+        else:
             exes.move_to_end(key)
-        return graph._execute(entry, args, arrays)
+        return execute(entry, args, arrays)
 
     # -- buckets -----------------------------------------------------------
 
-    def _plan(self, graph):
+    def _plan(self, spec):
         """Which placeholder carries which symbol (once per graph)."""
-        plan = graph.pad_plan
+        plan = self.pad_plan
         if plan is not None:
             return plan
         symbols = []
         int_syms = []      # (position, symbol) of SymInt placeholders that are one symbol
         # (position, dim, symbol) of tensor dims that are one symbol
         tensor_dims: list[tuple[int, int, Any]] = []
-        for pos, n in enumerate(graph.program.placeholders):
+        for pos, n in enumerate(spec.program.placeholders):
             val = n.meta.get("val")
             if isinstance(val, torch.SymInt):
                 expr = val.node.expr
@@ -144,12 +163,12 @@ class Policy:
                         if expr.is_Symbol:
                             tensor_dims.append((pos, d, expr))
         symbols.sort(key=str)
-        plan = graph.pad_plan = (symbols, int_syms, tensor_dims)
+        plan = self.pad_plan = (symbols, int_syms, tensor_dims)
         return plan
 
-    def _run_padded(self, graph, args):
-        symbols, int_syms, tensor_dims = self._plan(graph)
-        program = graph.program
+    def _run_padded(self, spec, args, consts):
+        symbols, int_syms, tensor_dims = self._plan(spec)
+        program = spec.program
         # 1. the real size of each symbol
         true = {}
         for pos, sym in int_syms:
@@ -166,7 +185,7 @@ class Policy:
             raise PadUnsafe("a dynamic size is not given by any input")
         # Only sizes seen to change are padded; the others (a hidden size
         # under dynamic=True, say) stay exact and part of the key.
-        history = graph.seen_sizes
+        history = self.seen_sizes
         for s in symbols:
             history.setdefault(s, set()).add(true[s])
         varying = [s for s in symbols if len(history[s]) > 1]
@@ -180,7 +199,7 @@ class Policy:
         pad_env.values.update(buckets)
         # 2. inputs at bucket size
         arrays, specs = [], []
-        for pos in graph.tensor_pos:
+        for pos in spec.tensor_pos:
             t = args[pos]
             val = program.placeholders[pos].meta["val"]
             padded_shape = tuple(pad_env.int(s) for s in val.shape)
@@ -192,42 +211,42 @@ class Policy:
                 specs.append(reg[0])
                 continue
             try:
-                spec = padding.meta_spec(val, buckets, exact)
+                pspec = padding.meta_spec(val, buckets, exact)
             except PadUnsafe:  # merged dims: only readable when produced padded
                 raise _CallUnsafe() from None
             shape = tuple(t.shape)
             if shape == padded_shape:
-                arr = _value(t, graph.device)
+                arr = _value(t, spec.device)
             elif shape == true_shape:
                 if t.device.type == "tpu" and padding.is_padded_prefix(t, padded_shape):
                     arr = st.data_of(t).array
                 else:
-                    arr = padding.pad_to(_value(t, graph.device), padded_shape)
+                    arr = padding.pad_to(_value(t, spec.device), padded_shape)
             else:
                 raise _CallUnsafe()
             arrays.append(arr)
-            specs.append(spec)
-        ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in graph.int_pos]
-        key = ("bucket", precision_token(), graph.level(),
+            specs.append(pspec)
+        ints = [pad_env.int(program.placeholders[p].meta["val"]) for p in spec.int_pos]
+        key = ("bucket", precision_token(), spec.level(),
                tuple((str(s), buckets[s]) for s in varying),
                tuple(sorted((str(s), v) for s, v in exact.items())),
                tuple((a.shape, str(a.dtype)) for a in arrays), tuple(map(_spec_key, specs)))
-        entry = graph.executables.get(key)
+        entry = self.executables.get(key)
         if entry is None:
-            entry = graph.executables[key] = self._build_padded(
-                graph, arrays, ints, specs, buckets, exact, varying, key)
+            entry = self.executables[key] = self._build_padded(
+                spec, arrays, ints, consts, specs, buckets, exact, varying, key)
         compiled, out_specs = entry
         sizes = np.asarray([true[s] for s in varying], np.int32)
         rng = None
         if program.uses_rng:
-            rng = tpu_random.next_key(graph.device)
-        outs, muts = compiled(arrays, graph.consts, rng, sizes)
-        nodes = graph.output_nodes
+            rng = tpu_random.next_key(spec.device)
+        outs, muts = compiled(arrays, consts, rng, sizes)
+        nodes = spec.output_nodes
 
-        def array(i, spec):
-            arr = outs[spec[1]]
-            t = st.wrap(arr, graph.device, spec[2])
-            pspec = out_specs[spec[1]]
+        def array(i, out_spec):
+            arr = outs[out_spec[1]]
+            t = st.wrap(arr, spec.device, out_spec[2])
+            pspec = out_specs[out_spec[1]]
             if padding.spec_masked(pspec):
                 if _simple(pspec):
                     t = padding.true_view(
@@ -237,28 +256,28 @@ class Policy:
             return t
 
         # ("input_view" outputs come from static graphs only.)
-        return wrap_outputs(graph, args, muts, array,
+        return wrap_outputs(spec, args, muts, array,
                             lambda i: true_env.int(nodes[i].meta["val"]))
 
-    def _build_padded(self, graph, arrays, ints, specs, buckets, exact, symbols, key):
-        program = graph.program
+    def _build_padded(self, spec, arrays, ints, consts, specs, buckets, exact, symbols, key):
+        program = spec.program
         placeholders = program.placeholders
         sym_index = {s: i for i, s in enumerate(symbols)}
         holder = {}
 
         def fn(arrays, consts, rng, sizes):
-            inputs = [None] * len(graph.specs)
+            inputs = [None] * len(spec.inputs)
             hook = PadHook(program, buckets, sizes, sym_index, exact)
-            for p, a, spec in zip(graph.tensor_pos, arrays, specs):
+            for p, a, pspec in zip(spec.tensor_pos, arrays, specs):
                 inputs[p] = a
-                hook.set_input(placeholders[p], a, spec)
-            for p, v in zip(graph.int_pos, ints):
+                hook.set_input(placeholders[p], a, pspec)
+            for p, v in zip(spec.int_pos, ints):
                 inputs[p] = v
                 val = placeholders[p].meta.get("val")
                 if isinstance(val, torch.SymInt) and \
                         val.node.expr.free_symbols & set(buckets):
                     hook.tainted.add(placeholders[p])
-            for p, s in enumerate(graph.specs):
+            for p, s in enumerate(spec.inputs):
                 if s.kind == "x":
                     inputs[p] = s.static
             syms = SymEnv()
@@ -268,11 +287,11 @@ class Policy:
                                        syms, hook=hook)
             out_pad = hook.output_specs()
             arr_outs, arr_specs = [], []
-            for i, (spec, v) in enumerate(zip(graph.out_specs, outs)):
-                if spec[0] != "array":
+            for i, (out_spec, v) in enumerate(zip(spec.out_specs, outs)):
+                if out_spec[0] != "array":
                     continue
                 ps = out_pad[i]
-                if padding.spec_masked(ps) and not _simple(ps) and i < graph.n_user_outputs:
+                if padding.spec_masked(ps) and not _simple(ps) and i < spec.n_user_outputs:
                     raise PadUnsafe("an output merges a padded dimension with another")
                 arr_outs.append(v)
                 arr_specs.append(ps)
@@ -282,9 +301,9 @@ class Policy:
         rng = np.zeros((4,), np.uint32) if program.uses_rng else None
         sizes = np.zeros((len(symbols),), np.int32)
         try:
-            compiled = programs.compile(graph.name + "_bucketed",
-                                         (graph.fingerprint, graph.kind, key), fn,
-                                         (list(arrays), list(graph.consts), rng, sizes),
+            compiled = programs.compile(spec.name + "_bucketed",
+                                         (spec.fingerprint, spec.kind, key), fn,
+                                         (list(arrays), list(consts), rng, sizes),
                                          opt_level=key[2])
         except PadUnsafe:
             raise
@@ -306,11 +325,27 @@ def _spec_key(spec):
 
 
 def registered_spec(t):
-    """The padding spec registered for tpu tensor `t`'s value (None: none);
-    compile.graph reads the specs of a graph's padded inputs with it."""
+    """The padding spec registered for tpu tensor `t`'s value (None: none)."""
     if not isinstance(t, torch.Tensor) or t.device.type != "tpu" or not st.has_data(t):
         return None
     return padding.SPECS.get(st.data_of(t))
+
+
+def read_inputs(spec: GraphSpec, args: list) -> list:
+    """The jax values of graph `spec`'s tensor inputs among `args`."""
+    arrays = [_value(args[p], spec.device) for p in spec.tensor_pos]
+    if padding.SPECS:
+        unpad_inputs(spec, args, arrays)
+    return arrays
+
+
+def unpad_inputs(spec: GraphSpec, args: list, arrays: list) -> None:
+    """Saved activations a padded graph produced padded, for an unpadded graph:
+    `arrays[i]` (tensor input i of graph `spec`) replaced by its real part."""
+    for i, p in enumerate(spec.tensor_pos):
+        reg = registered_spec(args[p])
+        if reg is not None:
+            arrays[i] = padding.unpad(arrays[i], reg[0], reg[2])
 
 
 def _value(t, device):

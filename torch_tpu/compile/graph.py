@@ -39,23 +39,11 @@ from ..runtime.switches import switch_set
 from . import dynamic as dyn
 from . import effects, graph_cache, graph_key, padding
 from .graph_cache import GRAPH_STATS
+from .graph_spec import GraphSpec, InputSpec
 from .lowering import GraphProgram, LoweringError, SymEnv, const_value
 from .outputs import wrap_outputs
-from ..runtime.context import CONTEXT
 
 aten = torch.ops.aten
-
-
-class _Spec:
-    """How one placeholder is passed: tensor, symbolic int, or other value."""
-
-    __slots__ = ("kind", "dtype", "index", "static")
-
-    def __init__(self, kind, dtype=None, index=None, static=None):
-        self.kind = kind      # "t" tensor, "s" SymInt/int, "x" other python value
-        self.dtype = dtype
-        self.index = index
-        self.static = static
 
 
 def _device_of(example_inputs):
@@ -66,7 +54,12 @@ def _device_of(example_inputs):
 
 
 class CompiledGraph:
-    """One AOT graph (forward, backward or inference) as XLA executables."""
+    """One AOT graph (forward, backward or inference) as XLA executables.
+
+    What the graph is (its inputs, outputs, fingerprint: `self.spec`, a
+    `GraphSpec`) is fixed at construction; what it has built (executables,
+    constants, the eager fallback) is this object's state.
+    """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
                  options: dict | None = None, n_user_outputs: int | None = None):
@@ -74,66 +67,42 @@ class CompiledGraph:
         # instance attribute, so that wrappers made with functools.wraps keep it.
         self._boxed_call = True
         self.gm = gm
-        self.kind = kind
         self.options = options or {}
-        # The XLA optimization level of this graph's programs (the "opt_level"
-        # option); None: the process-wide level when a program is compiled.
-        self.opt_level = self.options.get("opt_level")
-        self.name = f"graph_{kind}"
+        name = f"graph_{kind}"
         # Effectful ops (linalg's error checks) leave the graph and run after it.
         self.hoisted, tokens, self.n_graph_outputs = effects.hoist(gm)
-        self.program = GraphProgram(gm, self.name)
-        self.device = _device_of(example_inputs)
-        self.specs = []
-        placeholders = self.program.placeholders
-        for n, ex in zip(placeholders, example_inputs):
-            val = n.meta.get("val", ex)
-            if n in tokens:  # an effect token: None at run time
-                self.specs.append(_Spec("x", static=None))
-            elif isinstance(val, torch.Tensor):
-                self.specs.append(_Spec("t", val.dtype))
-            elif isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
-                self.specs.append(_Spec("s"))
-            else:
-                self.specs.append(_Spec("x", static=val))
-        self.tensor_pos = [i for i, s in enumerate(self.specs) if s.kind == "t"]
-        self.int_pos = [i for i, s in enumerate(self.specs) if s.kind == "s"]
-        self.symbolic = bool(self.int_pos) or any(
+        program = GraphProgram(gm, name)
+        inputs = _input_specs(program, example_inputs, tokens)
+        tensor_pos = tuple(i for i, s in enumerate(inputs) if s.kind == "t")
+        int_pos = tuple(i for i, s in enumerate(inputs) if s.kind == "s")
+        symbolic = bool(int_pos) or any(
             isinstance(d, torch.SymInt)
-            for n in placeholders
+            for n in program.placeholders
             for d in (n.meta["val"].shape if isinstance(n.meta.get("val"), torch.Tensor)
                       else ()))
-        self._analyze_outputs()
+        output_nodes, out_specs = _analyze_outputs(program)
         code = gm.code
-        self.fingerprint = hashlib.sha256(code.encode()).hexdigest()
-        graph_key.note_dynamo_reason(self.fingerprint)  # for the debug tools' recompile reasons
-        # specialization key -> entry
+        fingerprint = hashlib.sha256(code.encode()).hexdigest()
+        graph_key.note_dynamo_reason(fingerprint)  # for the debug tools' recompile reasons
+        n_users = _n_user_outputs(kind, len(out_specs), n_user_outputs)
+        if kind == "forward" and not symbolic:
+            out_specs = _saved_views_of_inputs(program, output_nodes, out_specs, n_users)
+        mutated = set(program.mutated_inputs)
+        self.spec = GraphSpec(
+            name=name, kind=kind, fingerprint=fingerprint, code=code,
+            device=_device_of(example_inputs), program=program, inputs=inputs,
+            tensor_pos=tensor_pos, int_pos=int_pos, symbolic=symbolic,
+            output_nodes=tuple(output_nodes), out_specs=tuple(out_specs),
+            n_user_outputs=n_users,
+            donate_idx=tuple(i for i, p in enumerate(tensor_pos) if p in mutated),
+            # The XLA optimization level of this graph's programs (the
+            # "opt_level" option); None: the process-wide level when compiled.
+            opt_level=self.options.get("opt_level"))
+        # A static graph's specializations: call token -> entry (a symbolic
+        # graph's are its policy's).
         self.executables: collections.OrderedDict[Any, graph_cache.Entry] = \
             collections.OrderedDict()
-        self.policy = dyn.Policy.from_options(self.options) if self.symbolic else None
-        self.pad_ok = None       # False once padding to buckets proved unsafe
-        self.pad_plan = None
-        # symbol -> values seen (only changing ones are padded)
-        self.seen_sizes: dict[Any, set[int]] = {}
-        self.warned_cap = False
-        # Outputs [0, n_user_outputs) are what the user (or AOTAutograd's
-        # wrapper) sees; the rest of a forward graph's outputs are saved for
-        # the backward graph.
-        self.n_user_outputs = len(self.out_specs)
-        if kind == "forward":
-            try:
-                ctx = dynamo_api.TracingContext.try_get()
-                md = ctx.fw_metadata if ctx is not None else None
-                if md is not None:
-                    self.n_user_outputs = int(md.num_forward)
-            except Exception:
-                pass
-            if n_user_outputs is not None:  # rebuilt from a compile package
-                self.n_user_outputs = int(n_user_outputs)
-            if not self.symbolic:
-                self._saved_views_of_inputs()
-        mutated = set(self.program.mutated_inputs)
-        self.donate_idx = [i for i, p in enumerate(self.tensor_pos) if p in mutated]
+        self.policy = dyn.Policy.from_options(self.options) if symbolic else None
         self.eager = False
         self.consts: list[Any] | None = None
         # A forward graph's backward graph (linked by tpu_backend), whose
@@ -144,79 +113,40 @@ class CompiledGraph:
         self.prebuilt: dict[Any, Any] = {}  # specialization token -> future of an Entry
         graph_cache.record(graphs=1)
 
-    def _analyze_outputs(self):
-        """Which outputs come from the program, the inputs, or are not tensors."""
-        outs = self.program.output_node.args[0]
-        if not isinstance(outs, (list, tuple)):
-            outs = (outs,)
-        index = {n: i for i, n in enumerate(self.program.placeholders)}
-        self.output_nodes = list(outs)
-        # Per output: (kind, its fields...), kind "none", "input", "array",
-        # "value", "const" or "input_view".
-        self.out_specs: list[tuple[Any, ...]] = []
-        n_prog = 0
-        for o in outs:
-            if o is None:
-                self.out_specs.append(("none", None))
-            elif isinstance(o, torch.fx.Node) and o in index and o.op == "placeholder" \
-                    and isinstance(o.meta.get("val"), torch.Tensor):
-                self.out_specs.append(("input", index[o]))
-            elif isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor):
-                self.out_specs.append(("array", n_prog, o.meta["val"].dtype))
-                n_prog += 1
-            elif isinstance(o, torch.fx.Node):
-                self.out_specs.append(("value", None))
-            else:
-                self.out_specs.append(("const", o))
-        self.n_prog_out = n_prog
+    # What the compile front (backend.py, step.py, persist/) reads of a graph.
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
 
-    def _saved_views_of_inputs(self):
-        """Saved-for-backward outputs that are views of inputs (`t(weight)`):
-        returned as views (metadata only) instead of materialized copies."""
-        index = {n: i for i, n in enumerate(self.program.placeholders)}
-        for i, o in enumerate(self.output_nodes):
-            if i < self.n_user_outputs or self.out_specs[i][0] != "array":
-                continue
-            base = o
-            while (isinstance(base, torch.fx.Node) and base.op == "call_function"
-                   and base.target in _VIEW_OPS and isinstance(base.args[0], torch.fx.Node)):
-                base = base.args[0]
-            if base is o or base not in index:
-                continue
-            fin, fout = base.meta.get("val"), o.meta.get("val")
-            if not (isinstance(fin, torch.Tensor) and isinstance(fout, torch.Tensor)):
-                continue
-            try:
-                view = (tuple(int(d) for d in fout.shape), tuple(int(d) for d in fout.stride()),
-                        int(fout.storage_offset()) - int(fin.storage_offset()),
-                        tuple(int(d) for d in fin.shape), tuple(int(d) for d in fin.stride()))
-            except (TypeError, ValueError):
-                continue
-            self.out_specs[i] = ("input_view", index[base], view, self.out_specs[i][1])
-        # The program no longer computes those: renumber its outputs.
-        n = 0
-        for i, spec in enumerate(self.out_specs):
-            if spec[0] == "array":
-                self.out_specs[i] = ("array", n, spec[2])
-                n += 1
-        self.n_prog_out = n
+    @property
+    def symbolic(self) -> bool:
+        return self.spec.symbolic
+
+    @property
+    def n_user_outputs(self) -> int:
+        return self.spec.n_user_outputs
 
     # -- compiling ---------------------------------------------------------
 
-    def _build(self, arrays, ints, consts, key, layouts=None):
-        """Compile the program for these input values (one specialization).
+    def build(self, arrays: Sequence[Any], ints: Sequence[int], consts: Sequence[Any],
+              key: tuple, layouts: Sequence[Any] | None = None) -> graph_cache.Entry:
+        """The entry (executables) of one specialization: these input values
+        under specialization `key`, from the program cache, the graph tier or a
+        compile (graph_cache.entry_for).
 
         `layouts[i]` (static graphs): tensor input i arrives as its storage's
         array and is read through that view layout inside the program, so a
         view input (`t(weight)` saved for the backward) costs no separate copy.
         """
-        program = self.program
-        specs = self.specs
-        tensor_pos = self.tensor_pos
-        int_pos = self.int_pos
+        gspec = self.spec
+        program = gspec.program
+        specs = gspec.inputs
+        tensor_pos = gspec.tensor_pos
+        int_pos = gspec.int_pos
+        out_specs = gspec.out_specs
         uses_rng = program.uses_rng
         placeholders = program.placeholders
-        value_outs = [i for i, spec in enumerate(self.out_specs) if spec[0] == "value"]
+        value_outs = [i for i, spec in enumerate(out_specs) if spec[0] == "value"]
 
         def make_syms(inputs):
             syms = SymEnv()
@@ -230,13 +160,13 @@ class CompiledGraph:
             return syms
 
         static_ints = tuple(ints)
-        layouts = tuple(layouts) if layouts is not None else (None,) * len(tensor_pos)
+        layouts = tuple(layouts if layouts is not None else [None] * len(tensor_pos))
         # An input that is its whole storage in another shape (a flat storage
         # read as a matrix): a reshape in the program; its new value goes back
         # in the storage's shape, so it can be donated like a plain input.
-        reshaped = {i: tuple(arrays[i].shape) for i in self.donate_idx
+        reshaped = {i: tuple(arrays[i].shape) for i in gspec.donate_idx
                     if layouts[i] is not None and graph_cache.whole_reshape(layouts[i], arrays[i])}
-        donate_idx = [i for i in self.donate_idx if layouts[i] is None or i in reshaped]
+        donate_idx = [i for i in gspec.donate_idx if layouts[i] is None or i in reshaped]
         keep_idx = [i for i in range(len(tensor_pos)) if i not in set(donate_idx)]
         mut_reshape = [(j, reshaped[tensor_pos.index(p)])
                        for j, p in enumerate(program.mutated_inputs)
@@ -248,7 +178,7 @@ class CompiledGraph:
                 arrays[i] = a if i not in reshaped else a.reshape(layouts[i][1])
             for i, a in zip(keep_idx, kept):
                 arrays[i] = a if layouts[i] is None else st.strided_read(a, layouts[i])
-            inputs = [None] * len(specs)
+            inputs: list[Any] = [None] * len(specs)
             for p, a in zip(tensor_pos, arrays):
                 inputs[p] = a
             for p, v in zip(int_pos, static_ints):
@@ -265,7 +195,7 @@ class CompiledGraph:
             # Python values among the outputs (sizes saved for the backward) are
             # constants of this specialization: recorded while tracing.
             value_results.update((i, outs[i]) for i in value_outs)
-            arr_outs = [v for spec, v in zip(self.out_specs, outs) if spec[0] == "array"]
+            arr_outs = [v for spec, v in zip(out_specs, outs) if spec[0] == "array"]
             # The same value returned twice (`relu` and its `alias`, both saved
             # for the backward) is returned once: XLA would copy it.
             unique: list[Any] = []
@@ -285,13 +215,13 @@ class CompiledGraph:
         rng = np.zeros((4,), np.uint32) if uses_rng else None
         lower_args = ([arrays[i] for i in donate_idx], [arrays[i] for i in keep_idx],
                       list(consts), rng)
-        level = self.level()
-        entry = graph_cache.Entry(fn, lower_args, self.name,
-                                  graph_key.program_key(self, key, donate_idx, consts, level),
+        level = gspec.level()
+        entry = graph_cache.Entry(fn, lower_args, gspec.name,
+                                  graph_key.program_key(gspec, key, donate_idx, consts, level),
                                   value_results, donate_idx, keep_idx)
         entry.layouts = layouts
         entry.opt_level = level
-        return graph_cache.entry_for(self, entry, consts)
+        return graph_cache.entry_for(gspec, entry, consts)
 
     # -- running -----------------------------------------------------------
 
@@ -315,51 +245,40 @@ class CompiledGraph:
         return results
 
     def _run(self, args):
+        spec = self.spec
         if self.consts is None:
-            self.consts = [const_value(v, self.device) for _, v in self.program.constants]
-        ints = [int(args[p]) for p in self.int_pos]
-        if self.symbolic:
+            self.consts = [const_value(v, spec.device) for _, v in spec.program.constants]
+        consts = self.consts
+        ints = [int(args[p]) for p in spec.int_pos]
+        if spec.symbolic:
             # The policy reads the inputs itself (padded inputs are not re-read).
             assert self.policy is not None  # made for every symbolic graph
-            return self.policy.run(self, args, None, ints)
+            return self.policy.run(spec, args, ints, consts, self.build, self.execute)
         arrays, layouts = self.read_storages(args)
-        return self._run_static(args, arrays, ints, layouts)
+        return self._run_static(args, arrays, ints, layouts, consts)
 
     def read_storages(self, args):
         """Storage arrays of the tensor inputs and their view layouts (None: plain)."""
         arrays: list[Any] = []
         layouts: list[Any] = []
-        for p in self.tensor_pos:
+        for p in self.spec.tensor_pos:
             t = args[p]
             data = getattr(t.untyped_storage(), "_tpu", None) if t.device.type == "tpu" else None
             if data is None:
                 arrays.append(executor.value(t) if t.device.type == "tpu"
-                              else st.from_host(t, self.device))
+                              else st.from_host(t, self.spec.device))
                 layouts.append(None)
                 continue
             arrays.append(data.array)
             layouts.append(st.layout_of(t, data))
         if padding.SPECS:
-            self._unpad_inputs(args, arrays)
+            dyn.unpad_inputs(self.spec, args, arrays)
         return arrays, tuple(layouts)
 
-    def read_inputs(self, args):
-        """The jax values of the tensor inputs."""
-        arrays = []
-        for p in self.tensor_pos:
-            t = args[p]
-            if t.device.type == "tpu":
-                arrays.append(executor.value(t))
-            else:
-                arrays.append(st.from_host(t, self.device))
-        if padding.SPECS:
-            self._unpad_inputs(args, arrays)
-        return arrays
-
-    def _run_static(self, args, arrays, ints, layouts):
+    def _run_static(self, args, arrays, ints, layouts, consts):
         # Dynamo's guards fix the shapes of a static graph; what can still
         # change the program is the matmul precision and the inputs' layouts.
-        token = graph_key.call_token(self, arrays, layouts)
+        token = graph_key.call_token(self.spec, arrays, layouts)
         entry = self.executables.get(token)
         if entry is None:
             if self.backward_graph is not None:
@@ -369,10 +288,11 @@ class CompiledGraph:
                 if entry is not None:
                     graph_cache.record(prebuilt=1)
             if entry is None:
-                entry = self._build(arrays, ints, self.consts,
-                                    self.signature(arrays, ints) + (layouts,), layouts)
+                entry = self.build(arrays, ints, consts,
+                                   graph_key.specialization(self.spec, arrays, ints) + (layouts,),
+                                   layouts)
             self.executables[token] = entry
-        return self._execute(entry, args, arrays)
+        return self.execute(entry, args, arrays)
 
     # -- compiling the backward while the forward compiles -------------------
 
@@ -391,121 +311,50 @@ class CompiledGraph:
         `prebuild_enabled`.
         """
         bw, self.backward_graph = self.backward_graph, None
-        if (bw is None or bw.eager or bw.symbolic or bw.int_pos or bw.executables
+        if (bw is None or bw.eager or bw.symbolic or bw.spec.int_pos or bw.executables
                 or padding.SPECS or not prebuild_enabled()):
             return
         try:
-            predicted = bw._inputs_from_forward(self, arrays, layouts)
+            predicted = _backward_inputs(bw.spec, self.spec, arrays, layouts)
         except Exception:  # nothing we can predict: the backward builds on its first call
             predicted = None
         if predicted is None:
             return
         b_arrays, b_layouts = predicted[0], tuple(predicted[1])
         if bw.consts is None:
-            bw.consts = [const_value(v, bw.device) for _, v in bw.program.constants]
+            bw.consts = [const_value(v, bw.spec.device) for _, v in bw.spec.program.constants]
+        consts = bw.consts
         precision = graph_key.precision_token()
-        token = graph_key.call_token(bw, b_arrays, b_layouts)
-        key = bw.signature(b_arrays, []) + (b_layouts,)
+        token = graph_key.call_token(bw.spec, b_arrays, b_layouts)
+        key = graph_key.specialization(bw.spec, b_arrays, []) + (b_layouts,)
         # JAX's options are dynamic attributes of jax.config (not in its stubs).
         matmul = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
 
         def build():
             if graph_key.precision_token() != precision:  # a thread-local precision context
                 with jax.default_matmul_precision(matmul):
-                    return bw._build(b_arrays, [], bw.consts, key, b_layouts)
-            return bw._build(b_arrays, [], bw.consts, key, b_layouts)
+                    return bw.build(b_arrays, [], consts, key, b_layouts)
+            return bw.build(b_arrays, [], consts, key, b_layouts)
 
         # The compile pool eager ops compile on (runtime.async_compile); not
         # counted as outstanding work, which would defer eager ops.
         bw.prebuilt[token] = async_compile.compile_pool().submit(build)
 
-    def _inputs_from_forward(self, fw, fw_arrays, fw_layouts):
-        """(arrays, layouts) this backward graph will read at its first call,
-        as `read_storages` will give them: arrays are the forward's own input
-        arrays or abstract values; None where a case is not foreseen."""
-        sharding = None
-        for a in fw_arrays:
-            if isinstance(a, jax.Array) and getattr(a, "committed", False):
-                sharding = a.sharding
-                break
-        if sharding is None:
-            return None
-        saved: dict[str, int] = {}  # node name -> its position among fw's outputs
-        for i, n in enumerate(fw.output_nodes):
-            if i >= fw.n_user_outputs and isinstance(n, torch.fx.Node):
-                saved.setdefault(n.name, i)
-        fw_index = {p: k for k, p in enumerate(fw.tensor_pos)}
-        arrays: list[Any] = []
-        layouts: list[Any] = []
-        for p in self.tensor_pos:
-            node = self.program.placeholders[p]
-            val = node.meta.get("val")
-            if not isinstance(val, torch.Tensor) or val.dtype is torch.complex32:
-                return None
-            pos = saved.get(node.name)
-            if pos is None:
-                # A tangent: a new, plain tensor (AOTAutograd makes it so).
-                if not node.name.startswith("tangents") or not _plain_fake(val):
-                    return None
-                arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in val.shape),
-                                                   st.jax_dtype(val.dtype), sharding=sharding))
-                layouts.append(None)
-                continue
-            spec = fw.out_specs[pos]
-            if spec[0] == "array":
-                out = fw.output_nodes[pos].meta.get("val")
-                if (not isinstance(out, torch.Tensor) or not _plain_fake(out)
-                        or out.dtype is not spec[2] or not _plain_fake(val)):
-                    return None
-                arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in out.shape),
-                                                   st.jax_dtype(spec[2]), sharding=sharding))
-                layouts.append(None)
-            elif spec[0] == "input":
-                k = fw_index[spec[1]]
-                arrays.append(fw_arrays[k])
-                layouts.append(fw_layouts[k])
-            elif spec[0] == "input_view":
-                k = fw_index[spec[1]]
-                if fw_layouts[k] is not None or fw.specs[spec[1]].dtype is not val.dtype:
-                    return None
-                size, stride, offset = spec[2][0], spec[2][1], spec[2][2]
-                arr = fw_arrays[k]
-                if (size == tuple(arr.shape) and offset == 0
-                        and st.is_contiguous(size, stride)):
-                    layouts.append(None)
-                else:
-                    layouts.append((val.dtype, tuple(size), tuple(stride), offset))
-                arrays.append(arr)
-            else:
-                return None
-        return arrays, layouts
-
-    def _unpad_inputs(self, args, arrays):
-        """Saved activations a padded graph produced padded, for an unpadded graph."""
-        for i, p in enumerate(self.tensor_pos):
-            reg = dyn.registered_spec(args[p])
-            if reg is not None:
-                arrays[i] = padding.unpad(arrays[i], reg[0], reg[2])
-
-    def signature(self, arrays, ints):
-        """The specialization key of these input values (graph_key.specialization)."""
-        return graph_key.specialization(self, arrays, ints)
-
-    def level(self) -> int:
-        """The XLA optimization level this graph compiles at now."""
-        return CONTEXT.opt_level if self.opt_level is None else self.opt_level
-
-    def _execute(self, entry, args, arrays, out_slices=None):
+    def execute(self, entry: graph_cache.Entry, args: list, arrays: Sequence[Any],
+                out_slices: Sequence[Any] | None = None) -> list:
+        """Run `entry` (one specialization's executables, from `build`) on
+        `args` (their tensor inputs' values `arrays`): the graph's results."""
         value_results = entry.values
         rng = None
-        if self.program.uses_rng:
-            rng = tpu_random.next_key(self.device)
-        outs, muts = entry.run(self, args, arrays, self.consts, rng)
+        if self.spec.program.uses_rng:
+            rng = tpu_random.next_key(self.spec.device)
+        assert self.consts is not None  # made by _run, before any program runs
+        outs, muts = entry.run(self.spec, args, arrays, self.consts, rng)
         GRAPH_STATS.runs += 1
         out_index = value_results.get("__out_index__")
         if out_index is not None and len(out_index) != len(outs):
             outs = [outs[j] for j in out_index]
-        device = self.device
+        device = self.spec.device
 
         strides = self._user_out_strides()
 
@@ -516,7 +365,7 @@ class CompiledGraph:
             t = st.wrap(arr, device, spec[2])
             return t if strides[i] is None else core.restrided(t, strides[i])
 
-        return wrap_outputs(self, args, muts, array, value_results.__getitem__)
+        return wrap_outputs(self.spec, args, muts, array, value_results.__getitem__)
 
     def _user_out_strides(self) -> list:
         """Per output, the strides its fake value has where the user gets it
@@ -526,10 +375,11 @@ class CompiledGraph:
         cached = getattr(self, "_out_strides", None)
         if cached is not None:
             return cached
-        strides: list = [None] * len(self.output_nodes)
-        for i, o in enumerate(self.output_nodes[:self.n_user_outputs]):
+        spec = self.spec
+        strides: list = [None] * len(spec.output_nodes)
+        for i, o in enumerate(spec.output_nodes[:spec.n_user_outputs]):
             val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
-            if (self.out_specs[i][0] != "array" or not isinstance(val, torch.Tensor)
+            if (spec.out_specs[i][0] != "array" or not isinstance(val, torch.Tensor)
                     or val.numel() <= 1 or val.is_contiguous()):
                 continue
             try:
@@ -562,6 +412,102 @@ class CompiledGraph:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _input_specs(program: GraphProgram, example_inputs: Sequence[Any],
+                 tokens: Any) -> tuple[InputSpec, ...]:
+    """How each placeholder is passed, from its fake value (else its example)."""
+    specs = []
+    for n, ex in zip(program.placeholders, example_inputs):
+        val = n.meta.get("val", ex)
+        if n in tokens:  # an effect token: None at run time
+            specs.append(InputSpec("x", static=None))
+        elif isinstance(val, torch.Tensor):
+            specs.append(InputSpec("t", val.dtype))
+        elif isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+            specs.append(InputSpec("s"))
+        else:
+            specs.append(InputSpec("x", static=val))
+    return tuple(specs)
+
+
+def _analyze_outputs(program: GraphProgram) -> tuple[list, list[tuple[Any, ...]]]:
+    """(output nodes, out specs): which outputs come from the program, the
+    inputs, or are not tensors. Per output: (kind, its fields...), kind
+    "none", "input", "array", "value" or "const" (see compile/outputs.py)."""
+    outs = program.output_node.args[0]
+    if not isinstance(outs, (list, tuple)):
+        outs = (outs,)
+    index = {n: i for i, n in enumerate(program.placeholders)}
+    out_specs: list[tuple[Any, ...]] = []
+    n_prog = 0
+    for o in outs:
+        if o is None:
+            out_specs.append(("none", None))
+        elif isinstance(o, torch.fx.Node) and o in index and o.op == "placeholder" \
+                and isinstance(o.meta.get("val"), torch.Tensor):
+            out_specs.append(("input", index[o]))
+        elif isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor):
+            out_specs.append(("array", n_prog, o.meta["val"].dtype))
+            n_prog += 1
+        elif isinstance(o, torch.fx.Node):
+            out_specs.append(("value", None))
+        else:
+            out_specs.append(("const", o))
+    return list(outs), out_specs
+
+
+def _n_user_outputs(kind: str, n_outputs: int, given: int | None) -> int:
+    """How many outputs the user (or AOTAutograd's wrapper) sees: all but a
+    forward graph's saved-for-backward ones (AOTAutograd's metadata, or
+    `given` when rebuilt from a compile package)."""
+    n = n_outputs
+    if kind != "forward":
+        return n
+    try:
+        ctx = dynamo_api.TracingContext.try_get()
+        md = ctx.fw_metadata if ctx is not None else None
+        if md is not None:
+            n = int(md.num_forward)
+    except Exception:
+        pass
+    return int(given) if given is not None else n
+
+
+def _saved_views_of_inputs(program: GraphProgram, output_nodes: list,
+                           out_specs: list[tuple[Any, ...]],
+                           n_user_outputs: int) -> list[tuple[Any, ...]]:
+    """`out_specs` with the saved-for-backward outputs that are views of
+    inputs (`t(weight)`) returned as views (metadata only) instead of
+    materialized copies, and the program's outputs renumbered."""
+    out_specs = list(out_specs)
+    index = {n: i for i, n in enumerate(program.placeholders)}
+    for i, o in enumerate(output_nodes):
+        if i < n_user_outputs or out_specs[i][0] != "array":
+            continue
+        base = o
+        while (isinstance(base, torch.fx.Node) and base.op == "call_function"
+               and base.target in _VIEW_OPS and isinstance(base.args[0], torch.fx.Node)):
+            base = base.args[0]
+        if base is o or base not in index:
+            continue
+        fin, fout = base.meta.get("val"), o.meta.get("val")
+        if not (isinstance(fin, torch.Tensor) and isinstance(fout, torch.Tensor)):
+            continue
+        try:
+            view = (tuple(int(d) for d in fout.shape), tuple(int(d) for d in fout.stride()),
+                    int(fout.storage_offset()) - int(fin.storage_offset()),
+                    tuple(int(d) for d in fin.shape), tuple(int(d) for d in fin.stride()))
+        except (TypeError, ValueError):
+            continue
+        out_specs[i] = ("input_view", index[base], view, out_specs[i][1])
+    # The program no longer computes those: renumber its outputs.
+    n = 0
+    for i, spec in enumerate(out_specs):
+        if spec[0] == "array":
+            out_specs[i] = ("array", n, spec[2])
+            n += 1
+    return out_specs
+
+
 def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
     """`aten.view` nodes of a graph that runs op by op become `aten.reshape`.
 
@@ -590,8 +536,6 @@ _VIEW_OPS = {
 }
 
 
-
-
 def prebuild_enabled() -> bool:
     """Compile backward programs ahead (see CompiledGraph._prebuild_backward)?
 
@@ -617,6 +561,69 @@ def _prebuilt_entry(future):
         return future.result()
     except Exception:
         return None
+
+
+def _backward_inputs(bw: GraphSpec, fw: GraphSpec, fw_arrays: Sequence[Any],
+                     fw_layouts: Sequence[Any]) -> tuple[list, list] | None:
+    """(arrays, layouts) backward graph `bw` will read at its first call,
+    as `read_storages` will give them: arrays are forward `fw`'s own input
+    arrays or abstract values; None where a case is not foreseen."""
+    sharding = None
+    for a in fw_arrays:
+        if isinstance(a, jax.Array) and getattr(a, "committed", False):
+            sharding = a.sharding
+            break
+    if sharding is None:
+        return None
+    saved: dict[str, int] = {}  # node name -> its position among fw's outputs
+    for i, n in enumerate(fw.output_nodes):
+        if i >= fw.n_user_outputs and isinstance(n, torch.fx.Node):
+            saved.setdefault(n.name, i)
+    fw_index = {p: k for k, p in enumerate(fw.tensor_pos)}
+    arrays: list[Any] = []
+    layouts: list[Any] = []
+    for p in bw.tensor_pos:
+        node = bw.program.placeholders[p]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dtype is torch.complex32:
+            return None
+        pos = saved.get(node.name)
+        if pos is None:
+            # A tangent: a new, plain tensor (AOTAutograd makes it so).
+            if not node.name.startswith("tangents") or not _plain_fake(val):
+                return None
+            arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in val.shape),
+                                               st.jax_dtype(val.dtype), sharding=sharding))
+            layouts.append(None)
+            continue
+        spec = fw.out_specs[pos]
+        if spec[0] == "array":
+            out = fw.output_nodes[pos].meta.get("val")
+            if (not isinstance(out, torch.Tensor) or not _plain_fake(out)
+                    or out.dtype is not spec[2] or not _plain_fake(val)):
+                return None
+            arrays.append(jax.ShapeDtypeStruct(tuple(int(d) for d in out.shape),
+                                               st.jax_dtype(spec[2]), sharding=sharding))
+            layouts.append(None)
+        elif spec[0] == "input":
+            k = fw_index[spec[1]]
+            arrays.append(fw_arrays[k])
+            layouts.append(fw_layouts[k])
+        elif spec[0] == "input_view":
+            k = fw_index[spec[1]]
+            if fw_layouts[k] is not None or fw.inputs[spec[1]].dtype is not val.dtype:
+                return None
+            size, stride, offset = spec[2][0], spec[2][1], spec[2][2]
+            arr = fw_arrays[k]
+            if (size == tuple(arr.shape) and offset == 0
+                    and st.is_contiguous(size, stride)):
+                layouts.append(None)
+            else:
+                layouts.append((val.dtype, tuple(size), tuple(stride), offset))
+            arrays.append(arr)
+        else:
+            return None
+    return arrays, layouts
 
 
 def _plain_fake(t: torch.Tensor) -> bool:

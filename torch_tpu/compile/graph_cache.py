@@ -2,7 +2,7 @@
 place in the program cache, and the graph tier on disk.
 
 `entry_for` is the one way a `CompiledGraph` (compile/graph.py) gets an
-executable: a hit in the program cache (runtime/programs.py, where graphs are
+executable (it passes its `GraphSpec`, compile/graph_spec.py): a hit in the program cache (runtime/programs.py, where graphs are
 `ProgramKind.GRAPH` entries keyed by `graph_key.program_key`, at most
 ``TORCH_TPU_GRAPH_CACHE_SIZE`` of them), else a load from the graph tier
 (torch_tpu.cache.graphs: the executable of a graph an earlier process
@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -31,6 +31,7 @@ from ..runtime import platform, programs
 from ..runtime.switches import switch_on
 from ..runtime import storage as st
 from . import graph_key
+from .graph_spec import GraphSpec
 from .lowering import LoweringError
 
 try:
@@ -40,9 +41,6 @@ except Exception:  # pragma: no cover - the cache package failed to import
     # Typed as the modules: used only where graph_key.persistent_key gave a
     # key, which it does not without them.
     _tiers = _graph_tier = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from .graph import CompiledGraph
 
 # --------------------------------------------------------------------------
 # graphs in the program cache: program key -> Entry
@@ -118,10 +116,11 @@ class Entry:
         # Keep only abstract values for a later compile of the other variant.
         self.lower_args = _abstract(self.lower_args)
 
-    def run(self, graph, args, arrays, consts, rng):
+    def run(self, spec: GraphSpec, args: Sequence[Any], arrays: Sequence[Any],
+            consts: Sequence[Any], rng: Any) -> Any:
         donated = [arrays[i] for i in self.donate_idx]
         kept = [arrays[i] for i in self.keep_idx]
-        if self.donating is not None and _can_donate(graph, self.donate_idx, args, donated):
+        if self.donating is not None and _can_donate(spec, self.donate_idx, args, donated):
             GRAPH_STATS.donating_calls += 1
             return self.donating(donated, kept, consts, rng)
         if self.plain is None:
@@ -130,7 +129,7 @@ class Entry:
         return self.plain(donated, kept, consts, rng)
 
 
-def entry_for(graph: CompiledGraph, entry: Entry, consts: Sequence[Any]) -> Entry:
+def entry_for(spec: GraphSpec, entry: Entry, consts: Sequence[Any]) -> Entry:
     """The cached entry of `entry.key`, else `entry` with its executable
     loaded from the graph tier or compiled (and then cached)."""
     gkey = entry.key
@@ -142,8 +141,8 @@ def entry_for(graph: CompiledGraph, entry: Entry, consts: Sequence[Any]) -> Entr
     # Inputs the graph overwrites (an optimizer's parameters) are donated:
     # XLA writes the new values into their buffers instead of new ones.
     donating = bool(entry.donate_idx and _donation_enabled())
-    pkey = graph_key.persistent_key(graph, gkey, donating, consts)
-    if pkey is None or not _load_persistent(graph, pkey, entry, donating):
+    pkey = graph_key.persistent_key(spec, gkey, donating, consts)
+    if pkey is None or not _load_persistent(spec, pkey, entry, donating):
         t0 = time.perf_counter()
         # keep_unused: the executable takes every flattened argument, so
         # that the graph tier can call it without JAX's argument pruning.
@@ -152,18 +151,18 @@ def entry_for(graph: CompiledGraph, entry: Entry, consts: Sequence[Any]) -> Entr
             if donating:
                 # hooked_compile: with the declared compile hooks (SPMD programs).
                 compiled = entry.donating = programs.hooked_compile()(
-                    graph.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
+                    spec.name, gkey + ("donate",), fn, lower_args, donate_argnums=(0,),
                     opt_level=level, **extra)
             else:
                 compiled = entry.plain = programs.hooked_compile()(
-                    graph.name, gkey, fn, lower_args, opt_level=level, **extra)
+                    spec.name, gkey, fn, lower_args, opt_level=level, **extra)
         except LoweringError:
             raise
         except Exception as e:  # a lowering that fails inside a graph: run it eagerly
             raise LoweringError(f"{type(e).__name__}: {e}") from e
         record(lowered=1, lower_compile_seconds=time.perf_counter() - t0)
         if pkey is not None:
-            _store_persistent(graph, pkey, compiled, lower_args, entry.values)
+            _store_persistent(spec, pkey, compiled, lower_args, entry.values)
     entry.release_trace()
     with _lock:
         programs.insert(gkey, entry)
@@ -177,12 +176,12 @@ def _donation_enabled() -> bool:
 _OWN_REFS = 6
 
 
-def _can_donate(graph: CompiledGraph, donate_idx: Sequence[int], args: Sequence[Any],
+def _can_donate(spec: GraphSpec, donate_idx: Sequence[int], args: Sequence[Any],
                 donated: Sequence[Any]) -> bool:
     """Are the donated arrays only held by their own (plain) input tensors?"""
     seen = set()
     for i, arr in zip(donate_idx, donated):
-        t = args[graph.tensor_pos[i]]
+        t = args[spec.tensor_pos[i]]
         if t.device.type != "tpu":
             return False
         data = st.data_of(t)
@@ -216,11 +215,11 @@ def whole_reshape(layout: tuple, array: jax.Array | jax.ShapeDtypeStruct) -> boo
 # the graph tier (torch_tpu.cache.graphs)
 
 
-def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bool) -> bool:
+def _load_persistent(spec: GraphSpec, pkey: str, entry: Entry, donating: bool) -> bool:
     """Fill `entry` from the graph tier without lowering; False on a miss."""
     lower_args = entry.lower_args
     t0 = time.perf_counter()
-    device = platform.jax_device(graph.device)
+    device = platform.jax_device(spec.device)
     tier = programs.disk_tier()  # the disk tier's hooks, as programs.compile uses them
     token = tier.begin() if tier is not None else None
     source = "compiled"
@@ -239,14 +238,14 @@ def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bo
                 prog = _LoadedProgram(exe, device, int(meta["n_out"]),
                                      len(exe.get_output_layouts()))
                 prog.relower = _relowerer(entry.fn, lower_args, donating)
-                prog._torch_tpu_bytes = programs.footprint(graph.name, prog)
+                prog._torch_tpu_bytes = programs.footprint(spec.name, prog)
     except Exception:  # a bad entry is a miss
         prog = None
     finally:
         seconds = time.perf_counter() - t0
         programs.STATS.compile_clock.end()
         if tier is not None and prog is not None:
-            source = tier.end(token, graph.name, seconds, 0.0)
+            source = tier.end(token, spec.name, seconds, 0.0)
         elif tier is not None:
             tier.abort(token)
     if prog is None:
@@ -258,11 +257,12 @@ def _load_persistent(graph: CompiledGraph, pkey: str, entry: Entry, donating: bo
         entry.plain = prog
     record(disk_loads=1, load_seconds=seconds)
     _graph_tier.report_hit()
-    programs.record_compile(graph.name, entry.key, seconds, prog, source)
+    programs.record_compile(spec.name, entry.key, seconds, prog, source)
     return True
 
 
-def _store_persistent(graph, pkey, compiled, lower_args, value_results):
+def _store_persistent(spec: GraphSpec, pkey: str, compiled: Any, lower_args: Any,
+                      value_results: dict) -> None:
     """Index this graph's executable in the graph tier (when it is portable)."""
     try:
         keys = _tiers.last_compile_keys()
@@ -273,12 +273,12 @@ def _store_persistent(graph, pkey, compiled, lower_args, value_results):
         n_out_total = len(exe.get_output_layouts())
         if (len(keys) != 1 or n_unique is None or n_in != len(exe.get_parameter_layouts())
                 or n_out_total < n_unique
-                or n_out_total - n_unique != len(graph.program.mutated_inputs)):
+                or n_out_total - n_unique != len(spec.program.mutated_inputs)):
             _graph_tier.skipped()
             return
         values = [[k, _graph_tier.encode_value(v)] for k, v in value_results.items()]
         _graph_tier.store(pkey, keys[0], {"n_in": n_in, "n_out": n_unique,
-                                          "values": values, "name": graph.name}, exe)
+                                          "values": values, "name": spec.name}, exe)
     except Exception:  # not portable (a value we cannot encode, ...): not stored
         _graph_tier.skipped()
 

@@ -1,7 +1,8 @@
 """The keys of a compiled graph's executables, all built here.
 
 A `CompiledGraph` (compile/graph.py) finds the executable for a call through
-keys that each extend the one before:
+keys that each extend the one before, each made from the graph's
+`GraphSpec` (compile/graph_spec.py) and the call's inputs:
 
 - `call_token`: what can still change a static graph's program between
   calls once dynamo's guards fixed its shapes (matmul precision, XLA
@@ -27,7 +28,7 @@ keys that each extend the one before:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import torch
@@ -36,9 +37,7 @@ import torch
 from .._compat import dynamo_api
 from ..runtime.precision import cache_token as precision_token
 from ..runtime.programs import ProgramKind
-
-if TYPE_CHECKING:
-    from .graph import CompiledGraph
+from .graph_spec import GraphSpec
 
 try:
     from ..cache import graphs as _graph_tier
@@ -47,41 +46,40 @@ except Exception:  # pragma: no cover - the cache package failed to import
     _graph_tier = None  # type: ignore[assignment]
 
 
-def call_token(graph: CompiledGraph, arrays: Sequence[Any], layouts: tuple) -> tuple:
+def call_token(spec: GraphSpec, arrays: Sequence[Any], layouts: tuple) -> tuple:
     """A static graph's key of one call's inputs (storage arrays, layouts)."""
-    return (precision_token(), graph.level(), layouts, tuple(a.shape for a in arrays))
+    return (precision_token(), spec.level(), layouts, tuple(a.shape for a in arrays))
 
 
-def specialization(graph: CompiledGraph, arrays: Sequence[Any], ints: Sequence[int]) -> tuple:
+def specialization(spec: GraphSpec, arrays: Sequence[Any], ints: Sequence[int]) -> tuple:
     """The specialization key of these input values."""
     return (tuple((a.shape, str(a.dtype)) for a in arrays), tuple(ints),
-            tuple(repr(s.static) for s in graph.specs if s.kind == "x"), precision_token(),
-            graph.level())
+            spec.static_values(), precision_token(), spec.level())
 
 
-def program_key(graph: CompiledGraph, key: tuple, donate_idx: Sequence[int],
+def program_key(spec: GraphSpec, key: tuple, donate_idx: Sequence[int],
                 consts: Sequence[Any], level: int) -> tuple:
-    """The key of one program of `graph`: specialization `key`, compiled with
-    inputs `donate_idx` donated, constants `consts`, at optimization `level`."""
-    return (ProgramKind.GRAPH, graph.fingerprint, graph.kind, key, graph.device, tuple(donate_idx),
+    """The key of one program of graph `spec`: specialization `key`, compiled
+    with inputs `donate_idx` donated, constants `consts`, at optimization `level`."""
+    return (ProgramKind.GRAPH, spec.fingerprint, spec.kind, key, spec.device, tuple(donate_idx),
             tuple(tuple(c.shape) + (str(c.dtype),) if hasattr(c, "shape") else repr(c)
                   for c in consts), ("opt_level", level))
 
 
-def persistent_key(graph: CompiledGraph, gkey: tuple, donating: bool,
+def persistent_key(spec: GraphSpec, gkey: tuple, donating: bool,
                    consts: Sequence[Any]) -> str | None:
     """The graph tier's key of program `gkey`, or None (not stored)."""
-    if graph.symbolic or _graph_tier is None:
+    if spec.symbolic or _graph_tier is None:
         return None
     try:
         if not _graph_tier.enabled():
             return None
         if any(not isinstance(c, jax.Array) for c in consts):
             return None
-        parts = [graph.kind, graph.gm.code, repr(gkey), repr(graph.out_specs),
-                 str(graph.n_user_outputs), repr(graph.program.mutated_inputs),
+        parts = [spec.kind, spec.code, repr(gkey), repr(list(spec.out_specs)),
+                 str(spec.n_user_outputs), repr(spec.program.mutated_inputs),
                  "donate" if donating else "plain"]
-        for n in graph.program.placeholders:
+        for n in spec.program.placeholders:
             val = n.meta.get("val")
             if isinstance(val, torch.Tensor):
                 parts.append(repr((tuple(int(d) for d in val.shape),

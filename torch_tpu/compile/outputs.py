@@ -1,8 +1,8 @@
 """A compiled graph's results as its caller gets them, from what its program
-returned: one implementation for the static path (`graph.CompiledGraph._execute`)
-and the bucketed dynamic-shape path (`dynamic.Shapes._run_padded`).
+returned: one implementation for the static path (`graph.CompiledGraph.execute`)
+and the bucketed dynamic-shape path (`dynamic.Policy._run_padded`).
 
-A graph's `out_specs` say, per user-visible output, where its value comes
+A graph's `out_specs` (its `GraphSpec`, compile/graph_spec.py) say, per user-visible output, where its value comes
 from: `("array", i, dtype)` program output i as a new tpu tensor,
 `("input", pos)` the input itself, `("input_view", pos, view, ...)` a view of
 an input, `("value", ...)` a Python value (a SymInt), `("none", ...)` None,
@@ -20,6 +20,7 @@ import torch
 
 from ..ops import core
 from ..runtime import storage as st
+from .graph_spec import GraphSpec
 from .lowering import LoweringError
 
 
@@ -53,7 +54,7 @@ def input_view(t: torch.Tensor, view: tuple) -> torch.Tensor:
                                                  t.storage_offset() + offset)
 
 
-def wrap_outputs(graph: Any, args: list, muts: Sequence[Any],
+def wrap_outputs(spec: GraphSpec, args: list, muts: Sequence[Any],
                  array: Callable[[int, tuple], torch.Tensor],
                  value: Callable[[int], Any]) -> list:
     """Write the mutated inputs' new values back, then build the results.
@@ -63,22 +64,22 @@ def wrap_outputs(graph: Any, args: list, muts: Sequence[Any],
     padded path compute differently. `args` is cleared (the caller's
     references to the inputs are released as soon as the results exist).
     """
-    for pos, arr in zip(graph.program.mutated_inputs, muts):
+    for pos, arr in zip(spec.program.mutated_inputs, muts):
         write_back(args[pos], arr)
     results: list = []
-    for i, spec in enumerate(graph.out_specs):
-        kind = spec[0]
+    for i, out in enumerate(spec.out_specs):
+        kind = out[0]
         if kind == "array":
-            results.append(array(i, spec))
+            results.append(array(i, out))
         elif kind == "input":
-            results.append(args[spec[1]])
+            results.append(args[out[1]])
         elif kind == "input_view":
-            results.append(input_view(args[spec[1]], spec[2]))
+            results.append(input_view(args[out[1]], out[2]))
         elif kind == "value":
             results.append(value(i))
         elif kind == "none":
             results.append(None)
         else:
-            results.append(spec[1])
+            results.append(out[1])
     args.clear()
     return results
