@@ -1,4 +1,4 @@
-// classify(sig, kinds, vals): executor.classify's hit path (see classify.h).
+// classify(sig, kinds, vals): keys.classify's hit path (see classify.h).
 #include "classify.h"
 
 #pragma GCC visibility push(hidden)

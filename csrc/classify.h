@@ -1,4 +1,4 @@
-// The signature of a call: executor.Signature's hit path in C++.
+// The signature of a call: keys.Signature's hit path in C++.
 //
 // A call's arguments (tpu tensors, views of them, Python scalars, static
 // values, None) become the executor's cache key parts, its runtime inputs

@@ -16,12 +16,12 @@
 #pragma GCC visibility push(hidden)
 namespace torch_tpu::native {
 
-// Argument kinds: executor._KIND_OF_TYPE's values (_T, _OT, ... in order).
+// Argument kinds: keys.KIND_OF_TYPE's values (TENSOR, OPT_TENSOR, ... in order).
 enum Kind : long { T = 0, OT, LT, LOT, S, OS, X, G, LS, S1 };
 
 // ------------------------------------------------ interned attribute names
 // (made by PyInit__native in fastpath.cpp, kept for the process)
-extern PyObject *s_key, *s_dyn, *s_slot_data, *s_device;  // executor.Signature
+extern PyObject *s_key, *s_dyn, *s_slot_data, *s_device;  // keys.Signature
 extern PyObject* s_tpu;    // storage._tpu: a storage's DeviceData
 extern PyObject* s_shape;  // DeviceData.shape
 extern PyObject* s_call;   // jax Compiled._call

@@ -17,7 +17,7 @@ import torch
 from ..runtime import calling
 from . import registry  # noqa: F401  (the table, filled by the imports below)
 from . import bounds, core, fallback, quantized, sparse
-from . import elementwise, activations, fft, foreach, reductions, sorting, shape, nn, linalg, indexing, random, factories, special, collectives  # noqa: F401
+from . import elementwise, activations, fft, foreach, reductions, sorting, shape, nn, linalg, linalg_kernels, ldl, indexing, random, factories, special, collectives  # noqa: F401
 from ..runtime import executor
 from ..device import registration
 

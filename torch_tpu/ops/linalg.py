@@ -10,6 +10,10 @@ accumulation and round once at the end, as PyTorch's CPU kernels do.
 Factorizations follow LAPACK's conventions, which is what PyTorch returns:
 1-based int32 pivots, `info` the first zero pivot (LU) or the order of the
 first leading minor that is not positive-definite (Cholesky).
+
+The kernels in front of these lowerings (CPU's error text for the matrix
+products, the Python kernels of lstsq and geqrf, eig on the CPU platform
+only) are in linalg_kernels.py; the LDL^T factorization in ldl.py.
 """
 
 from __future__ import annotations
@@ -22,14 +26,10 @@ from jax import lax
 
 from . import core
 from .._compat import jax_api
-from .._compat import torch_api
 from .opmath import is_half, opmath_dtype, upcast
 from .registry import arg_meta, lower, out_dtype, out_meta
 from ..runtime.precision import lax_precision
-from ..runtime import executor, platform, programs, xla_flags
-from ..runtime import storage as st
-from . import fallback
-from ..runtime.context import CONTEXT
+from ..runtime import executor, platform, xla_flags
 
 aten = torch.ops.aten
 
@@ -665,55 +665,6 @@ def linalg_matrix_exp(a):
     return jax.scipy.linalg.expm(a.astype(work)).astype(dt)
 
 
-# -- PyTorch's CPU error messages for the matrix products ---------------------------------------
-#
-# The executor checks arguments with PyTorch's Python meta kernels, whose
-# messages differ from the CPU's for the matmul family ("a and b must have same
-# reduction dim" instead of "mat1 and mat2 shapes cannot be multiplied"). On
-# an error (only then), run the CPU kernel on empty tensors of the same shapes
-# and raise its message.
-
-
-# RuntimeErrors that are not about the arguments: CPU is not asked (it would try
-# to allocate the result that did not fit the device).
-_NOT_ARGUMENT_ERRORS = (torch.OutOfMemoryError, NotImplementedError)
-
-
-def _cpu_error_kernel(op):
-    pytree = torch_api.pytree
-
-    def kernel(*args, **kwargs):
-
-        try:
-            return executor.runner_for(op)(*args, **kwargs)
-        except _NOT_ARGUMENT_ERRORS:
-            raise  # a result too big for the device, no lowering: not a bad call
-        except RuntimeError as err:
-            def cpu(t):
-                if isinstance(t, torch.Tensor) and t.device.type == "tpu":
-                    return torch.empty(tuple(t.shape), dtype=t.dtype)
-                return t
-
-            cargs, ckwargs = pytree.tree_map(cpu, (args, kwargs))
-            try:
-                op(*cargs, **ckwargs)
-            except RuntimeError as cpu_err:
-                raise RuntimeError(f"{op}: {cpu_err}") from None
-            raise err
-
-    kernel.__name__ = str(op)
-    # A cache hit is the runner's call (the rewording above is for its misses):
-    # the native kernel may run hits itself (executor.install_kernel).
-    kernel.hits_as_runner = True
-    return kernel
-
-
-for _op in (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default,
-            aten.vdot.default, aten.addmm.default, aten.addmv.default, aten.baddbmm.default,
-            aten.addbmm.default, aten.addr.default):
-    core.KERNELS[_op] = _cpu_error_kernel(_op)
-
-
 # -- pairwise distances (cdist, pdist) -----------------------------------------------------
 #
 # PyTorch's CPU kernels (DistanceOpsKernel): the distance of two rows is a
@@ -834,187 +785,6 @@ def _pdist_backward(grad, x, p, pdist):
     return out.at[i].add(terms).at[j].add(-terms)
 
 
-# -- kernels with data-dependent or meta-less outputs ------------------------------------------
-#
-# PyTorch has no Meta kernel for linalg_lstsq or geqrf, and lstsq's residuals
-# exist or not depending on the computed ranks (gelsd/gelss). These run as
-# Python kernels: PyTorch's argument checks by hand, then one cached XLA
-# executable for the math (`_jit_run`), then tensors around its results.
-
-def _jit_run(name, fn, tensors, static=()):
-    """Run jax function fn(*arrays) (static args bound) on the tpu tensors' values."""
-
-    vals = [core.device_value(t) for t in tensors]
-    key = (programs.ProgramKind.LINALG, name, static, tuple((v.shape, v.dtype) for v in vals),
-           tensors[0].device.index, executor.precision_token(), CONTEXT.opt_level)
-    compiled = programs.get_or_compile(key, lambda *a: fn(*a, *static), tuple(vals), name=name)
-    programs.STATS.per_op[name] += 1
-    return compiled(*vals)
-
-
-def _wrap_out(arr, like, dtype=None):
-
-    return st.wrap(arr, like.device.index, dtype)
-
-
-def _torch_dtype_name(dt):
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-            torch.bfloat16: "BFloat16", torch.complex64: "ComplexFloat",
-            torch.complex128: "ComplexDouble", torch.int32: "Int", torch.int64: "Long",
-            torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool"}.get(dt, str(dt))
-
-
-def _broadcast_batch(a, b):
-    """Broadcast two batch shapes with PyTorch's error message."""
-    a, b = tuple(a), tuple(b)
-    n = max(len(a), len(b))
-    a2, b2 = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
-    out = []
-    for i, (x, y) in enumerate(zip(a2, b2)):
-        if x != y and x != 1 and y != 1:
-            raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) "
-                               f"at non-singleton dimension {i}")
-        out.append(y if x == 1 else x)
-    return tuple(out)
-
-
-def _lstsq_math(a_own, a, b, rcond, driver, work):
-    """(solution, residuals, rank, singular values) of batched A X = B (all computed).
-
-    rank and singular values are those of `a_own` (A without the batch
-    broadcast against B, as PyTorch returns them).
-    """
-    dt = a.dtype
-    real = jnp.finfo(dt).dtype
-    hi = lax.Precision.HIGHEST
-    a = a.astype(work)
-    b = b.astype(work)
-    m, n = a.shape[-2], a.shape[-1]
-    s = lax.linalg.svd(a_own.astype(work), full_matrices=False, compute_uv=False)
-    rank = jnp.sum(s > rcond * s[..., :1], axis=-1).astype(jnp.int64)
-
-    def svd_solve():
-        u, s2, vh = lax.linalg.svd(a, full_matrices=False, compute_uv=True)
-        keep = s2 > rcond * s2[..., :1]
-        sinv = jnp.where(keep, 1 / jnp.where(keep, s2, 1), 0).astype(work)
-        utb = jnp.matmul(jnp.conj(_mT(u)), b, precision=hi)
-        return jnp.matmul(jnp.conj(_mT(vh)) * sinv[..., None, :], utb, precision=hi), keep
-
-    resid = jnp.zeros(b.shape[:-2] + (b.shape[-1],), real)
-    if driver in ("gels", "gelsy"):
-        # Householder QR (m >= n) or LQ (m < n), as LAPACK's gels: the least
-        # squares / minimum-norm solution of a full-rank A.
-        if m >= n:
-            q, r = lax.linalg.qr(a, full_matrices=True)
-            qtb = jnp.matmul(jnp.conj(_mT(q)), b, precision=hi)
-            x = lax.linalg.triangular_solve(r[..., :n, :], qtb[..., :n, :], left_side=True,
-                                            lower=False)
-            # LAPACK's residuals: the squared norms of rows n: of Q^H B.
-            resid = jnp.sum(jnp.abs(qtb[..., n:, :]) ** 2, axis=-2)
-        else:
-            q, r = lax.linalg.qr(jnp.conj(_mT(a)), full_matrices=False)  # A = R^H Q^H
-            y = lax.linalg.triangular_solve(r, b, left_side=True, lower=False,
-                                            transpose_a=True, conjugate_a=True)
-            x = jnp.matmul(q, y, precision=hi)
-        if driver == "gelsy":
-            # A rank-deficient A: the minimum-norm solution of the SVD-truncated
-            # problem. gelsy truncates a column-pivoted QR instead: the same
-            # solution when the dropped part is at rounding level (a numerically
-            # rank-deficient A), not when rcond cuts a sizeable singular value.
-            x_svd, keep = svd_solve()
-            x = jnp.where(jnp.all(keep, axis=-1)[..., None, None], x, x_svd)
-    else:
-        x, _ = svd_solve()
-        if m > n:
-            resid = jnp.sum(jnp.abs(jnp.matmul(a, x, precision=hi) - b) ** 2, axis=-2)
-    return x.astype(dt), resid.astype(real), rank, s.astype(real)
-
-
-def _lstsq_kernel(A, B, rcond=None, *, driver=None):
-    name = "torch.linalg.lstsq"
-    if A.dim() < 2:
-        raise RuntimeError(f"{name}: input must have at least 2 dimensions.")
-    if B.dim() < 1:
-        raise RuntimeError(f"{name}: other must have at least 1 dimension.")
-    if A.dtype != B.dtype:
-        raise RuntimeError(f"{name}: Expected input and other to have the same dtype, but got "
-                           f"input's dtype {_torch_dtype_name(A.dtype)} and other's dtype "
-                           f"{_torch_dtype_name(B.dtype)}")
-    if A.dim() - B.dim() not in (0, 1):
-        raise RuntimeError(f"{name}: input.dim() must be greater or equal to other.dim() and "
-                           "(input.dim() - other.dim()) <= 1")
-    if B.device != A.device:
-        raise RuntimeError(f"{name}: Expected other and input tensors to be on the same device, "
-                           f"but got other on {B.device} and input on {A.device}")
-    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
-    m, n = A.shape[-2], A.shape[-1]
-    if vector:
-        if B.shape[-1] != m:
-            raise RuntimeError(f"{name}: input.size(-2) should match other.size(-1)")
-    elif B.shape[-2] != m:
-        raise RuntimeError(f"{name}: input.size(-2) should match other.size(-2)")
-    drv = "gelsy" if driver is None else driver
-    if drv not in ("gels", "gelsy", "gelsd", "gelss"):
-        raise RuntimeError(f"{name}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
-    if A.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
-        raise RuntimeError("This function doesn't handle types other than float and double")
-    real_t = A.real.dtype if A.is_complex() else A.dtype
-    # The batch: A's against B's leading dims (all but the last one when B has
-    # one dimension less than A, vector or not, as PyTorch does).
-    b_batch = B.shape[:-1] if B.dim() == A.dim() - 1 else B.shape[:-2]
-    batch = _broadcast_batch(A.shape[:-2], b_batch)
-    k = 1 if vector else B.shape[-1]
-    a_batch = tuple(A.shape[:-2])
-    dev = A.device
-
-    def zeros(shape, dtype):
-        return torch.zeros(shape, dtype=dtype, device=dev)
-
-    rank_shape = a_batch if drv != "gels" else (0,)
-    sv_shape = a_batch + (min(m, n),) if drv in ("gelsd", "gelss") else (0,)
-    Bm = (B.unsqueeze(-1) if vector else B).expand(batch + (m, k))
-    if m == 0 or n == 0 or k == 0 or 0 in batch or 0 in a_batch:
-        # LAPACK returns at once: X = 0; the residuals PyTorch reads are zeros,
-        # except gelsd/gelss with n == 0, which leave rows n: of B (all of B).
-        sol = zeros(batch + (n, k), A.dtype)
-        if m > n and drv != "gelsy":
-            resid = ((Bm.abs() ** 2).sum(dim=-2).to(real_t) if n == 0 and drv != "gels"
-                     else zeros(batch + (k,), real_t))
-        else:
-            resid = zeros((0,), real_t)
-        return ((sol.squeeze(-1) if vector else sol), resid, zeros(rank_shape, torch.int64),
-                zeros(sv_shape, real_t))
-    eps = torch.finfo(real_t).eps
-    rc = eps * max(m, n) if rcond is None else float(rcond)
-    if rc < 0:
-        rc = eps
-
-    # Where the platform has float64, solve in it (closer to LAPACK's float32
-    # results than a float32 solve by a different algorithm); TPUs: float32.
-    wide = {torch.float32: jnp.float64, torch.complex64: jnp.complex128}
-    work = wide.get(A.dtype) if platform.supports_float64() else None
-    work = jnp.dtype(work or core.st.jax_dtype(A.dtype))
-    x, resid, rank_b, s = _jit_run("aten::linalg_lstsq", _lstsq_math,
-                                   [A, A.expand(batch + (m, n)), Bm], static=(rc, drv, work))
-    sol = _wrap_out(x, A, A.dtype)
-    if vector:
-        sol = sol.squeeze(-1)
-    rank_t = _wrap_out(rank_b, A, torch.int64)
-    compute_resid = m > n and drv != "gelsy"
-    if compute_resid and drv in ("gelsd", "gelss"):
-        # PyTorch reads them only when every matrix has full column rank.
-        compute_resid = bool(torch.all(rank_t == n).item())
-    resid_t = _wrap_out(resid, A, real_t) if compute_resid else zeros((0,), real_t)
-    if drv == "gels":
-        rank_t = zeros((0,), torch.int64)
-    s_t = _wrap_out(s, A, real_t) if drv in ("gelsd", "gelss") else zeros((0,), real_t)
-    return sol, resid_t, rank_t, s_t
-
-
-core.KERNELS[aten.linalg_lstsq.default] = _lstsq_kernel
-
-
 # -- Householder reflectors: geqrf, householder_product, ormqr -------------------------------------
 #
 # LAPACK's compact form: column i of `a` below the diagonal holds v_i (with an
@@ -1065,20 +835,6 @@ def ormqr(a, tau, other, left=True, transpose=False):
     return _matmul(q, other) if left else _matmul(other, q)
 
 
-def _geqrf_kernel(A):
-    if A.dim() < 2:
-        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
-    if A.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
-        raise RuntimeError(f'"geqrf_cpu" not implemented for \'{_torch_dtype_name(A.dtype)}\'')
-    m, n = A.shape[-2], A.shape[-1]
-    tau_shape = tuple(A.shape[:-2]) + (min(m, n),)
-    if A.numel() == 0:
-        return (torch.zeros(tuple(A.shape), dtype=A.dtype, device=A.device),
-                torch.zeros(tau_shape, dtype=A.dtype, device=A.device))
-    qr, tau = _jit_run("aten::geqrf", geqrf_values, [A])
-    return _wrap_out(qr, A, A.dtype), _wrap_out(tau, A, A.dtype)
-
-
 def geqrf_values(a):
     """(qr, tau) of `a` (non-empty; the eager kernel and the graph rule)."""
     geqrf = jax_api.geqrf()
@@ -1087,9 +843,6 @@ def geqrf_values(a):
             "aten::geqrf is not implemented for the tpu device with this JAX (its geqrf is "
             "not the code torch_tpu was written for; see `python -m torch_tpu._compat`)")
     return tuple(geqrf(a))
-
-
-core.KERNELS[aten.geqrf.default] = _geqrf_kernel
 
 
 # -- eig: XLA implements the nonsymmetric eigensolver (LAPACK geev) on CPU only ------------------
@@ -1116,207 +869,3 @@ def _linalg_eigvals(a):
         return jnp.zeros(a.shape[:-1], cdt)
     (w,) = lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=False)
     return w.astype(cdt)
-
-
-def _cpu_platform_only_kernel(op):
-    """Run `op`'s lowering on the CPU platform; elsewhere (XLA has no eig
-    there) the CPU fallback runs it, or it raises NotImplementedError naming
-    the op when the fallback is off."""
-    def kernel(*args, **kwargs):
-        if platform.platform() != "cpu":
-            return fallback.cpu_fallback(op, *args, **kwargs)
-        return executor.runner_for(op)(*args, **kwargs)
-
-    kernel.__name__ = str(op)
-    return kernel
-
-
-for _op in (aten.linalg_eig.default, aten._linalg_eigvals.default):
-    core.KERNELS[_op] = _cpu_platform_only_kernel(_op)
-
-
-# -- LDL^T with Bunch-Kaufman pivoting (LAPACK sytf2, lower) --------------------------------------
-#
-# PyTorch's CPU kernel is LAPACK's sytrf with uplo='L', which for the sizes
-# below its block size (64) runs the unblocked sytf2. The loop below makes
-# the same pivot decisions in the same order (alpha = (1 + sqrt(17)) / 8,
-# 1x1 and 2x2 pivots, 1-based pivots negated for 2x2 blocks, columns of L left
-# unswapped) and the same element updates; `info` is the first zero pivot.
-# The trailing block is kept as a full symmetric matrix so that row and
-# column interchanges are one symmetric permutation.
-
-_BK_ALPHA = (1.0 + np.sqrt(17.0)) / 8.0
-
-
-def _sytf2_lower(a):
-    n = a.shape[-1]
-    dt = a.dtype
-    idx = jnp.arange(n)
-    alpha = jnp.asarray(_BK_ALPHA, dt)
-    zero = jnp.zeros((), dt)
-
-    def body(state):
-        m, ipiv, info, k = state
-        col = m[:, k]
-        absakk = jnp.abs(m[k, k])
-        below = idx > k
-        colabs = jnp.where(below, jnp.abs(col), -1)
-        imax = jnp.argmax(colabs)
-        colmax = jnp.maximum(colabs[imax], 0).astype(dt)
-        is_zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
-        # The largest off-diagonal magnitude in row/column imax of the trailing block.
-        rowabs = jnp.where((idx >= k) & (idx != imax), jnp.abs(m[imax, :]), -1)
-        rowmax = jnp.maximum(jnp.max(rowabs), 0).astype(dt)
-        no_swap = absakk >= alpha * colmax
-        no_swap2 = absakk >= alpha * colmax * (colmax / jnp.where(rowmax == 0, jnp.ones((), dt), rowmax))
-        one_swap = jnp.abs(m[imax, imax]) >= alpha * rowmax
-        kp = jnp.where(is_zero | no_swap | no_swap2, k, imax)
-        kstep = jnp.where(is_zero | no_swap | no_swap2 | one_swap, 1, 2)
-        kk = k + kstep - 1
-        # Symmetric interchange kk <-> kp inside the trailing block.
-        p = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
-        trail = (idx[:, None] >= k) & (idx[None, :] >= k)
-        m = jnp.where(trail, m[p][:, p], m)
-        # kstep 1: rank-1 update with the 1x1 pivot.
-        akk = m[k, k]
-        d11 = 1 / jnp.where(akk == 0, jnp.ones((), dt), akk)
-        x = jnp.where(below, m[:, k], zero)
-        upd1 = m + x[:, None] * (-d11 * x)[None, :]
-        l1 = x * d11
-        # kstep 2: the 2x2 pivot at (k, k+1).
-        k1 = jnp.minimum(k + 1, n - 1)
-        d21 = m[k1, k]
-        d21s = jnp.where(d21 == 0, jnp.ones((), dt), d21)
-        e11 = m[k1, k1] / d21s
-        e22 = m[k, k] / d21s
-        t = 1 / (e11 * e22 - 1)
-        d21b = t / d21s
-        below2 = idx > k1
-        ck = jnp.where(below2, m[:, k], zero)
-        ck1 = jnp.where(below2, m[:, k1], zero)
-        wk = d21b * (e11 * ck - ck1)
-        wkp1 = d21b * (e22 * ck1 - ck)
-        upd2 = m - (ck[:, None] * wk[None, :] + ck1[:, None] * wkp1[None, :])
-        lower_i = idx[:, None] >= idx[None, :]
-        t1 = (idx[:, None] > k) & (idx[None, :] > k)
-        t2 = (idx[:, None] > k1) & (idx[None, :] > k1)
-        # Updated lower triangles, mirrored (LAPACK reads only the lower one).
-        upd1 = jnp.where(lower_i, upd1, _mT(upd1))
-        upd2 = jnp.where(lower_i, upd2, _mT(upd2))
-        m1 = jnp.where(t1, upd1, m)
-        m1 = m1.at[:, k].set(jnp.where(below, l1, m1[:, k]))
-        m2 = jnp.where(t2, upd2, m)
-        m2 = m2.at[:, k].set(jnp.where(below2, wk, m2[:, k]))
-        m2 = m2.at[:, k1].set(jnp.where(below2, wkp1, m2[:, k1]))
-        m = jnp.where(is_zero, m, jnp.where(kstep == 1, m1, m2))
-        piv1 = ipiv.at[k].set((kp + 1).astype(jnp.int32))
-        piv2 = ipiv.at[k].set(-(kp + 1).astype(jnp.int32)).at[k1].set(-(kp + 1).astype(jnp.int32))
-        ipiv = jnp.where(kstep == 1, piv1, piv2)
-        info = jnp.where(is_zero & (info == 0), (k + 1).astype(jnp.int32), info)
-        return m, ipiv, info, k + kstep
-
-    state = (a, jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-    m, ipiv, info, _ = lax.while_loop(lambda s: s[3] < n, body, state)
-    return jnp.tril(m), ipiv, info
-
-
-def _ldl_real_only(op, name):
-    """Complex inputs (hetrf/sytrf with complex pivot magnitudes) run on the CPU."""
-    def kernel(*args, **kwargs):
-        if any(isinstance(t, torch.Tensor) and t.is_complex() for t in args):
-            return fallback.cpu_fallback(op, *args, **kwargs)
-        return executor.runner_for(op)(*args, **kwargs)
-
-    kernel.__name__ = name
-    return kernel
-
-
-@lower(aten.linalg_ldl_factor_ex.default)
-def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
-    n = a.shape[-1]
-    if a.size == 0:
-        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
-    batch = a.shape[:-2]
-    flat = a.reshape((-1, n, n))
-    # Only the lower triangle is read: mirror it.
-    flat = jnp.tril(flat) + _mT(jnp.tril(flat, -1))
-    ld, piv, info = jax.vmap(_sytf2_lower)(flat)
-    return ld.reshape(a.shape), piv.reshape(batch + (n,)), info.reshape(batch)
-
-
-def _sytrs_lower(ld, ipiv, b):
-    """Solve A X = B from sytf2's factors (LAPACK sytrs, lower)."""
-    n = ld.shape[-1]
-    idx = jnp.arange(n)
-    dt = b.dtype
-
-    def swap_rows(b, i, j):
-        p = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
-        return b[p]
-
-    def fwd(state):
-        b, k = state
-        pk = ipiv[k]
-        one = pk > 0
-        k1 = jnp.minimum(k + 1, n - 1)
-        kp = jnp.where(one, pk - 1, -pk - 1)
-        # 1x1: swap k <-> kp, eliminate below, divide by D(k).
-        b1 = swap_rows(b, k, kp)
-        col = ld[:, k].astype(dt)
-        b1 = b1 - jnp.where((idx > k)[:, None], col[:, None] * b1[k][None, :], 0)
-        b1 = b1.at[k].set(b1[k] / ld[k, k])
-        # 2x2: swap k+1 <-> kp, eliminate below k+1 with both columns, solve the block.
-        b2 = swap_rows(b, k1, kp)
-        rows2 = (idx > k1)[:, None]
-        b2 = b2 - jnp.where(rows2, ld[:, k].astype(dt)[:, None] * b2[k][None, :], 0)
-        b2 = b2 - jnp.where(rows2, ld[:, k1].astype(dt)[:, None] * b2[k1][None, :], 0)
-        akm1k = ld[k1, k]
-        akm1 = ld[k, k] / akm1k
-        ak = ld[k1, k1] / akm1k
-        denom = akm1 * ak - 1
-        bkm1 = b2[k] / akm1k
-        bk = b2[k1] / akm1k
-        b2 = b2.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
-        return jnp.where(one, b1, b2), k + jnp.where(one, 1, 2)
-
-    b, _ = lax.while_loop(lambda s: s[1] < n, fwd, (b, jnp.zeros((), jnp.int32)))
-
-    def bwd(state):
-        b, k = state
-        pk = ipiv[k]
-        one = pk > 0
-        kp = jnp.where(one, pk - 1, -pk - 1)
-        rows = (idx > k)[:, None]
-
-        def dot_below(c):  # sum over rows > k only (no 0 * inf from the others)
-            return jnp.sum(jnp.where(rows, c[:, None] * b, 0), axis=0)
-
-        col = ld[:, k].astype(dt)
-        b1 = b.at[k].add(-dot_below(col))
-        b1 = swap_rows(b1, k, kp)
-        km1 = jnp.maximum(k - 1, 0)
-        b2 = b.at[k].add(-dot_below(col))
-        b2 = b2.at[km1].add(-dot_below(ld[:, km1].astype(dt)))
-        b2 = swap_rows(b2, k, kp)
-        return jnp.where(one, b1, b2), k - jnp.where(one, 1, 2)
-
-    b, _ = lax.while_loop(lambda s: s[1] >= 0, bwd, (b, jnp.asarray(n - 1, jnp.int32)))
-    return b
-
-
-@lower(aten.linalg_ldl_solve.default)
-def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
-    shape = tuple(out_meta().shape)
-    if 0 in shape or ld.size == 0:
-        return jnp.zeros(shape, ld.dtype)
-    n = ld.shape[-1]
-    batch = shape[:-2]
-    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:]).reshape((-1, n, n))
-    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]).reshape((-1, n))
-    b = jnp.broadcast_to(b, shape).reshape((-1,) + shape[-2:])
-    return jax.vmap(_sytrs_lower)(ld, pivots, b).reshape(shape)
-
-
-for _op, _name in ((aten.linalg_ldl_factor_ex.default, "linalg_ldl_factor_ex"),
-                   (aten.linalg_ldl_solve.default, "linalg_ldl_solve")):
-    core.KERNELS[_op] = _ldl_real_only(_op, _name)

@@ -98,6 +98,20 @@ def read(data, layout):
     return fn(arr, offset)
 
 
+def run_program(kind: programs.ProgramKind, name: str, fn: Callable, arrays: list,
+                device: int, static: tuple = ()) -> Any:
+    """Run `fn(*arrays, *static)` as one cached executable: for the ops
+    kernels written in Python (no meta kernel, or results whose shapes depend
+    on the data), which check arguments themselves and wrap the results.
+    Keyed by `kind`, `name`, `static`, the arrays' shapes and dtypes, the
+    device and the matmul precision; counted as a run of op `name`."""
+    key = helper_key(kind, name, static, tuple((a.shape, a.dtype) for a in arrays), device,
+                     precision_token())
+    compiled = programs.get_or_compile(key, lambda *a: fn(*a, *static), tuple(arrays), name=name)
+    STATS.per_op[name] += 1
+    return compiled(*arrays)
+
+
 # --------------------------------------------------------------------------
 # running ops
 

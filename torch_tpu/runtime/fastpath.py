@@ -4,7 +4,7 @@ The eager hot path spends most of its host time on bookkeeping: building the
 cache key, creating each result tensor (a TensorImpl, a sized storage at a
 virtual address, the DeviceData on it). `torch_tpu.runtime._native`, built
 by `pip install` from csrc/*.cpp, does those steps in C++; the
-behaviour stays defined by the Python code it replaces (executor.classify,
+behaviour stays defined by the Python code it replaces (keys.classify,
 storage.empty_tensor/wrap), which still runs whenever the native part hands a
 call back and when the extension is absent.
 
