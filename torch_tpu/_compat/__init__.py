@@ -11,7 +11,7 @@ the original); this package is the one place that checks and assigns.
 The check: each target's fingerprint (a hash of its source, or of a
 builtin's name and signature; see `fingerprint`) must be one of those
 recorded for the running release in that release's table
-(``torch_2_13.py``, ``torch_2_14.py``, ``jax_0.py``; `python -m
+(``torch_2_13.py``, ``torch_2_14.py``, ``jax_0_10.py``, ...; `python -m
 torch_tpu._compat` prints the table for the installed releases). A feature's
 patches go in together or not at all (`apply`): on a mismatch nothing of it
 is replaced, the feature is off, and one warning names the feature and the
