@@ -53,6 +53,10 @@ Memory: `memory_timeline(snapshot=None, ax=None, top=5)` (a MemoryTimeline:
 bytes over time from `torch.tpu.memory._snapshot()`'s history, the peak and
 the ops and lines holding memory at it; `.plot()`, `print()`).
 
+Sharding: `sharding(dtensor_module_or_program)` (a ShardingView: which
+device holds which block of each DTensor parameter, and a program's
+collectives with their bytes and ICI roofline time on a published TPU; `.plot()`).
+
 Roofline: `roofline(fn_or_program, *args, device="v6e")` (a RooflineReport:
 per program FLOPs, bytes, measured time, FLOP/s, intensity and the bounding
 roof here and on a published device; its first line is the summary).
@@ -71,6 +75,7 @@ from . import recompiles
 from .recompiles import RecompileReport  # noqa: F401
 from .roofline import RooflineReport, roofline  # noqa: F401
 from .memory_timeline import MemoryTimeline, memory_timeline  # noqa: F401
+from .sharding import ShardingView, sharding  # noqa: F401
 from .op_table import describe_op  # noqa: F401
 from ._events import CompileEvent, set_log  # noqa: F401
 from ..device import module
@@ -86,6 +91,7 @@ __all__ = [
     "explain_recompiles", "RecompileReport", "memory_timeline", "MemoryTimeline",
     "fusions", "FusionGraph",
     "roofline", "RooflineReport",
+    "sharding", "ShardingView",
     "describe_op",
 ]
 
