@@ -124,8 +124,8 @@ class TensorLayout:
         return head + "\n" + _indent(_table(rows, ("device", "mesh coord", "block", "bytes")))
 
 
-def layout(name: str, shape, mesh_ranks, placements, dtype: str = "", itemsize: int = 0,
-           mesh_dim_names=None) -> TensorLayout:
+def layout(name: str, shape: Any, mesh_ranks: Any, placements: Any, dtype: str = "",
+           itemsize: int = 0, mesh_dim_names: Any = None) -> TensorLayout:
     """The blocks of a tensor of `shape` with DTensor `placements` on a mesh whose
     device ids are the nested list / array `mesh_ranks` (`DeviceMesh.mesh`)."""
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
@@ -146,13 +146,13 @@ def layout(name: str, shape, mesh_ranks, placements, dtype: str = "", itemsize: 
                         "(" + ", ".join(str(p) for p in placements) + ")", blocks)
 
 
-def _dtensor_layout(name: str, t) -> TensorLayout:
+def _dtensor_layout(name: str, t: Any) -> TensorLayout:
     mesh = t.device_mesh
     return layout(name, t.shape, mesh.mesh.tolist(), t.placements,
                   str(t.dtype).removeprefix("torch."), t.element_size(), mesh.mesh_dim_names)
 
 
-def _jax_layout(name: str, arr) -> TensorLayout:
+def _jax_layout(name: str, arr: Any) -> TensorLayout:
     """A jax.Array's blocks, from its sharding's device -> index map."""
     shape = tuple(arr.shape)
     blocks = []
@@ -340,7 +340,7 @@ class ShardingView:
 
     def collectives_text(self, device: str | Interconnect | None = None) -> str:
         ici = interconnect(device or self.device)
-        rows = [(c.kind, c.name, " ".join(c.shapes), c.group_size, c.groups_text(),
+        rows = [(c.kind, c.name, " ".join(c.shapes), str(c.group_size), c.groups_text(),
                  _fmt_bytes(c.bytes), _fmt_bytes(c.wire_bytes), f"{c.seconds(ici) * 1e6:.2f}")
                 for c in self.collectives]
         rows.append(("total", "", "", "", "", _fmt_bytes(self.collective_bytes),
@@ -359,7 +359,7 @@ class ShardingView:
             parts.append(self.collectives_text())
         return "\n\n".join(parts)
 
-    def plot(self, max_tensors: int = 8, axes=None):
+    def plot(self, max_tensors: int = 8, axes: Any = None) -> Any:
         """Each tensor's first two dimensions as a grid of blocks labelled with the
         devices holding them (a 1-D tensor is one row). Returns the Figure."""
         import matplotlib.pyplot as plt
@@ -385,7 +385,7 @@ def _rect(t: TensorLayout, b: Block) -> tuple[int, int, int, int]:
     return (*b.ranges[0], *b.ranges[1])
 
 
-def _plot_layout(ax, t: TensorLayout) -> None:
+def _plot_layout(ax: Any, t: TensorLayout) -> None:
     from matplotlib import colormaps
     from matplotlib.patches import Rectangle
 
@@ -411,13 +411,13 @@ def _plot_layout(ax, t: TensorLayout) -> None:
 # entry point
 
 
-def _is_dtensor(x) -> bool:
+def _is_dtensor(x: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(x, DTensor)
 
 
-def _is_jax_array(x) -> bool:
+def _is_jax_array(x: Any) -> bool:
     import jax
 
     return isinstance(x, jax.Array) and hasattr(x, "sharding")
@@ -468,7 +468,7 @@ def sharding(target: Any, *, device: str | Interconnect = "v6e", name: str = "te
 # text helpers
 
 
-def _table(rows, head) -> str:
+def _table(rows: list, head: tuple) -> str:
     from . import _table as table
 
     return table(rows, head)
