@@ -182,6 +182,7 @@ def test_errors():
 
 REAL = """
 import json
+import torch  # noqa: F401  (loads torch_tpu through torch's backend autoload, as users do)
 import jax, numpy as np
 from jax import lax, shard_map
 from jax.sharding import Mesh, PartitionSpec as P
@@ -199,18 +200,26 @@ f = jax.jit(shard_map(step, mesh=mesh, in_specs=(P("dp", "tp"), P(None, "tp")),
                       out_specs=(P(None, "tp"), P("dp", "tp")), check_vma=False))
 w = jnp.ones((64, 32), jnp.float32); g = jnp.ones((64, 32), jnp.float32)
 view = sharding(Program("step", lowered=f.lower(w, g)))
-print(json.dumps([[c.kind, c.bytes, [list(x) for x in c.replica_groups]]
-                  for c in view.collectives]))
+from jax.sharding import NamedSharding
+arr = jax.device_put(jnp.zeros((8, 12)), NamedSharding(mesh, P("dp", "tp")))
+blocks = {b.device: b.ranges for b in sharding(arr).tensors[0].blocks}
+print(json.dumps({"blocks": {str(d): r for d, r in blocks.items()},
+                  "collectives": [[c.kind, c.bytes, [list(x) for x in c.replica_groups]]
+                                  for c in view.collectives]}))
 """
 
 
-def test_collectives_of_a_compiled_program():
+def test_collectives_of_a_compiled_program_and_a_jax_array_layout():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(REAL)], env=env, text=True,
                        capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    # a jax.Array on the same mesh: device 4*i + j holds rows 4i.., columns 3j..
+    assert out["blocks"] == {str(4 * i + j): [[4 * i, 4 * i + 4], [3 * j, 3 * j + 3]]
+                             for i in range(2) for j in range(4)}
+    got = out["collectives"]
     kinds = sorted((k, b) for k, b, _ in got)
     # per device: w's block is [32, 8] f32, gathered over dp (2) -> [64, 8];
     # g's block [64, 8] reduce-scattered over dp -> [32, 8]; all-reduced over tp: [32, 8]

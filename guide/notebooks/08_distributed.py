@@ -380,6 +380,60 @@ def _(mo, runs):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    ### Where each parameter lives: `torch_tpu.debug.sharding`
+
+    A placement such as `(Shard(0), Shard(1))` says how a parameter is cut,
+    not which rows a device holds. `torch_tpu.debug.sharding(module)` lists,
+    for every DTensor parameter, each device's block (its mesh coordinate and
+    row/column ranges), and `.plot()` draws them. Below: an MLP with tensor
+    parallelism over `tp` (column-parallel, then row-parallel `Linear`) and
+    FSDP2 over `dp`, on a 2 × 4 mesh of 8 devices. A layout is metadata, so
+    it is computed here with PyTorch's "fake" process group (8 ranks, no
+    communication): what each of 8 real processes would compute. Note the
+    first weight: FSDP cuts each tensor-parallel block again (a strided
+    shard), so device 4 holds rows 4:8, next to device 0's 0:4.
+
+    Given a compiled program instead (`torch_tpu.debug.last_graphs(2)` in a
+    process of a `torchrun` run, or HLO text), the same call lists its
+    collectives: kind, replica groups, bytes from the HLO shapes and the
+    time each would take at a TPU v5e or v6e chip's published interconnect
+    bandwidth ([API page](../api/debug.md)).
+    """)
+    return
+
+
+@app.cell
+def _(torch, torch_tpu):
+    import torch.distributed as _dist
+    from torch.distributed.device_mesh import init_device_mesh as _init_device_mesh
+    from torch.distributed.fsdp import fully_shard as _fully_shard
+    from torch.distributed.tensor import parallel as _tp
+    from torch.testing._internal.distributed.fake_pg import FakeStore as _FakeStore
+
+    _dist.init_process_group("cpu:fake,tpu:fake", store=_FakeStore(), rank=0, world_size=8)
+    try:
+        _mesh = _init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        _mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                                   torch.nn.Linear(32, 8)).to("tpu")
+        _tp.parallelize_module(_mlp, _mesh["tp"], {"0": _tp.ColwiseParallel(),
+                                                   "2": _tp.RowwiseParallel()})
+        _fully_shard(_mlp, mesh=_mesh["dp"])
+        layout_view = torch_tpu.debug.sharding(_mlp)
+    finally:
+        _dist.destroy_process_group()
+    print(layout_view.tensor("0.weight"))
+    print(layout_view.tensor("2.weight"))
+    # device (i, j) of the mesh holds rows 8j + 4i .. 8j + 4i + 4 of the first weight
+    assert [b.ranges[0] for b in layout_view.tensor("0.weight").blocks_of(4)] == [(4, 8)]
+    _fig = layout_view.plot()
+    _fig.tight_layout()
+    _fig
+    return (layout_view,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## 4. Several hosts, timeouts, limitations
 
     **Launching.** One process per device. On one host:
