@@ -105,3 +105,45 @@ report(y=y.tolist())
             'torch.compile(backend="tpu", options={"whole_step": True})'} <= set(out["features"])
     assert {"optimize", "inductor", "tensor_str", "dlpack"} <= set(out["marked"])
     assert out["frozen"] > 0  # the backend loaded: gc.freeze (runtime/gc_pause.freeze)
+
+
+_UNSUPPORTED = """
+import json, sys, warnings
+import torch
+torch.__version__ = "2.99.0"  # a release outside the supported range
+out = {}
+if sys.argv[1] == "explicit":
+    try:
+        import torch_tpu  # noqa: F401
+        out["raised"] = None
+    except ImportError as e:
+        out["raised"] = str(e)
+else:  # as torch's autoload imports it (torch/__init__.py: _import_device_backends)
+    g = {"__name__": "torch"}
+    exec("def _import_device_backends():\\n    import torch_tpu\\n", g)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g["_import_device_backends"]()
+    out["warnings"] = [str(x.message) for x in w]
+    out["backend"] = torch._C._get_privateuse1_backend_name()
+    out["cpu"] = (torch.ones(2) + 1).tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("how", ["explicit", "autoload"])
+def test_a_torch_outside_the_range_is_refused_with_one_message(how):
+    """An explicit import raises ImportError naming the range; through torch's
+    autoload it warns once and registers nothing, so CPU code still runs."""
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    proc = subprocess.run([sys.executable, "-c", _UNSUPPORTED, how], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if how == "explicit":
+        assert out["raised"] and "torch>=2.13,<2.15" in out["raised"]
+        assert "2.99.0" in out["raised"]
+    else:
+        [message] = [m for m in out["warnings"] if "torch_tpu" in m]
+        assert "torch>=2.13,<2.15" in message and "not registered" in message
+        assert out["backend"] == "privateuseone" and out["cpu"] == [2.0, 2.0]

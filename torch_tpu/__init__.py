@@ -22,8 +22,10 @@ from __future__ import annotations
 import importlib as _importlib
 import sys as _sys
 import threading as _threading
+import warnings as _warnings
 
 from ._version import __version__  # noqa: F401
+from ._version import unsupported_torch as _unsupported_torch
 
 
 def _autoload():
@@ -35,12 +37,40 @@ def _autoload():
     """
 
 
-from .device import registration as _registration  # noqa: E402
+import torch as _torch  # noqa: E402  (after _autoload: torch's autoload may re-enter)
 
-_registration.register()
+
+def _in_torch_autoload() -> bool:
+    """Whether `import torch`'s backend autoload is importing this package.
+
+    PyTorch turns any exception raised there into a failed `import torch`,
+    which would break every CPU program of the environment."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_import_device_backends" and \
+                frame.f_globals.get("__name__") == "torch":
+            return True
+        frame = frame.f_back
+    return False
+
+
+# A torch outside the supported range: an explicit `import torch_tpu` fails
+# with one message naming the range; through torch's autoload the message is
+# a warning and nothing is registered (CPU code keeps working).
+_UNSUPPORTED = _unsupported_torch(_torch.__version__)
+if _UNSUPPORTED is not None:
+    if not _in_torch_autoload():
+        raise ImportError(_UNSUPPORTED)
+    _warnings.warn(_UNSUPPORTED + " (the tpu device is not registered)", RuntimeWarning,
+                   stacklevel=2)
 
 from .device import module as tpu  # noqa: E402,F401
-from . import distributed as _distributed  # noqa: E402,F401  (torch.distributed backend "tpu")
+
+if _UNSUPPORTED is None:
+    from .device import registration as _registration
+
+    _registration.register()
+    from . import distributed as _distributed  # noqa: F401  (torch.distributed backend "tpu")
 from .runtime import gc_pause as _gc_pause  # noqa: E402
 from .runtime import loading as _loading_hook  # noqa: E402
 
@@ -54,6 +84,8 @@ def _load() -> None:
     global _loaded, _loading
     if _loaded:
         return
+    if _UNSUPPORTED is not None:
+        raise ImportError(_UNSUPPORTED)
     with _load_lock:
         if _loaded or _loading:
             return
