@@ -640,8 +640,12 @@ before = len(programs)
 with warnings.catch_warnings(record=True) as ws:
     warnings.simplefilter("always")
     got = torch.compile(f, backend="tpu")(a, w)
+import torch_tpu.debug
+view = torch_tpu.debug.sharding(torch_tpu.debug.last_graphs(1))
 out["graph"] = {"value": got.cpu().tolist(), "eager": f(a, w).cpu().tolist(),
                 "programs": programs[before:],
+                "collectives": [[c.kind, c.bytes, [list(g) for g in c.replica_groups]]
+                                for c in view.collectives],
                 "warnings": [str(x.message)[:200] for x in ws if "torch_tpu" in str(x.message)
                              or "lowering" in str(x.message)]}
 report(**out)
@@ -672,6 +676,10 @@ def test_compiled_graph_with_collective(tensor_parallel):
         assert not g["warnings"], g
         # the graph is one SPMD program, and the all-reduce is inside it
         assert ["spmd", True] in g["programs"], g
+        # debug.sharding reads it from the program's HLO: relu(a @ w) is f32[2, 3]
+        # on each rank, all-reduced over both (plus the input-signature check's
+        # all-gather, torch_tpu.distributed.spmd)
+        assert ["all-reduce", 2 * 3 * 4, [[0, 1]]] in g["collectives"], g
 
 
 # --------------------------------------------------------------------------
