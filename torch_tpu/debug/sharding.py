@@ -25,7 +25,9 @@ HLO result shapes. Each gets a roofline time on a published TPU
 interconnect: the bytes one chip sends under a ring (bandwidth-optimal)
 algorithm over its group, divided by the chip's bidirectional ICI bandwidth.
 It is a lower bound: it ignores latency, topology (a group that is not a
-ring of neighbours), and overlap with compute.
+ring of neighbours), and overlap with compute. Each collective is listed
+once per appearance in the text: one inside a loop body (a scan over
+layers) runs once per iteration.
 """
 
 from __future__ import annotations
@@ -405,6 +407,8 @@ def _plot_layout(ax: Any, t: TensorLayout) -> None:
     ax.set_title(f"{t.name} {list(t.shape)}\n{t.placements}", fontsize=9)
     ax.set_xlabel("dim 1" if len(t.shape) >= 2 else "dim 0")
     ax.set_ylabel("dim 0" if len(t.shape) >= 2 else "")
+    if len(t.shape) < 2:
+        ax.set_yticks([])
 
 
 # --------------------------------------------------------------------------
