@@ -8,6 +8,7 @@ recorded here too.
 """
 
 FINGERPRINTS = {
+    'torch.distributed.tensor._utils:_compute_local_shape_and_global_offset': 'a9f3acf9c1fe1ae6',
     'torch._C:_accelerator_emptyCache': 'builtin:_accelerator_emptyCache() -> None',
     'torch._C:_accelerator_exchangeDevice': 'builtin:_accelerator_exchangeDevice(arg0: typing.SupportsInt | typing.SupportsIndex) -> int',
     'torch._C:_accelerator_getDeviceIndex': 'builtin:_accelerator_getDeviceIndex() -> int',

@@ -23,6 +23,7 @@ passed its extra arguments through; recorded since.
 """
 
 FINGERPRINTS = {
+    'torch.distributed.tensor._utils:_compute_local_shape_and_global_offset': 'a9f3acf9c1fe1ae6',
     'torch._functorch._aot_autograd.autograd_cache:autograd_cache_key': '54bbe056335f53be',
     'torch._C:_accelerator_emptyCache': 'builtin:_accelerator_emptyCache() -> None',
     'torch._C:_accelerator_exchangeDevice': 'builtin:_accelerator_exchangeDevice(arg0: typing.SupportsInt | typing.SupportsIndex) -> int',

@@ -45,6 +45,11 @@ _NAMES = Names(__name__, {
         "unset_fake_temporarily": "torch._subclasses.fake_tensor:unset_fake_temporarily",
         "reparametrize_module": "torch.nn.utils.stateless:_reparametrize_module",
     },
+    # DTensor's own block arithmetic (uneven chunks, FSDP2's strided shards)
+    "torch_tpu.debug.sharding: each device's block of a DTensor": {
+        "compute_local_shape_and_global_offset":
+            "torch.distributed.tensor._utils:_compute_local_shape_and_global_offset",
+    },
     "torch_tpu.export: unbounded size ranges": {
         "int_oo": "torch.utils._sympy.numbers:int_oo",
     },

@@ -68,6 +68,7 @@ import contextlib
 
 from . import metrics  # noqa: F401  (first: producers import it by this name)
 from . import _events
+from . import report
 from .hlo import (STAGES, Program, cost_analysis, hlo, lower, memory_analysis)  # noqa: F401
 from .fusion import FusionGraph, fusions  # noqa: F401
 from .parity import LayerDiff, ParityReport, parity  # noqa: F401
@@ -199,20 +200,8 @@ def capture(sync: bool = False, timing: bool | None = None) -> Capture:
 # reports
 
 
-def _table(rows, head):
-    rows = [tuple(str(c) for c in r) for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
-    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*r) for r in rows]
-    return "\n".join(out)
-
-
-def _bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+_table = report.table
+_bytes = report.fmt_bytes
 
 
 def _compile_ms(c: dict) -> str:

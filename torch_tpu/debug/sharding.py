@@ -38,6 +38,8 @@ import math
 import re
 from typing import Any
 
+from .._compat import torch_api
+from . import report
 from .hlo import Program
 
 __all__ = ["sharding", "ShardingView", "TensorLayout", "Block", "Collective", "Interconnect",
@@ -130,15 +132,13 @@ def layout(name: str, shape: Any, mesh_ranks: Any, placements: Any, dtype: str =
            itemsize: int = 0, mesh_dim_names: Any = None) -> TensorLayout:
     """The blocks of a tensor of `shape` with DTensor `placements` on a mesh whose
     device ids are the nested list / array `mesh_ranks` (`DeviceMesh.mesh`)."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
     import numpy as np
 
     ranks = np.asarray(mesh_ranks)
     shape = tuple(int(s) for s in shape)
     blocks = []
     for coord in itertools.product(*(range(s) for s in ranks.shape)):
-        local, offset = _compute_local_shape_and_global_offset(
+        local, offset = torch_api.compute_local_shape_and_global_offset(
             shape, ranks.shape, list(coord), list(placements))
         ranges = tuple((int(o), int(o) + int(n)) for o, n in zip(offset, local))
         blocks.append(Block(int(ranks[coord]), tuple(coord), ranges))
@@ -472,16 +472,8 @@ def sharding(target: Any, *, device: str | Interconnect = "v6e", name: str = "te
 # text helpers
 
 
-def _table(rows: list, head: tuple) -> str:
-    from . import _table as table
-
-    return table(rows, head)
-
-
-def _fmt_bytes(n: float) -> str:
-    from . import _bytes
-
-    return _bytes(n)
+_table = report.table
+_fmt_bytes = report.fmt_bytes
 
 
 def _indent(text: str) -> str:
