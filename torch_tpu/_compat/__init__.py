@@ -170,6 +170,13 @@ def _check(patches: Iterable[Patch]) -> str | None:
     return None
 
 
+def _refuse(feature: str, why_not: str) -> None:
+    """Record `feature` as off and give its one warning (the caller holds _lock)."""
+    _refused[feature] = f"torch_tpu: {feature} is off: {why_not}"
+    warnings.warn(_refused[feature] + "; see `python -m torch_tpu._compat`",
+                  RuntimeWarning, stacklevel=4)
+
+
 def _wrap_like(raw: Any, new: Any) -> Any:
     if isinstance(raw, staticmethod):
         return staticmethod(new)
@@ -193,9 +200,7 @@ def apply(feature: str, patches: Iterable[Patch]) -> bool:
             return True
         why_not = _check(p for p in patches if p.target not in _applied)
         if why_not is not None:
-            _refused[feature] = f"torch_tpu: {feature} is off: {why_not}"
-            warnings.warn(_refused[feature] + "; see `python -m torch_tpu._compat`",
-                          RuntimeWarning, stacklevel=3)
+            _refuse(feature, why_not)
             return False
         for p in patches:
             if p.target in _applied:
@@ -224,9 +229,7 @@ def verified(feature: str, targets: Iterable[str]) -> bool:
             return True
         why_not = _check(Patch(t, feature, "", lambda o: o) for t in targets)
         if why_not is not None:
-            _refused[feature] = f"torch_tpu: {feature} is off: {why_not}"
-            warnings.warn(_refused[feature] + "; see `python -m torch_tpu._compat`",
-                          RuntimeWarning, stacklevel=3)
+            _refuse(feature, why_not)
             return False
         _features[feature] = []
         return True
@@ -260,13 +263,3 @@ def applied() -> dict[str, str]:
     """target -> feature, for every patch in place."""
     with _lock:
         return {t: a.patch.feature for t, a in _applied.items()}
-
-
-def original(target: str) -> Any:
-    """What `target` was before our patch (the attribute itself if unpatched)."""
-    with _lock:
-        done = _applied.get(target)
-    if done is not None:
-        return None if done.raw is ABSENT else done.raw
-    owner, attr = _resolve(target)
-    return getattr(owner, attr)
